@@ -1,0 +1,57 @@
+"""Build, in parallel, every kernel the GPU tests and the named benchmarks need (run this first
+on the GPU machine: its 16 cores build in about the time one build takes here).
+
+    python benchmarks/prebuild.py tests explore bias_relu
+"""
+
+from __future__ import annotations
+
+import sys
+
+import common  # noqa: F401
+
+import evtc
+from evtc import bf16, f16
+
+
+def test_gemms():
+    import epilogues as E
+
+    return [evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt) for n in ("linear_combination", "bias_relu", "residual_scale")
+            for dt in (bf16, f16)]
+
+
+def explore_gemms(name="bias_relu"):
+    import epilogues as E
+    import explore_configs as X
+
+    out = []
+    for cfg in X.CONFIGS:
+        for pol in ("evtc", "cutlass"):
+            try:
+                out.append(evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, d=bf16, config=evtc.GemmConfig(**cfg), plan=pol))
+            except evtc.EvtcError:
+                pass
+    return out
+
+
+def bias_relu_gemms():
+    import bench_bias_relu as BR
+    import epilogues as E
+
+    return [evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16), evtc.Gemm(BR.bias_relu_nobeta, a=bf16, b=bf16, d=bf16)]
+
+
+GROUPS = {"tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms}
+
+
+def main() -> None:
+    gemms = []
+    for name in sys.argv[1:] or ["tests"]:
+        gemms += GROUPS[name]()
+    uniq = {g.source: g for g in gemms}
+    common.build_all(list(uniq.values()), "prebuild")
+
+
+if __name__ == "__main__":
+    main()

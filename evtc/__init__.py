@@ -1,0 +1,102 @@
+"""evtc: an epilogue-fusion compiler for GPU GEMMs.
+
+Write ``D = act(alpha*acc + beta*C + bias)`` (and extra outputs, reductions, aux inputs, fp8
+scaling) as a Python function; evtc traces it, simplifies it, plans the Hopper epilogue's shared
+memory, emits a CUTLASS Epilogue Visitor Tree GEMM, builds it with nvcc and runs it::
+
+    import evtc
+    from evtc import bf16, f32
+
+    @evtc.epilogue
+    def bias_relu(acc, C, alpha: float, beta: float, bias: evtc.RowVector[f32]):
+        return evtc.relu(alpha * acc + beta * C + bias)
+
+    gemm = evtc.Gemm(bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, arch="sm90")
+    D = gemm(A, B, C=C, alpha=0.5, beta=1.5, bias=bias)
+
+The pipeline, one folder per stage: ``frontend`` (trace) -> ``passes`` -> ``plan`` -> ``emit`` ->
+``build`` -> ``runtime``. See docs/OVERVIEW.md.
+"""
+
+from evtc.dtypes import DType, bf16, e4m3, e5m2, f16, f32
+from evtc.errors import (
+    ArgumentError,
+    BuildError,
+    ConfigError,
+    EpilogueSignatureError,
+    EpilogueTypeError,
+    EvtcError,
+    GrammarError,
+    IRVerificationError,
+    LaunchError,
+    LegalizeError,
+    NoDeviceError,
+    PlanError,
+    TraceError,
+    UnsupportedOpError,
+)
+from evtc.frontend.epilogue import Epilogue, epilogue
+from evtc.frontend.functions import (
+    abs,
+    amax,
+    clamp,
+    eq,
+    erf,
+    exp,
+    ge,
+    gelu,
+    gelu_grad,
+    gelu_tanh,
+    gt,
+    hardswish,
+    le,
+    leaky_relu,
+    log,
+    lt,
+    max,
+    maximum,
+    min,
+    minimum,
+    multiply_add,
+    ne,
+    pow,
+    relu,
+    rsqrt,
+    sigmoid,
+    silu,
+    sqrt,
+    sum,
+    tanh,
+    to,
+    where,
+)
+from evtc.frontend.trace import ColVector, DeviceScalar, Matrix, RowVector, Scalar
+from evtc.frontend.trace import SourceMatrix as Source
+from evtc.ir.graph import Graph
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The heavier stages load on first use, so `import evtc` stays cheap for tracing.
+    if name == "Gemm":
+        from evtc.gemm import Gemm
+
+        return Gemm
+    if name in ("GemmConfig",):
+        from evtc.plan.config import GemmConfig
+
+        return GemmConfig
+    if name == "plugin":
+        import evtc.plugin as plugin
+
+        return plugin
+    if name == "from_expr":
+        from evtc.frontend.text import from_expr
+
+        return from_expr
+    if name == "parse_ir":
+        from evtc.frontend.text import parse_ir
+
+        return parse_ir
+    raise AttributeError(f"module 'evtc' has no attribute '{name}'")

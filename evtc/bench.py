@@ -1,0 +1,153 @@
+"""Timing helpers for benchmarks (GPU only): CUDA events, warm-up, median of many runs, fresh
+random inputs, preallocated outputs.
+
+Input: a built :class:`evtc.Gemm` and a problem size. Output: a dict of medians (ms) and ratios.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import (
+    Accumulator,
+    ColBroadcast,
+    Compute,
+    Immediate,
+    Leaf,
+    Reduction,
+    Store,
+)
+
+
+def time_ms(fn: Callable[[], Any], iters: int = 50, warmup: int = 5) -> float:
+    """Median time of ``fn`` in ms, measured with CUDA events around each call."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_interleaved(fns: dict[str, Callable[[], Any]], iters: int = 50, warmup_ms: float = 300.0) -> dict[str, float]:
+    """Median times (ms) of several functions measured in alternation (a, b, c, a, b, c, ...),
+    so clock and temperature drift hit all of them alike, after a warm-up of about
+    ``warmup_ms`` that brings the GPU to its steady clock."""
+    import time
+
+    import torch
+
+    names = list(fns)
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        for n in names:
+            fns[n]()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(iters):
+        for n in names:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[n]()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end))
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def torch_eval(graph: Graph, acc, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate ``graph`` eagerly with torch ops, one kernel per op (the "unfused" baseline when
+    no Python function is at hand). Column vectors are reshaped to broadcast."""
+    import torch
+
+    from evtc import ops
+
+    vals: dict[int, Any] = {}
+    out: dict[str, Any] = {}
+    for n in graph.nodes:
+        if isinstance(n, Accumulator):
+            vals[id(n)] = acc
+        elif isinstance(n, Leaf):
+            x = inputs[n.name]
+            vals[id(n)] = x.unsqueeze(-1) if isinstance(n, ColBroadcast) else x
+        elif isinstance(n, Immediate):
+            vals[id(n)] = n.value
+        elif isinstance(n, Compute):
+            args = [vals[id(a)] for a in n.args]
+            if n.op == "convert":
+                vals[id(n)] = args[0].to(getattr(torch, n.dtype.torch))
+            else:
+                args = [a if hasattr(a, "dtype") else torch.tensor(a, device=acc.device) for a in args]
+                vals[id(n)] = ops.get(n.op).torch(torch, *args)
+        elif isinstance(n, Store):
+            out[n.name] = vals[id(n.value)].to(getattr(torch, n.dtype.torch))
+        elif isinstance(n, Reduction):
+            v = vals[id(n.value)].float()
+            dims = {1: (-1,), 0: (-2,), None: (-2, -1)}[n.dim]
+            fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[n.op.value]
+            out[n.name] = fn(v, dim=dims)
+    return out
+
+
+def bench_gemm(gemm, M: int, N: int, K: int, L: int = 1, *, iters: int = 50, eager_fn: Callable | None = None,
+               seed: int = 0, with_eager: bool = True) -> dict[str, float]:
+    """Time ``gemm`` against cuBLAS's plain GEMM (the floor) and eager PyTorch unfused, measured
+    in alternation (:func:`time_interleaved`).
+
+    Returns:
+        ``evtc_ms``, ``cublas_ms``, ``eager_ms`` and the ratios ``evtc_over_cublas``,
+        ``eager_over_evtc``.
+    """
+    import torch
+
+    from evtc.testing import Problem, make_inputs, poisoned_outputs
+
+    p = Problem(M, N, K, L)
+    ins = make_inputs(gemm.graph, gemm.a, gemm.b, p, seed=seed)
+    outs = poisoned_outputs(gemm.graph, p)
+    A, B = ins["A"], ins["B"]
+    kwargs = {k: v for k, v in ins.items() if k not in ("A", "B")}
+    gemm.build()
+    plain = torch.empty(A.shape[:-1] + (N,), dtype=A.dtype, device=A.device) if not gemm.a.is_fp8 else None
+    Bt = B.transpose(-1, -2)
+    scale = torch.ones((), device=A.device)
+    if plain is not None:
+        def cublas():
+            return torch.matmul(A, Bt, out=plain)
+    else:
+        def cublas():
+            return torch._scaled_mm(A, B.t(), scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
+
+    def eager():
+        acc = torch.matmul(A, B.transpose(-1, -2)) if plain is not None else torch._scaled_mm(
+            A, B.t(), scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
+        if eager_fn is not None:
+            call = {k: (v.unsqueeze(-1) if k in col_names else v) for k, v in kwargs.items()}
+            acc_name = gemm.graph.accumulator.name if gemm.graph.accumulator is not None else "acc"
+            return eager_fn(**{acc_name: acc}, **call)
+        return torch_eval(gemm.graph, acc, kwargs)
+
+    col_names = {n.name for n in gemm.graph.inputs if isinstance(n, ColBroadcast)}
+    fns = {"evtc": lambda: gemm(A, B, out=outs, **kwargs), "cublas": cublas}
+    if with_eager:
+        fns["eager"] = eager
+    t = time_interleaved(fns, iters)
+    evtc_ms, cublas_ms, eager_ms = t["evtc"], t["cublas"], t.get("eager", float("nan"))
+    return {
+        "M": M, "N": N, "K": K, "L": L,
+        "evtc_ms": evtc_ms, "cublas_ms": cublas_ms, "eager_ms": eager_ms,
+        "evtc_over_cublas": evtc_ms / cublas_ms, "eager_over_evtc": eager_ms / evtc_ms,
+        "tflops": 2.0 * M * N * K * L / (evtc_ms * 1e-3) / 1e12,
+    }

@@ -1,0 +1,92 @@
+"""The C ABI of an emitted kernel: one flat struct of named arguments.
+
+Input: a Graph. Output: the ordered list of :class:`AbiField` that both the emitted C struct
+(``evtc_args_t``) and the Python ctypes mirror (:mod:`evtc.runtime.launch`) are made from,
+so the two can't disagree. The kernel's info call returns the same list as JSON, and the
+runtime checks it on load.
+
+Layout: problem size, A, B, then every input the epilogue uses (signature order), then every
+output (return order). Field names carry a prefix by what they hold, so no user name can
+collide with another field or a C keyword: ``p_`` pointer, ``ld_`` leading dimension (elements
+between rows), ``bs_`` batch stride (elements between batches; 0 broadcasts one tensor to every
+batch), ``s_`` a by-value scalar.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import (
+    Accumulator,
+    AuxLoad,
+    ColBroadcast,
+    Reduction,
+    RowBroadcast,
+    ScalarBroadcast,
+    Source,
+    Store,
+)
+
+ABI_VERSION = 1
+
+CTYPES = {
+    "int32_t": ctypes.c_int32,
+    "int64_t": ctypes.c_int64,
+    "float": ctypes.c_float,
+    "const void*": ctypes.c_void_p,
+    "void*": ctypes.c_void_p,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AbiField:
+    """One field of ``evtc_args_t``.
+
+    Attributes:
+        name: C identifier.
+        ctype: C type (``int32_t``, ``int64_t``, ``float``, ``const void*``, ``void*``).
+        tensor: the operand it belongs to (``A``, ``B``, an input or output name), or None.
+        what: ``ptr``, ``ld``, ``batch_stride``, ``value`` or ``dim``.
+    """
+
+    name: str
+    ctype: str
+    tensor: str | None
+    what: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def abi_fields(graph: Graph) -> tuple[AbiField, ...]:
+    """The fields of ``evtc_args_t`` for ``graph``."""
+    f: list[AbiField] = [AbiField(n, "int32_t", None, "dim") for n in ("M", "N", "K", "L")]
+    for op in ("A", "B"):
+        f += [AbiField(f"p_{op}", "const void*", op, "ptr"), AbiField(f"ld_{op}", "int64_t", op, "ld"),
+              AbiField(f"bs_{op}", "int64_t", op, "batch_stride")]
+    for leaf in graph.used_inputs:
+        n = leaf.name
+        if isinstance(leaf, Accumulator):
+            continue
+        if isinstance(leaf, (Source, AuxLoad)):
+            f += [AbiField(f"p_{n}", "const void*", n, "ptr"), AbiField(f"ld_{n}", "int64_t", n, "ld"),
+                  AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
+        elif isinstance(leaf, (RowBroadcast, ColBroadcast)) or (isinstance(leaf, ScalarBroadcast) and leaf.by_pointer):
+            f += [AbiField(f"p_{n}", "const void*", n, "ptr"), AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
+        elif isinstance(leaf, ScalarBroadcast):
+            f.append(AbiField(f"s_{n}", "float", n, "value"))
+    for out in graph.outputs:
+        n = out.name
+        if isinstance(out, Store):
+            f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"ld_{n}", "int64_t", n, "ld"),
+                  AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
+        elif isinstance(out, Reduction):
+            f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
+    return tuple(f)
+
+
+def ctypes_struct(fields: tuple[AbiField, ...]) -> type[ctypes.Structure]:
+    """A ctypes Structure with the same layout as the emitted ``evtc_args_t``."""
+    return type("evtc_args_t", (ctypes.Structure,), {"_fields_": [(x.name, CTYPES[x.ctype]) for x in fields]})

@@ -1,0 +1,255 @@
+"""Errors that evtc shows to its users.
+
+Every error a user can cause is an :class:`EvtcError`. It carries the name of the epilogue,
+the :class:`SourceLoc` of the user's line (or of the position in a textual expression), what
+went wrong and what to do about it, and ends with an anchor into ``docs/errors.md``. The
+formatting follows Triton's ``CompilationError`` (file:line:col, the line, a caret) and the
+traceback filtering follows JAX's ``traceback_util``: frames inside the evtc package are
+dropped from what the user sees unless ``EVTC_TRACEBACK=full`` is set.
+
+Example::
+
+    evtc.TraceError: a traced value was used as a Python bool
+      in epilogue 'bad' at examples/bad.py:7:8
+         7 |     if acc > 0:
+           |        ^^^^^^^
+      hint: Python control flow can't depend on tensor values; use evtc.where(cond, a, b)
+      see docs/errors.md#trace-bool
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import types
+from pathlib import Path
+from typing import Callable, TypeVar
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+DOCS_ERRORS = "docs/errors.md"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceLoc:
+    """A position in the user's code or in a textual epilogue.
+
+    Attributes:
+        file: path of the Python file, or ``"<expr>"`` for a textual expression.
+        line: 1-based line number.
+        col: 0-based column of the start of the span, or None when unknown.
+        end_col: 0-based column one past the end of the span on the same line, or None.
+        text: the source line itself (without the trailing newline), or None.
+    """
+
+    file: str
+    line: int
+    col: int | None = None
+    end_col: int | None = None
+    text: str | None = None
+
+    def __str__(self) -> str:
+        col = f":{self.col + 1}" if self.col is not None else ""
+        return f"{self.file}:{self.line}{col}"
+
+    def excerpt(self) -> str:
+        """The source line with a caret under the span, indented for an error message."""
+        if not self.text:
+            return ""
+        stripped = self.text.rstrip()
+        gutter = f"{self.line:>6} | "
+        lines = [gutter + stripped]
+        if self.col is not None:
+            end = self.end_col if self.end_col and self.end_col > self.col else self.col + 1
+            end = min(end, max(len(stripped), self.col + 1))
+            lines.append(" " * (len(gutter) - 2) + "| " + " " * self.col + "^" * (end - self.col))
+        return "\n".join(lines)
+
+
+class EvtcError(Exception):
+    """Base class of every error evtc raises on bad input.
+
+    Args:
+        message: one sentence saying what is wrong.
+        loc: where in the user's epilogue (or expression) the problem is.
+        epilogue: the name of the epilogue function or expression.
+        hint: what to do about it.
+        anchor: anchor in ``docs/errors.md``; defaults to the class's ``anchor``.
+    """
+
+    anchor = "evtc-error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        loc: SourceLoc | None = None,
+        epilogue: str | None = None,
+        hint: str | None = None,
+        anchor: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.loc = loc
+        self.epilogue = epilogue
+        self.hint = hint
+        if anchor is not None:
+            self.anchor = anchor
+
+    def with_context(self, *, loc: SourceLoc | None = None, epilogue: str | None = None) -> "EvtcError":
+        """Fill in the location and epilogue name if they are still unknown; returns self."""
+        if self.loc is None and loc is not None:
+            self.loc = loc
+        if self.epilogue is None and epilogue is not None:
+            self.epilogue = epilogue
+        return self
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        where = []
+        if self.epilogue:
+            where.append(f"in epilogue '{self.epilogue}'")
+        if self.loc is not None:
+            where.append(f"at {self.loc}")
+        if where:
+            parts.append("  " + " ".join(where))
+        if self.loc is not None and self.loc.text:
+            parts.append(self.loc.excerpt())
+        if self.hint:
+            parts.append(f"  hint: {self.hint}")
+        parts.append(f"  see {DOCS_ERRORS}#{self.anchor}")
+        return "\n".join(parts)
+
+
+class TraceError(EvtcError):
+    """The epilogue function did something that can't be traced (Python control flow on a
+    traced value, an unsupported builtin, a non-traced return value)."""
+
+    anchor = "trace-error"
+
+
+class EpilogueSignatureError(EvtcError):
+    """A parameter of the epilogue function has no kind evtc can infer (accumulator, source,
+    scalar, row/column broadcast or aux load)."""
+
+    anchor = "signature"
+
+
+class UnsupportedOpError(EvtcError):
+    """An operation has no entry in the op table (``evtc/ops.py``) or no lowering for the arch."""
+
+    anchor = "unsupported-op"
+
+
+class EpilogueTypeError(EvtcError):
+    """Mismatched dtypes or broadcast shapes inside the epilogue."""
+
+    anchor = "type-error"
+
+
+class LegalizeError(EvtcError):
+    """The epilogue can't run on the requested architecture (e.g. fp8 mainloop on sm80)."""
+
+    anchor = "legalize"
+
+
+class GrammarError(EvtcError):
+    """A syntax error in a textual epilogue (``evtc emit --expr`` or the canonical IR text)."""
+
+    anchor = "grammar"
+
+
+class IRVerificationError(EvtcError):
+    """An IR invariant broke. When raised after a pass, the message names the pass: that is
+    a bug in evtc, please report it with the IR shown."""
+
+    anchor = "verify"
+
+
+class PlanError(EvtcError):
+    """No legal shared-memory plan or GEMM configuration exists for the request."""
+
+    anchor = "plan"
+
+
+class ConfigError(EvtcError):
+    """A GEMM configuration (tile, cluster, schedule) that CUTLASS can't build."""
+
+    anchor = "config"
+
+
+class BuildError(EvtcError):
+    """nvcc failed. The message names the kept source and log files."""
+
+    anchor = "build"
+
+
+class ArgumentError(EvtcError, TypeError):
+    """A runtime argument (tensor or scalar) is missing, extra, or has the wrong shape, dtype,
+    stride, alignment or device. The message names the argument."""
+
+    anchor = "arguments"
+
+
+class LaunchError(EvtcError, RuntimeError):
+    """CUDA or CUTLASS reported an error while launching the kernel."""
+
+    anchor = "launch"
+
+
+class NoDeviceError(EvtcError, RuntimeError):
+    """A GPU (or nvcc) is needed for this call and none was found."""
+
+    anchor = "no-device"
+
+
+# --------------------------------------------------------------------------------------------
+# Traceback filtering (JAX traceback_util)
+# --------------------------------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable)
+
+
+def _is_internal(frame: types.FrameType) -> bool:
+    filename = frame.f_code.co_filename
+    return filename.startswith(_PACKAGE_DIR) and "/tests/" not in filename
+
+
+def filter_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """Return a copy of ``tb`` without the frames that belong to the evtc package."""
+    frames = []
+    while tb is not None:
+        if not _is_internal(tb.tb_frame):
+            frames.append((tb.tb_frame, tb.tb_lasti, tb.tb_lineno))
+        tb = tb.tb_next
+    new_tb = None
+    for frame, lasti, lineno in reversed(frames):
+        new_tb = types.TracebackType(new_tb, frame, lasti, lineno)
+    return new_tb
+
+
+# The wrapper is compiled under the pseudo-file "<evtc>" so that the one frame the boundary
+# itself adds to a traceback shows as "<evtc>" rather than as a path inside the package.
+_BOUNDARY_SRC = """
+def make_wrapper(fn, EvtcError, filter_traceback, os):
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EvtcError as err:
+            if os.environ.get("EVTC_TRACEBACK", "") == "full":
+                raise
+            raise err.with_traceback(filter_traceback(err.__traceback__)) from None
+    return wrapper
+"""
+_boundary_ns: dict = {}
+exec(compile(_BOUNDARY_SRC, "<evtc>", "exec"), _boundary_ns)
+
+
+def api_boundary(fn: F) -> F:
+    """Decorator for public entry points: an :class:`EvtcError` leaves with the evtc frames
+    removed from its traceback and without the chained internal exception, so the user sees
+    their own line and the message. ``EVTC_TRACEBACK=full`` keeps everything (for debugging
+    evtc itself)."""
+    wrapper = _boundary_ns["make_wrapper"](fn, EvtcError, filter_traceback, os)
+    return functools.wraps(fn)(wrapper)  # type: ignore[return-value]

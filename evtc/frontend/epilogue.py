@@ -1,0 +1,94 @@
+"""``@evtc.epilogue``: the object a user's epilogue function becomes.
+
+Input: a Python function. Output: :class:`Epilogue`, which traces lazily (per C/D dtype) into a
+Graph and still runs eagerly when called on tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from evtc import dtypes
+from evtc.dtypes import DType
+from evtc.errors import api_boundary
+from evtc.frontend.trace import signature_kinds, trace
+from evtc.ir.graph import Graph
+
+
+class Epilogue:
+    """An epilogue function, traced on demand.
+
+    Attributes:
+        fn: the original function; calling the Epilogue calls it (eagerly, on tensors).
+        name: the epilogue's name, used in errors, the IR and the emitted code.
+
+    Example::
+
+        @evtc.epilogue
+        def bias_relu(acc, C, alpha: float, beta: float, bias: evtc.RowVector[evtc.f32]):
+            return evtc.relu(alpha * acc + beta * C + bias)
+
+        print(bias_relu.graph)              # the canonical IR text
+        bias_relu.trace(c=evtc.f16, d=evtc.f16)
+    """
+
+    def __init__(self, fn: Callable, *, name: str | None = None, c: DType | str | None = None,
+                 d: DType | str = dtypes.bf16) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "epilogue")
+        self.default_c = dtypes.coerce(c) if c is not None else None
+        self.default_d = dtypes.coerce(d)
+        self._cache: dict[tuple, Graph] = {}
+        functools.update_wrapper(self, fn)
+
+    @api_boundary
+    def trace(self, *, c: DType | str | None = None, d: DType | str | None = None) -> Graph:
+        """The traced Graph for these dtypes of C and D (cached).
+
+        Args:
+            c: dtype of C when the function takes ``C`` without annotating it (default: ``d``).
+            d: dtype of M x N outputs without an explicit ``.to(dtype)``, and of bare
+                ``evtc.Matrix`` inputs (default: the decorator's ``d``, else bf16).
+
+        Raises:
+            EpilogueSignatureError, TraceError, EpilogueTypeError: located at the user's line.
+        """
+        dd = dtypes.coerce(d) if d is not None else self.default_d
+        cc = dtypes.coerce(c) if c is not None else (self.default_c or dd)
+        key = (cc, dd)
+        if key not in self._cache:
+            self._cache[key] = trace(self.fn, c=cc, d=dd, name=self.name)
+        return self._cache[key]
+
+    @property
+    @api_boundary
+    def graph(self) -> Graph:
+        """The Graph traced with the default dtypes."""
+        return self.trace()
+
+    @property
+    @api_boundary
+    def parameters(self) -> list[tuple[str, Any]]:
+        """(name, kind) of each parameter, in order."""
+        return signature_kinds(self.fn, self.name)
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return str(self.graph)
+
+    def __repr__(self) -> str:
+        return f"<evtc.Epilogue {self.name}>"
+
+
+def epilogue(fn: Callable | None = None, *, name: str | None = None, c: DType | str | None = None,
+             d: DType | str = dtypes.bf16):
+    """Decorator that turns a function into an :class:`Epilogue`.
+
+    Usable bare (``@evtc.epilogue``) or with options (``@evtc.epilogue(d=evtc.f16)``).
+    """
+    if fn is None:
+        return lambda f: Epilogue(f, name=name, c=c, d=d)
+    return Epilogue(fn, name=name, c=c, d=d)

@@ -1,0 +1,266 @@
+"""The ``evtc.*`` functions an epilogue calls: ``evtc.relu``, ``evtc.where``, ``evtc.sum``...
+
+Input: traced values, torch tensors, numpy arrays or Python numbers. Output: a traced value
+when any argument is traced; otherwise the function runs eagerly, so an epilogue function called
+on real tensors computes the same result the kernel should (the second oracle of the tests).
+
+Eager rules: torch tensors use torch (evtc never imports torch itself; it uses the module the
+tensor came from), anything else uses the op's float64 numpy reference. In eager mode a column
+vector must be shaped ``(M, 1)`` to broadcast, as usual in torch; reductions follow evtc's axes
+(``dim=1`` over N, the last axis; ``dim=0`` over M, the second to last) and accumulate in float32
+or wider.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from evtc import ops
+from evtc.dtypes import DType
+from evtc.frontend.trace import Reduced, Value, apply, reduce
+
+__all__ = [
+    "relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "gelu_grad", "silu", "hardswish",
+    "exp", "log", "sqrt", "rsqrt", "abs", "erf", "pow", "maximum", "minimum", "clamp",
+    "leaky_relu", "where", "multiply_add", "sum", "max", "min", "amax",
+    "gt", "ge", "lt", "le", "eq", "ne", "to",
+]
+
+
+def _is_traced(args) -> bool:
+    return any(isinstance(a, (Value, Reduced)) for a in args)
+
+
+def _torch_of(args):
+    for a in args:
+        mod = type(a).__module__
+        if mod.startswith("torch"):
+            return sys.modules["torch"]
+    return None
+
+
+def _call(name: str, *args: Any):
+    if _is_traced(args):
+        return apply(name, *args)
+    op = ops.get(name)
+    torch = _torch_of(args)
+    if torch is not None and op.torch is not None:
+        targs = [a if type(a).__module__.startswith("torch") else torch.as_tensor(a) for a in args]
+        return op.torch(torch, *targs)
+    if torch is not None:
+        # No torch rule: go through float64 numpy on the host and come back.
+        like = next(a for a in args if type(a).__module__.startswith("torch"))
+        host = [a.detach().double().cpu().numpy() if type(a).__module__.startswith("torch") else a for a in args]
+        return torch.as_tensor(op.numpy(*[np.asarray(h, dtype=np.float64) for h in host])).to(like.device, like.dtype)
+    return op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+
+
+# ---- elementwise -------------------------------------------------------------------------------
+
+
+def relu(x):
+    """max(x, 0), NaN-propagating (``cutlass::epilogue::thread::ReLu``)."""
+    return _call("relu", x)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x))."""
+    return _call("sigmoid", x)
+
+
+def tanh(x):
+    """Hyperbolic tangent."""
+    return _call("tanh", x)
+
+
+def gelu(x):
+    """x * Phi(x) with the exact erf form (``cutlass::epilogue::thread::GELU``)."""
+    return _call("gelu", x)
+
+
+def gelu_tanh(x):
+    """The tanh approximation of gelu (``GELU_taylor``; torch's ``approximate='tanh'``)."""
+    return _call("gelu_tanh", x)
+
+
+def gelu_grad(x):
+    """d gelu(x) / dx for the erf form: Phi(x) + x * phi(x)."""
+    return _call("gelu_grad", x)
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    return _call("silu", x)
+
+
+def hardswish(x):
+    """x * relu6(x + 3) / 6."""
+    return _call("hardswish", x)
+
+
+def exp(x):
+    """e ** x."""
+    return _call("exp", x)
+
+
+def log(x):
+    """Natural logarithm."""
+    return _call("log", x)
+
+
+def sqrt(x):
+    """Square root."""
+    return _call("sqrt", x)
+
+
+def rsqrt(x):
+    """1 / sqrt(x)."""
+    return _call("rsqrt", x)
+
+
+def abs(x):  # noqa: A001 - mirrors torch.abs / numpy.abs
+    """Absolute value."""
+    return _call("abs", x)
+
+
+def erf(x):
+    """The error function."""
+    return _call("erf", x)
+
+
+def pow(x, exponent: float):  # noqa: A001
+    """x ** exponent; the exponent must be a Python number."""
+    if _is_traced((x, exponent)):
+        return x ** exponent if isinstance(x, Value) else apply("pow", x, exponent)
+    return _call("pow", x, exponent)
+
+
+def maximum(a, b):
+    """Elementwise maximum."""
+    return _call("maximum", a, b)
+
+
+def minimum(a, b):
+    """Elementwise minimum."""
+    return _call("minimum", a, b)
+
+
+def clamp(x, lo, hi):
+    """min(max(x, lo), hi); ``lo`` and ``hi`` may be runtime scalars."""
+    return minimum(maximum(x, lo), hi)
+
+
+def leaky_relu(x, slope):
+    """x where x > 0 else x * slope; ``slope`` may be a runtime scalar."""
+    return _call("leaky_relu", x, slope)
+
+
+def where(cond, a, b):
+    """``a`` where ``cond`` is non-zero, else ``b`` (comparisons give 1.0/0.0 masks)."""
+    return _call("where", cond, a, b)
+
+
+def multiply_add(a, b, c):
+    """a * b + c as one fused multiply-add."""
+    return _call("multiply_add", a, b, c)
+
+
+def gt(a, b):
+    return _call("gt", a, b)
+
+
+def ge(a, b):
+    return _call("ge", a, b)
+
+
+def lt(a, b):
+    return _call("lt", a, b)
+
+
+def le(a, b):
+    return _call("le", a, b)
+
+
+def eq(a, b):
+    return _call("eq", a, b)
+
+
+def ne(a, b):
+    return _call("ne", a, b)
+
+
+def to(x, dtype: DType | str):
+    """``x.to(dtype)``: round to ``dtype`` (fp8 saturates to its finite range)."""
+    if isinstance(x, Value):
+        return x.to(dtype)
+    from evtc import dtypes as _dt
+
+    dt = _dt.coerce(dtype)
+    torch = _torch_of((x,))
+    if torch is not None:
+        out = x
+        if dt.is_fp8:
+            out = out.clamp(-dt.max, dt.max)
+        return out.to(getattr(torch, dt.torch)).to(x.dtype)
+    return _dt.round_to(np.asarray(x, dtype=np.float64), dt)
+
+
+# ---- reductions ----------------------------------------------------------------------------------
+
+
+def _reduce(op: str, x, dim: int | None):
+    if isinstance(x, (Value, Reduced)):
+        return reduce(op, x, dim)
+    torch = _torch_of((x,))
+    axes = None if dim is None else ((-1,) if dim % 2 == 1 else (-2,))
+    if axes is None:
+        axes = (-2, -1)
+    if torch is not None:
+        xf = x.float()
+        if op == "sum":
+            return xf.sum(dim=axes)
+        return xf.amax(dim=axes) if op == "max" else xf.amin(dim=axes)
+    arr = np.asarray(x, dtype=np.float64)
+    fn = {"sum": np.sum, "max": np.max, "min": np.min}[op]
+    return fn(arr, axis=axes)
+
+
+def sum(x, dim: int | None = None):  # noqa: A001
+    """Sum over N (``dim=1``: a row reduction, one value per row), over M (``dim=0``: a column
+    reduction), or over both (no ``dim``). Accumulates in f32; the output is f32 unless
+    converted with ``.to(dtype)``."""
+    return _reduce("sum", x, dim)
+
+
+def max(x, *rest, dim: int | None = None):  # noqa: A001
+    """Maximum over ``dim`` (see :func:`sum`). For an elementwise max use :func:`maximum`."""
+    _no_elementwise("max", x, rest)
+    return _reduce("max", x, dim)
+
+
+def min(x, *rest, dim: int | None = None):  # noqa: A001
+    """Minimum over ``dim`` (see :func:`sum`). For an elementwise min use :func:`minimum`."""
+    _no_elementwise("min", x, rest)
+    return _reduce("min", x, dim)
+
+
+def amax(x, dim: int | None = None):
+    """max(abs(x)) over ``dim`` (see :func:`sum`): the amax of fp8 scaling recipes."""
+    return _reduce("max", abs(x), dim)
+
+
+def _no_elementwise(name: str, x, rest) -> None:
+    if not rest:
+        return
+    from evtc.errors import TraceError
+    from evtc.frontend.trace import user_loc
+
+    epilogue = x._tracer.epilogue if isinstance(x, Value) else None
+    raise TraceError(
+        f"evtc.{name} takes one value and reduces it",
+        loc=user_loc(), epilogue=epilogue,
+        hint=f"for the elementwise {name} of two values use evtc.{name}imum(a, b); pass the axis as dim=",
+    )

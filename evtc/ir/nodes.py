@@ -1,0 +1,307 @@
+"""The node kinds of the epilogue IR: a small closed vocabulary.
+
+Input: nothing (this module defines the vocabulary). Output: the frozen node classes.
+
+One frozen, slotted dataclass per kind, named with CUTLASS's terms (and the EVT paper's):
+
+=================  ====================================================  ======================
+kind               meaning                                               CUTLASS sm90 visitor
+=================  ====================================================  ======================
+Accumulator        the GEMM accumulator tile ``acc`` (f32)                ``Sm90AccFetch``
+Source             the source matrix ``C`` loaded by the collective       ``Sm90SrcFetch``
+ScalarBroadcast    a runtime scalar (by value or device pointer)          ``Sm90ScalarBroadcast``
+RowBroadcast       a length-N vector, the same for every row              ``Sm90RowBroadcast``
+ColBroadcast       a length-M vector, the same for every column           ``Sm90ColBroadcast``
+AuxLoad            another M x N input                                    ``Sm90AuxLoad``
+Immediate          a compile-time constant                                (evtc ``Sm90Immediate``)
+Compute            an elementwise op from the op table (``evtc.ops``)     ``Sm90Compute``
+Store              an M x N output (D or an aux store)                    collective / ``Sm90AuxStore``
+Reduction          an output reduced over N (row), M (column) or both     ``Sm90ColReduction``...
+=================  ====================================================  ======================
+
+Operand order lives in the node (``inputs`` is an ordered tuple), never in graph edge
+weights, so ``x * x`` is simply ``Compute("mul", (x, x))``. Nodes compare by identity;
+:class:`evtc.ir.graph.GraphBuilder` hash-conses them so that one graph never holds two
+structurally equal nodes, and :meth:`evtc.ir.graph.Graph.__eq__` compares graphs by their
+canonical text. ``loc`` (the user's source line) is carried along but never compared.
+
+Shapes are not carried as numbers: every value has a *broadcast class* (see :class:`Bcast`),
+M x N for matrices, M for column vectors, N for row vectors, scalar for scalars. Reductions
+turn an M x N value into an M (``dim=1``, a *row reduction*: one value per row), N (``dim=0``,
+a *column reduction*) or scalar (``dim=None``) output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, ClassVar
+
+from evtc.dtypes import DType
+from evtc.errors import SourceLoc
+
+
+class Bcast(enum.Enum):
+    """Broadcast class of a value: which of the M and N extents it varies along."""
+
+    SCALAR = "scalar"
+    ROW = "row"  # varies along N: a length-N row vector broadcast down the M rows
+    COL = "col"  # varies along M: a length-M column vector broadcast across the N columns
+    MN = "mn"
+
+    def join(self, other: "Bcast") -> "Bcast":
+        """The class of an elementwise result of two values of classes self and other."""
+        if self is other:
+            return self
+        if self is Bcast.SCALAR:
+            return other
+        if other is Bcast.SCALAR:
+            return self
+        return Bcast.MN
+
+
+_SLOTS = dict(frozen=True, eq=False, slots=True)
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Node:
+    """Base of all node kinds.
+
+    Attributes:
+        dtype: the element type the value is produced in (compute nodes produce f32 unless
+            they are conversions; stores and reductions have their output dtype).
+        loc: where the user wrote it; excluded from comparisons and hashing.
+    """
+
+    dtype: DType
+    loc: SourceLoc | None = dataclasses.field(default=None, kw_only=True, repr=False)
+
+    #: short name of the kind in the canonical text form
+    kind: ClassVar[str] = "node"
+
+    @property
+    def inputs(self) -> tuple["Node", ...]:
+        return ()
+
+    @property
+    def bcast(self) -> Bcast:
+        raise NotImplementedError
+
+    def key(self) -> tuple:
+        """Structural identity, with inputs by object id (used for hash-consing)."""
+        fields = tuple(
+            getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("loc", "inputs", "input")
+        )
+        return (type(self).__name__, fields, tuple(id(i) for i in self.inputs))
+
+
+# ---- leaves: inputs of the epilogue ---------------------------------------------------------
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Leaf(Node):
+    """A value that comes from outside the epilogue. ``name`` is the parameter name."""
+
+    name: str = ""
+
+    @property
+    def is_tensor(self) -> bool:
+        """True for inputs the caller passes as device tensors (or device scalar pointers)."""
+        return True
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Accumulator(Leaf):
+    kind: ClassVar[str] = "accumulator"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.MN
+
+    @property
+    def is_tensor(self) -> bool:
+        return False
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Source(Leaf):
+    """The source matrix C (M x N), loaded by the collective epilogue on sm90."""
+
+    kind: ClassVar[str] = "source"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.MN
+
+
+@dataclasses.dataclass(**_SLOTS)
+class ScalarBroadcast(Leaf):
+    """A runtime scalar. ``by_pointer`` scalars are read from device memory (one per batch)."""
+
+    by_pointer: bool = False
+    kind: ClassVar[str] = "scalar"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.SCALAR
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.by_pointer
+
+
+@dataclasses.dataclass(**_SLOTS)
+class RowBroadcast(Leaf):
+    """A length-N vector broadcast along M (CUTLASS ``RowBroadcast``), e.g. a bias ``bias[n]``."""
+
+    kind: ClassVar[str] = "row"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.ROW
+
+
+@dataclasses.dataclass(**_SLOTS)
+class ColBroadcast(Leaf):
+    """A length-M vector broadcast along N (CUTLASS ``ColBroadcast``), e.g. ``scale[m]``."""
+
+    kind: ClassVar[str] = "col"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.COL
+
+
+@dataclasses.dataclass(**_SLOTS)
+class AuxLoad(Leaf):
+    """Another M x N input tensor (a residual, a saved pre-activation)."""
+
+    kind: ClassVar[str] = "aux"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.MN
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Immediate(Node):
+    """A compile-time constant, held in float64 and emitted in the compute dtype."""
+
+    value: float = 0.0
+    kind: ClassVar[str] = "const"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.SCALAR
+
+
+# ---- interior nodes ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Compute(Node):
+    """An elementwise op of the op table applied to ordered inputs.
+
+    Attributes:
+        op: the op's name in :mod:`evtc.ops` (``add``, ``relu``, ``convert``...).
+        args: the ordered operands.
+        attrs: constant attributes as sorted (name, value) pairs, e.g. ``(("exponent", 2.0),)``.
+    """
+
+    op: str = ""
+    args: tuple[Node, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+    kind: ClassVar[str] = "compute"
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return self.args
+
+    @property
+    def bcast(self) -> Bcast:
+        out = Bcast.SCALAR
+        for a in self.args:
+            out = out.join(a.bcast)
+        return out
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        return default
+
+    def key(self) -> tuple:
+        return ("Compute", self.op, self.dtype, self.attrs, tuple(id(a) for a in self.args))
+
+
+# ---- outputs ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Output(Node):
+    """Base of the nodes that write a result of the epilogue. ``name`` is the output name."""
+
+    name: str = ""
+    value: Node | None = None
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.value,) if self.value is not None else ()
+
+    def key(self) -> tuple:
+        fields = tuple(
+            getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("loc", "value")
+        )
+        return (type(self).__name__, fields, (id(self.value),))
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Store(Output):
+    """An M x N output: D (stored by the collective on sm90) or an aux store."""
+
+    kind: ClassVar[str] = "store"
+
+    @property
+    def bcast(self) -> Bcast:
+        return Bcast.MN
+
+
+class ReduceOp(str, enum.Enum):
+    """Reduction operators, with their identities (the value outputs are initialised to)."""
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+    @property
+    def identity(self) -> float:
+        return {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[self.value]
+
+
+@dataclasses.dataclass(**_SLOTS)
+class Reduction(Output):
+    """A reduction output.
+
+    Attributes:
+        op: sum, max or min; accumulation is in f32 whatever ``dtype`` is.
+        dim: 1 reduces over N (a *row reduction*, one value per row: length M), 0 reduces over
+            M (a *column reduction*: length N), None reduces over both (a scalar per batch).
+    """
+
+    op: ReduceOp = ReduceOp.SUM
+    dim: int | None = None
+    kind: ClassVar[str] = "reduce"
+
+    @property
+    def bcast(self) -> Bcast:
+        return {1: Bcast.COL, 0: Bcast.ROW, None: Bcast.SCALAR}[self.dim]
+
+    @property
+    def role(self) -> str:
+        return {1: "row reduction", 0: "column reduction", None: "scalar reduction"}[self.dim]
+
+
+#: leaf kinds by the word used for them in the canonical text form
+LEAF_KINDS: dict[str, type[Leaf]] = {
+    cls.kind: cls for cls in (Accumulator, Source, ScalarBroadcast, RowBroadcast, ColBroadcast, AuxLoad)
+}

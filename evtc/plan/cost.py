@@ -1,0 +1,97 @@
+"""The cost model that ranks sm90 epilogue plans.
+
+Input: a candidate plan (slots, stages, epilogue tile, TMA/direct per aux tensor), the GEMM
+configuration and the target. Output: estimated times in microseconds (a dict of terms).
+
+It is a ranking device, not a simulator: absolute numbers are rough, the order is what matters,
+and the autotuner measures the best few. The model, for a nominal problem (M = N = 8192,
+K = 4096, or the ``problem`` given) on a persistent grid:
+
+* MMA time per output tile: ``2 * TM * TN * K / (mma_flops / sm_count)``, inflated by a stall
+  factor when the mainloop has few stages to hide load latency (2 stages: +12 %, 3: +4 %;
+  measured effect of StageCount on the H100 for 128x256x64 bf16 tiles, see
+  docs/performance.md);
+* epilogue memory time per tile: bytes moved / (bandwidth / sm_count). TMA loads of the first
+  ``StagesC`` subtiles are prefetched while the mainloop runs (fewer with ``ReuseSmemC``, whose
+  load slots free only after the store of ``StagesD`` subtiles earlier); the rest are exposed.
+  TMA stores overlap the next subtile unless ``StagesD`` is 1. Register-direct tensors move
+  whole 32-byte sectors for 16-byte row pieces (x2 traffic) and are not prefetched;
+* the kernel takes the larger of the compute path (tiles per SM times the per-tile time) and
+  the memory path (all bytes over bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+
+from evtc.dtypes import DType
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
+from evtc.plan.target import Target
+
+NOMINAL_PROBLEM = (8192, 8192, 4096)
+STAGE_STALL = {2: 0.12, 3: 0.04}
+DIRECT_TRAFFIC = 2.0
+DIRECT_EXPOSED = 1.0
+# per epilogue subtile: two named-barrier syncs, a fence and the TMA issue (~100 cycles at 1.75 GHz)
+SUBTILE_OVERHEAD_S = 0.06e-6
+
+
+def estimate(graph: Graph, cand, config, target: Target, a: DType, b: DType, stages: int,
+             problem: tuple[int, int, int] = NOMINAL_PROBLEM) -> dict[str, float]:
+    """Estimated microseconds for ``problem`` with candidate ``cand`` (see the module docs)."""
+    M, N, K = problem
+    tm, tn, _ = config.tile
+    em, en = cand.epilogue_tile
+    sms = target.sm_count
+    bw_sm = target.mem_bandwidth / sms  # bytes/s per SM
+    tiles = math.ceil(M / tm) * math.ceil(N / tn)
+    waves = math.ceil(tiles / sms)
+    epi_tiles = (tm // em) * (tn // en)
+
+    t_mma = 2.0 * tm * tn * K / (target.mma_flops / sms)
+    stall = STAGE_STALL.get(stages, 0.0) if stages < 4 else 0.0
+
+    load_tma = load_direct = store_tma = store_direct = vec = 0.0
+    for n in graph.used_inputs:
+        nbytes = tm * tn * n.dtype.bytes
+        if isinstance(n, (AuxLoad, Source)):
+            if n.name in cand.direct:
+                load_direct += nbytes
+            else:
+                load_tma += nbytes
+        elif isinstance(n, RowBroadcast):
+            vec += tn * n.dtype.bytes
+        elif isinstance(n, ColBroadcast):
+            vec += tm * n.dtype.bytes
+    for o in graph.outputs:
+        if isinstance(o, Store):
+            nbytes = tm * tn * o.dtype.bytes
+            if o.name in cand.direct:
+                store_direct += nbytes
+            else:
+                store_tma += nbytes
+
+    prefetch = cand.stages_c - (cand.stages_d if cand.reuse else 0)
+    prefetched = max(0, min(prefetch, epi_tiles)) / epi_tiles
+    exposed_load = load_tma * (1.0 - prefetched) / bw_sm
+    if cand.stages_c == 1 and load_tma:
+        exposed_load = load_tma / bw_sm  # no double buffering at all
+    exposed_store = store_tma / bw_sm * (1.0 if cand.stages_d == 1 else 0.25)
+    direct = (load_direct + store_direct) * DIRECT_TRAFFIC / bw_sm * DIRECT_EXPOSED
+    t_epi = exposed_load + exposed_store + direct + vec / bw_sm + epi_tiles * SUBTILE_OVERHEAD_S
+
+    t_tile = t_mma * (1.0 + stall) + t_epi
+    compute_path = waves * t_tile
+    total_bytes = tiles * (load_tma + store_tma + vec + (load_direct + store_direct) * DIRECT_TRAFFIC) \
+        + (M * K * a.bytes + N * K * b.bytes)
+    memory_path = total_bytes / target.mem_bandwidth
+    total = max(compute_path, memory_path)
+    return {
+        "mma_us_per_tile": round(t_mma * 1e6, 3),
+        "stall_fraction": stall,
+        "epilogue_exposed_us_per_tile": round(t_epi * 1e6, 3),
+        "compute_path_us": round(compute_path * 1e6, 2),
+        "memory_path_us": round(memory_path * 1e6, 2),
+        "total_us": round(total * 1e6, 2),
+    }

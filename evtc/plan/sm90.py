@@ -1,0 +1,342 @@
+"""The Hopper (sm90) planner: shared memory of the TMA warp-specialized epilogue.
+
+Input: a Graph after passes, the Target, a GemmConfig and a policy. Output: a :class:`Plan`.
+
+# NOTE [Epilogue shared memory on sm90]
+Every byte of ``CollectiveEpilogue::SharedStorage`` comes out of the mainloop's pipeline: the
+mainloop gets ``(232448 - epilogue bytes) / stage bytes`` stages
+(``StageCountAutoCarveout``, ``sm90_gmma_builder.inl``). Stock CUTLASS sizes the epilogue
+additively (``sm90_builder.inl``, ``sm90_epilogue_tma_warpspecialized.hpp``,
+``fusion/sm90_visitor_*.hpp``):
+
+* C: ``StagesC`` epilogue subtiles; D: ``StagesD`` subtiles, or none when D reuses C's buffer
+  (``ReuseSmemC``: C and D of one bit width above 8);
+* each TMA aux load: ``StagesC`` subtiles (its slot index is ``load_iteration % Stages`` and the
+  producer runs up to ``StagesC`` iterations ahead, so it needs at least ``StagesC``);
+* each TMA aux store: ``StagesD`` subtiles (the store pipeline keeps at most ``StagesD - 1``
+  stores in flight, so at least ``StagesD``);
+* each row broadcast: one CTA-N row; column broadcasts, reductions and computes: nothing;
+* stage counts from the subtile count: ``StagesD = min(EpiTiles, 2)``,
+  ``StagesC = min(EpiTiles, 4)`` (at least ``StagesD + 1`` with reuse).
+
+The ``cutlass`` policy reproduces exactly that (with the collective's C slot for the source C
+only and D for the output named ``D``). The ``evtc`` policy searches, for the same kernel:
+
+* slot promotion: with no source C, an aux load is loaded through the C slot, and the output
+  whose bit width matches the C slot takes the D slot, so that D can reuse C's buffer;
+* ``StagesC``/``StagesD``/reuse (legal relations from the collective's static_asserts:
+  ``StagesD <= StagesC`` with reuse, ``StagesC > StagesD`` when the store is also delayed);
+* TMA or register-direct (``Stages = 0``) per aux load and aux store;
+* the epilogue tile's N (16, 32, 64);
+
+and ranks the legal candidates with the cost model of :mod:`evtc.plan.cost`. The byte counts
+come from a layout model of the C++ types (:mod:`evtc.plan.smem`) and the emitted kernel
+``static_assert``s that they equal ``sizeof(CollectiveEpilogue::SharedStorage)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from evtc.dtypes import DType
+from evtc.errors import PlanError
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import AuxLoad, Leaf, RowBroadcast, Source, Store
+from evtc.passes.dag_to_tree import Topo, Tree, TreeLike, Visitor, VisitorTree, dag_to_tree
+from evtc.plan import cost as cost_model
+from evtc.plan.config import GemmConfig
+from evtc.plan.plan import Buffer, Plan
+from evtc.plan.smem import EMPTY, CType, array_aligned, cute_tuple, round_up, struct, union, with_alignas
+from evtc.plan.target import Target
+
+POLICIES = ("evtc", "cutlass")
+MIN_MAINLOOP_STAGES = 2
+
+
+# ---- CUTLASS's rules, one function each ---------------------------------------------------------
+
+
+def swizzle_alignment(epi_n: int, elem_bytes: int) -> int:
+    """``alignment_for_swizzle`` of the smem layout atom CUTLASS picks for a row-major (N-major)
+    epilogue buffer: ``ss_smem_selector`` takes the widest K-major GMMA atom whose row (128, 64
+    or 32 bytes) divides the subtile's N extent; ``Swizzle<B,4,3>`` aligns to ``2^(B+7)``
+    bytes (``cutlass/detail/layout.hpp``)."""
+    row = epi_n * elem_bytes
+    for width, align in ((128, 1024), (64, 512), (32, 256)):
+        if row % width == 0:
+            return align
+    return 128
+
+
+def default_epilogue_tile(config: GemmConfig, d_bits: int) -> tuple[int, int]:
+    """``sm90_compute_tile_shape_or_override`` with ``EpilogueTileAuto``."""
+    tm, tn, _ = config.tile
+    if config.schedule == "cooperative":
+        return (min(128, tm), math.gcd(min(32, tn), tn))
+    n_perf = 64 if d_bits == 8 and tn % 64 == 0 else 32
+    return (min(64, tm), math.gcd(min(n_perf, tn), tn))
+
+
+def stock_stages(epi_tiles: int, reuse: bool) -> tuple[int, int]:
+    """(StagesC, StagesD) of ``sm90_get_tma_dispatch_policy``."""
+    stages_d = min(epi_tiles, 2)
+    stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse else min(epi_tiles, 4)
+    return stages_c, stages_d
+
+
+def mainloop_stage_bytes(config: GemmConfig, a: DType, b: DType) -> int:
+    """One mainloop stage: A and B tiles rounded to 128 bytes, plus the stage's barrier pair
+    (``sizeof(PipelineTmaAsync<1>::SharedStorage)`` = 16; ``compute_stage_count_or_override``)."""
+    tm, tn, tk = config.tile
+    return round_up((a.bits * tm * tk + b.bits * tn * tk) // 8, 128) + 16
+
+
+def mainloop_stages(capacity: int, epilogue_bytes: int, stage_bytes: int) -> int:
+    """``StageCountAutoCarveout<epilogue_bytes>``: ``(capacity - carveout) / stage`` with both
+    rounded to 128 bytes."""
+    return (capacity // 128 * 128 - round_up(epilogue_bytes, 128)) // stage_bytes
+
+
+# ---- the search space ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One point of the search: everything that changes the shared storage."""
+
+    c_slot: Leaf | None
+    d_slot: Store
+    epilogue_tile: tuple[int, int]
+    stages_c: int
+    stages_d: int
+    reuse: bool
+    delay: bool
+    direct: frozenset[str]  # aux loads/stores that go register-direct
+
+
+def _bits(leaf_or_store) -> int:
+    return leaf_or_store.dtype.bits
+
+
+def _aux_loads(graph: Graph) -> list[Leaf]:
+    return [n for n in graph.used_inputs if isinstance(n, (AuxLoad, Source))]
+
+
+def _stores(graph: Graph) -> list[Store]:
+    return [o for o in graph.outputs if isinstance(o, Store)]
+
+
+def slot_choices(graph: Graph, policy: str) -> list[tuple[Leaf | None, Store]]:
+    """(C slot, D slot) pairs to consider."""
+    stores = _stores(graph)
+    if not stores:
+        raise PlanError("on sm90 the collective stores D: the epilogue needs an M x N output",
+                        epilogue=graph.name)
+    sources = [n for n in graph.used_inputs if isinstance(n, Source)]
+    named_d = next((s for s in stores if s.name == "D"), stores[0])
+    if policy == "cutlass":
+        return [(sources[0] if sources else None, named_d)]
+    c_options: list[Leaf | None] = list(sources) if sources else [None, *_aux_loads(graph)]
+    pairs = [(c, d) for c in c_options for d in stores]
+    return pairs
+
+
+def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]:
+    """Every candidate the policy allows (before the capacity check)."""
+    tm, tn, _ = config.tile
+    out: list[Candidate] = []
+    for c_slot, d_slot in slot_choices(graph, policy):
+        reuse_ok = c_slot is not None and _bits(c_slot) == _bits(d_slot) and _bits(d_slot) > 8
+        aux = [n.name for n in _aux_loads(graph) if n is not c_slot] + \
+              [s.name for s in _stores(graph) if s is not d_slot]
+        if policy == "cutlass":
+            et = config.epilogue_tile or default_epilogue_tile(config, d_slot.dtype.bits)
+            epi_tiles = (tm // et[0]) * (tn // et[1])
+            sc, sd = stock_stages(epi_tiles, reuse_ok)
+            out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None, frozenset()))
+            continue
+        tiles = [config.epilogue_tile] if config.epilogue_tile else _tile_options(config)
+        for et in tiles:
+            epi_tiles = (tm // et[0]) * (tn // et[1])
+            for sd in sorted({1, min(2, epi_tiles)}):
+                for sc in sorted({min(s, epi_tiles) for s in (1, 2, 3, 4)}):
+                    for reuse in ((False, True) if reuse_ok else (False,)):
+                        if reuse and sd > sc:
+                            continue
+                        # without C the store may be delayed a subtile (the collective's
+                        # default); with reuse that needs StagesC > StagesD or it deadlocks.
+                        delay = c_slot is None
+                        if delay and reuse and sc <= sd:
+                            continue
+                        if c_slot is None and not [n for n in _aux_loads(graph)] and sc > 1:
+                            continue  # nothing is loaded: StagesC only sizes the barriers
+                        for k in range(len(aux) + 1):
+                            for direct in itertools.combinations(aux, k):
+                                out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, frozenset(direct)))
+    return out
+
+
+def _tile_options(config: GemmConfig) -> list[tuple[int, int]]:
+    tm, tn, _ = config.tile
+    em = min(128, tm) if config.schedule == "cooperative" else min(64, tm)
+    return [(em, en) for en in (16, 32, 64) if tn % en == 0]
+
+
+# ---- layout ----------------------------------------------------------------------------------------
+
+
+def visitor_storage(v: Visitor, cand: Candidate, config: GemmConfig) -> CType:
+    """``SharedStorage`` of one visitor."""
+    em, en = cand.epilogue_tile
+    if v.role == "row":
+        return struct("Sm90RowBroadcast::SharedStorage",
+                      [("smem", array_aligned(v.name, v.node.dtype.bytes, config.tile[1], buffer=v.name))])
+    if v.role in ("aux_load", "aux_store") and v.name not in cand.direct:
+        stages = cand.stages_c if v.role == "aux_load" else cand.stages_d
+        b = v.node.dtype.bytes
+        arr = array_aligned(v.name, b, em * en * stages, alignas=swizzle_alignment(en, b), buffer=v.name)
+        return struct(f"{v.role}::SharedStorage", [("smem_aux", arr)])
+    return EMPTY
+
+
+def fusion_storage(t: TreeLike, cand: Candidate, config: GemmConfig) -> CType:
+    """``FusionCallbacks::SharedStorage`` of a visitor tree (``Sm90VisitorImplBase``: a
+    ``cute::tuple`` of the children's storages then the node's own)."""
+    if isinstance(t, Tree):
+        if not t.children:
+            return visitor_storage(t.op, cand, config)
+        parts = [fusion_storage(c, cand, config) for c in t.children] + [visitor_storage(t.op, cand, config)]
+        return cute_tuple("tuple", parts)
+    return cute_tuple("tuple", [fusion_storage(o, cand, config) for o in t.ops])
+
+
+def collective_storage(cand: Candidate) -> CType:
+    """``CollectiveEpilogue::SharedStorage::TensorStorage::collective``."""
+    em, en = cand.epilogue_tile
+    d = cand.d_slot.dtype
+    align_d = swizzle_alignment(en, d.bytes)
+    d_stages = cand.stages_c if cand.reuse else cand.stages_d
+    smem_d = array_aligned("D", d.bytes, em * en * d_stages, buffer="D")
+    if cand.c_slot is None:
+        empty_c = dataclasses.replace(EMPTY, name="smem_C")  # cute::array<T, 0>
+        return union("CollectiveStorageWithoutC", [("smem_C", empty_c), ("smem_D", with_alignas(smem_d, align_d))])
+    c = cand.c_slot.dtype
+    align_c = swizzle_alignment(en, c.bytes)
+    smem_c = array_aligned("C", c.bytes, em * en * cand.stages_c, buffer="C")
+    if cand.reuse:
+        a = max(align_c, align_d)
+        return union("CollectiveStorageReuseC", [("smem_C", with_alignas(smem_c, a)), ("smem_D", with_alignas(smem_d, a))])
+    return struct("CollectiveStorageWithC", [("smem_C", with_alignas(smem_c, align_c)), ("smem_D", with_alignas(smem_d, align_d))])
+
+
+def shared_storage(tree: VisitorTree, cand: Candidate, config: GemmConfig) -> CType:
+    """``sizeof(CollectiveEpilogue::SharedStorage)``'s model: ``{ {collective, thread} tensors;
+    LoadPipeline::SharedStorage pipeline; }`` with ``PipelineTransactionAsync<StagesC>``'s two
+    arrays of 8-byte barriers."""
+    tensors = struct("TensorStorage", [("collective", collective_storage(cand)),
+                                       ("thread", fusion_storage(tree.root, cand, config))])
+    pipeline = CType("PipelineStorage", 16 * cand.stages_c, 8)
+    return struct("SharedStorage", [("tensors", tensors), ("pipeline", pipeline)])
+
+
+# ---- the planner ------------------------------------------------------------------------------------
+
+
+def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: DType,
+              policy: str = "evtc", rank: int = 0) -> Plan:
+    """Plan the sm90 epilogue of ``graph``.
+
+    Args:
+        graph: the epilogue after passes.
+        target: the sm90 Target.
+        config: GEMM configuration (its ``epilogue_tile`` and ``stages``, when set, are kept).
+        a, b: operand dtypes (they size the mainloop stages).
+        policy: ``"evtc"`` (search, cost model) or ``"cutlass"`` (stock CUTLASS's rule).
+        rank: take the ``rank``-th best candidate instead of the best (for the autotuner).
+
+    Returns:
+        The Plan.
+
+    Raises:
+        PlanError: no candidate leaves the mainloop 2 stages (or ``config.stages``), with the
+            smallest epilogue found and what to try.
+    """
+    if policy not in POLICIES:
+        raise PlanError(f"unknown planning policy '{policy}'", hint=f"use one of {POLICIES}")
+    stage_bytes = mainloop_stage_bytes(config, a, b)
+    need = config.stages or MIN_MAINLOOP_STAGES
+    trees: dict[tuple[int, int], VisitorTree] = {}
+    scored: list[tuple[float, int, int, Candidate, CType, int, dict]] = []
+    smallest: tuple[int, Candidate] | None = None
+    for k, cand in enumerate(candidates(graph, config, policy)):
+        key = (id(cand.c_slot), id(cand.d_slot))
+        if key not in trees:
+            trees[key] = dag_to_tree(graph, cand.d_slot, cand.c_slot)
+        storage = shared_storage(trees[key], cand, config)
+        stages = mainloop_stages(target.smem_capacity, storage.size, stage_bytes)
+        if smallest is None or storage.size < smallest[0]:
+            smallest = (storage.size, cand)
+        if stages < need:
+            continue
+        stages = config.stages or stages
+        terms = cost_model.estimate(graph, cand, config, target, a, b, stages)
+        # ties (within 0.1 %) go to the smaller epilogue, then to the earlier candidate
+        scored.append((round(terms["total_us"] / 1.001 ** 0.5, 0), storage.size, k, cand, storage, stages, terms))
+    if not scored:
+        size = smallest[0] if smallest else 0
+        raise PlanError(
+            f"no {policy} plan leaves the mainloop {need} stages at tile {config.tile}: the smallest epilogue "
+            f"takes {size} B of {target.smem_capacity} B, one mainloop stage {stage_bytes} B",
+            epilogue=graph.name,
+            hint="use a smaller tile (e.g. GemmConfig(tile=(128, 128, 64))) or plan='evtc', which can send aux tensors register-direct",
+        )
+    scored.sort(key=lambda s: s[:3])
+    _, _, _, cand, storage, stages, terms = scored[min(rank, len(scored) - 1)]
+    tree = trees[(id(cand.c_slot), id(cand.d_slot))]
+    return _make_plan(graph, target, config, policy, cand, storage, stages, stage_bytes, terms, tree, (a, b))
+
+
+def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, stages: int,
+               stage_bytes: int, terms: dict, tree: VisitorTree, operands: tuple[DType, DType]) -> Plan:
+    em, en = cand.epilogue_tile
+    offsets = {t.buffer: off for off, t in storage.leaves() if t.buffer}
+    sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
+    buffers: list[Buffer] = []
+    c_name = cand.c_slot.name if cand.c_slot is not None else None
+    if cand.c_slot is not None:
+        promoted = isinstance(cand.c_slot, AuxLoad)
+        why = ("aux load promoted into the empty C slot" if promoted else "the source C") + \
+              (f"; D reuses it ({cand.c_slot.dtype.bits}-bit C and D)" if cand.reuse else "")
+        buffers.append(Buffer(c_name, "C", cand.c_slot.dtype, "tma", cand.stages_c, sizes["C"], offsets["C"],
+                              (cand.d_slot.name,) if cand.reuse else (), why))
+    d_stages = cand.stages_c if cand.reuse else cand.stages_d
+    buffers.append(Buffer(cand.d_slot.name, "D", cand.d_slot.dtype, "shared" if cand.reuse else "tma", d_stages,
+                          0 if cand.reuse else sizes["D"], offsets["D"], (c_name,) if cand.reuse else (),
+                          "written into C's buffer (ReuseSmemC)" if cand.reuse else "the collective's D"))
+    for v in tree.visitors():
+        if v.role == "row":
+            if any(bb.name == v.name for bb in buffers):
+                continue
+            buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "smem", 0, sizes[v.name], offsets[v.name],
+                                  (), "one CTA-N row (Sm90RowBroadcast)"))
+        elif v.role in ("aux_load", "aux_store"):
+            if v.name in cand.direct:
+                buffers.append(Buffer(v.name, v.role, v.node.dtype, "direct", 0, 0, -1, (),
+                                      "register-direct (Stages = 0): frees its buffer for mainloop stages"))
+            else:
+                st = cand.stages_c if v.role == "aux_load" else cand.stages_d
+                buffers.append(Buffer(v.name, v.role, v.node.dtype, "tma", st, sizes[v.name], offsets[v.name], (),
+                                      f"TMA, {'StagesC' if v.role == 'aux_load' else 'StagesD'} deep"))
+    threads = 256 if config.schedule == "cooperative" else 128
+    notes = []
+    if policy == "evtc" and isinstance(cand.c_slot, AuxLoad):
+        notes.append(f"aux load '{c_name}' takes the C slot (the epilogue has no source C)")
+    return Plan(
+        arch="sm90", policy=policy, config=config, operands=operands, epilogue_tile=(em, en), fragment_size=em * en // threads,
+        stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=cand.reuse, delay_tma_store=cand.delay,
+        c_slot=c_name, d_slot=cand.d_slot.name, buffers=tuple(buffers), epilogue_smem_bytes=storage.size,
+        mainloop_stage_bytes=stage_bytes, mainloop_stages=stages, smem_capacity=target.smem_capacity,
+        cost=terms, notes=tuple(notes), tree=tree,
+    )

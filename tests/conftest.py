@@ -1,0 +1,59 @@
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("EVTC_VERIFY", "1")
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+HAS_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine: see README)"))
+        if "compile" in item.keywords and not HAS_NVCC:
+            item.add_marker(pytest.mark.skip(reason="needs nvcc"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--accept-golden", action="store_true",
+                     help="rewrite the golden files under tests/golden/ instead of comparing with them")
+
+
+@pytest.fixture
+def golden(request):
+    """Compare text with tests/golden/<name>; with --accept-golden, write it instead."""
+    accept = request.config.getoption("--accept-golden")
+
+    def check(name: str, text: str) -> None:
+        path = ROOT / "tests" / "golden" / name
+        if accept or not path.exists():
+            if not accept:
+                pytest.fail(f"golden file {path} is missing: run pytest --accept-golden and review the diff")
+            path.write_text(text)
+            return
+        expected = path.read_text()
+        if text != expected:
+            import difflib
+
+            diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "now", n=2))
+            pytest.fail(f"output differs from {path} (rerun with --accept-golden if intended):\n{diff[:6000]}")
+
+    return check

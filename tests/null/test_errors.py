@@ -1,0 +1,191 @@
+"""Every user error: its class, its message, the user's location, and no evtc frame shown."""
+
+import traceback
+
+import pytest
+
+import evtc
+from evtc import f32
+
+THIS = __file__
+
+
+def _shown(err: BaseException) -> str:
+    """What the user sees: the formatted traceback and message."""
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__))
+
+
+def _assert_located(err: evtc.EvtcError, needle: str, epilogue: str) -> None:
+    text = str(err)
+    assert f"in epilogue '{epilogue}'" in text
+    assert err.loc is not None and err.loc.file == THIS
+    assert needle in err.loc.text
+    assert "^" in text  # a caret under the span
+    shown = _shown(err)
+    assert "/evtc/" not in shown.replace("/tests/", "/"), shown  # no evtc-internal frame
+    assert "docs/errors.md#" in text
+
+
+def test_if_on_traced_value():
+    @evtc.epilogue
+    def branchy(acc):
+        if acc > 0:  # the offending line
+            return acc
+        return -acc
+
+    with pytest.raises(evtc.TraceError) as ei:
+        evtc.Gemm(branchy)
+    _assert_located(ei.value, "if acc > 0", "branchy")
+    assert "evtc.where" in str(ei.value)
+
+
+def test_python_max_suggests_maximum():
+    @evtc.epilogue
+    def pymax(acc, x: evtc.Matrix):
+        return max(acc, x)
+
+    with pytest.raises(evtc.TraceError) as ei:
+        pymax.graph
+    _assert_located(ei.value, "max(acc, x)", "pymax")
+    assert "evtc.maximum" in str(ei.value)
+
+
+def test_math_function_on_traced_value():
+    import math
+
+    @evtc.epilogue
+    def usesmath(acc):
+        return math.exp(acc)
+
+    with pytest.raises(evtc.TraceError) as ei:
+        usesmath.graph
+    _assert_located(ei.value, "math.exp(acc)", "usesmath")
+    assert "evtc.exp" in str(ei.value)
+
+
+def test_unannotated_parameter():
+    @evtc.epilogue
+    def noann(acc, bias):
+        return acc + bias
+
+    with pytest.raises(evtc.EpilogueSignatureError) as ei:
+        noann.graph
+    err = ei.value
+    assert "bias" in err.message and err.loc is not None and "bias" in err.loc.text
+    assert "evtc.RowVector" in str(err)
+
+
+def test_non_traced_return():
+    @evtc.epilogue
+    def retconst(acc):
+        return 1.0
+
+    with pytest.raises(evtc.TraceError) as ei:
+        retconst.graph
+    assert "not a traced value" in str(ei.value) and "retconst" in str(ei.value)
+
+
+def test_tuple_return_needs_names():
+    @evtc.epilogue
+    def tup(acc):
+        return acc, acc
+
+    with pytest.raises(evtc.TraceError, match="outputs need names"):
+        tup.graph
+
+
+def test_reduction_used_inside_epilogue():
+    @evtc.epilogue
+    def useredux(acc):
+        return acc - evtc.max(acc, dim=1)
+
+    with pytest.raises(evtc.TraceError) as ei:
+        useredux.graph
+    _assert_located(ei.value, "evtc.max(acc, dim=1)", "useredux")
+    assert "only be returned" in str(ei.value)
+
+
+def test_vector_output_is_a_type_error():
+    @evtc.epilogue
+    def vecout(acc, bias: evtc.RowVector[f32]):
+        return {"D": acc, "b": bias * 2}
+
+    with pytest.raises(evtc.EpilogueTypeError) as ei:
+        vecout.graph
+    assert "row value" in str(ei.value) and ei.value.loc is not None and "bias * 2" in ei.value.loc.text
+
+
+def test_power_with_traced_exponent():
+    @evtc.epilogue
+    def powy(acc, x: evtc.Matrix):
+        return acc ** x
+
+    with pytest.raises(evtc.TraceError) as ei:
+        powy.graph
+    _assert_located(ei.value, "acc ** x", "powy")
+
+
+def test_unknown_attribute_on_traced_value():
+    @evtc.epilogue
+    def attr(acc):
+        return acc.exp()
+
+    with pytest.raises(evtc.TraceError) as ei:
+        attr.graph
+    _assert_located(ei.value, "acc.exp()", "attr")
+
+
+def test_elementwise_max_misuse():
+    @evtc.epilogue
+    def twoargs(acc, x: evtc.Matrix):
+        return evtc.max(acc, x)
+
+    with pytest.raises(evtc.TraceError, match="evtc.maximum"):
+        twoargs.graph
+
+
+def test_scalar_reduction_must_be_f32_on_sm90():
+    @evtc.epilogue
+    def amax16(acc):
+        return {"D": acc, "amax": evtc.amax(acc).to(evtc.bf16)}
+
+    with pytest.raises(evtc.LegalizeError) as ei:
+        evtc.Gemm(amax16)
+    assert "amax" in str(ei.value) and "f32" in str(ei.value)
+
+
+def test_sm90_needs_an_mn_output():
+    @evtc.epilogue
+    def onlyredux(acc):
+        return {"s": evtc.sum(acc, dim=1)}
+
+    with pytest.raises(evtc.LegalizeError, match="stores D"):
+        evtc.Gemm(onlyredux)
+
+
+def test_fp8_mainloop_on_sm80_is_a_config_error():
+    import epilogues as E
+
+    with pytest.raises(evtc.ConfigError, match="sm80"):
+        evtc.Gemm(E.linear_combination, a=evtc.e4m3, arch="sm80")
+
+
+def test_bad_tile_is_a_config_error():
+    import epilogues as E
+
+    with pytest.raises(evtc.ConfigError, match="tile M"):
+        evtc.Gemm(E.linear_combination, config=evtc.GemmConfig(tile=(96, 128, 64)))
+
+
+def test_traceback_full_keeps_frames(monkeypatch):
+    monkeypatch.setenv("EVTC_TRACEBACK", "full")
+
+    @evtc.epilogue
+    def branchy2(acc):
+        if acc:
+            return acc
+        return acc
+
+    with pytest.raises(evtc.TraceError) as ei:
+        evtc.Gemm(branchy2)
+    assert "/evtc/" in _shown(ei.value)
