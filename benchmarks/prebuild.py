@@ -15,10 +15,20 @@ from evtc import bf16, f16
 
 
 def test_gemms():
+    """Every kernel the sm90 GPU tests build (their fixtures then find them in the cache)."""
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import epilogues as E
+    import test_sm90_language as lang
+    import test_sm90_planner as planner
 
-    return [evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt) for n in ("linear_combination", "bias_relu", "residual_scale")
-            for dt in (bf16, f16)]
+    out = [evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt) for n in ("linear_combination", "bias_relu", "residual_scale")
+           for dt in (bf16, f16)]
+    out += [lang.make_reference_gemm(*c) for c in lang.REF_CASES]
+    out += [evtc.Gemm(e, a=bf16, b=bf16, d=bf16) for e in lang.random_epilogues()]
+    out += [evtc.Gemm(E.REFERENCE[n], a=bf16, b=bf16, d=bf16, plan=dict(f)) for n, f in planner.VARIANTS]
+    out.append(evtc.Gemm(planner.two_pairs, plan={"alias": True}))
+    return out
 
 
 def explore_gemms(name="bias_relu"):

@@ -88,7 +88,7 @@ class Gemm:
     @api_boundary
     def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
                  c: DType | str | None = None, d: DType | str | None = None, arch: str = "sm90",
-                 config: GemmConfig | Mapping | None = None, plan: str = "evtc", plan_rank: int = 0) -> None:
+                 config: GemmConfig | Mapping | None = None, plan: str | Mapping = "evtc", plan_rank: int = 0) -> None:
         self.a = dtypes.coerce(a)
         self.b = dtypes.coerce(b) if b is not None else self.a
         d_default = getattr(epilogue, "default_d", dtypes.bf16)
@@ -109,7 +109,10 @@ class Gemm:
         traced = as_graph(epilogue, c=self.c, d=self.d)
         self.name = traced.name
         self.graph = passes.run(traced, arch)
-        self.plan = make_plan(self.graph, arch, a=self.a, b=self.b, config=self.config, policy=plan, rank=plan_rank)
+        fixed = dict(plan) if isinstance(plan, Mapping) else {}
+        policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
+        self.plan = make_plan(self.graph, arch, a=self.a, b=self.b, config=self.config, policy=policy,
+                              rank=plan_rank, fixed=fixed)
         self.source = emit(self.graph, self.plan)
         self.target = target
         self._library: KernelLibrary | None = None

@@ -107,8 +107,11 @@ class _Emitter:
         if v.role == "aux_store":
             mode, stages = p.aux_mode(n.name)
             atom, copy = _aux_types(n.dtype, "store")
-            return (f"{FUSION}::Sm90AuxStore<{stages}, EpilogueTile, {n.dtype.cutlass}, {ROUND}, {STRIDE_MN}, {atom}, {copy}>",
-                    f"{n.name}: aux store, {mode}" + (f", {stages} stages" if stages else ""))
+            store = f"{FUSION}::Sm90AuxStore<{stages}, EpilogueTile, {n.dtype.cutlass}, {ROUND}, {STRIDE_MN}, {atom}, {copy}>"
+            host = dict(p.alias).get(n.name)
+            if host is not None:
+                return f"evtc::Sm90AliasedAuxStore<{store}>", f"{n.name}: aux store in aux load {host}'s buffer"
+            return store, f"{n.name}: aux store, {mode}" + (f", {stages} stages" if stages else "")
         if v.role == "imm":
             return f"evtc::Sm90Immediate<{common.float_bits(n.value)}>", f"constant {n.value!r}"
         if v.role in ("compute", "keep"):
@@ -210,6 +213,42 @@ class _Emitter:
         return lines
 
 
+def visitor_paths(root: TreeLike) -> dict[tuple[str, str], tuple[int, ...]]:
+    """(role, name) -> index path of each aux load/store visitor through the nested ``ops``
+    tuples (``Sm90EVT<Node, Children...>`` holds (children..., node); a topological visitor
+    holds its ops in order), as ``evtc::Sm90SmemAlias`` walks them."""
+    paths: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def walk(t: TreeLike, path: tuple[int, ...]) -> None:
+        if isinstance(t, Tree):
+            for i, c in enumerate(t.children):
+                walk(c, path + (i,))
+            here = path + (len(t.children),) if t.children else path
+            if t.op.role in ("aux_load", "aux_store"):
+                paths[(t.op.role, t.op.name)] = here
+        else:
+            for i, o in enumerate(t.ops):
+                walk(o, path + (i,))
+
+    walk(root, ())
+    return paths
+
+
+def _alias_wrapper(plan: Plan, root_alias: str) -> tuple[str, str]:
+    """The ``FusionCallbacks`` type: the tree itself, or wrapped by ``evtc::Sm90SmemAlias``."""
+    if not plan.alias:
+        return root_alias, ""
+    paths = visitor_paths(plan.tree.root)
+
+    def seq(p: tuple[int, ...]) -> str:
+        return "cute::seq<" + ", ".join(map(str, p)) + ">"
+
+    pairs = ", ".join(f"evtc::AliasPair<{seq(paths[('aux_load', ld)])}, {seq(paths[('aux_store', st)])}>"
+                      for st, ld in plan.alias)
+    note = "; ".join(f"{st} lives in {ld}'s buffer" for st, ld in plan.alias)
+    return f"evtc::Sm90SmemAlias<{root_alias}, {pairs}>", note
+
+
 def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     """The ``.cu`` source of ``graph`` planned by ``plan`` for sm90.
 
@@ -264,7 +303,8 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         delay_tma_store="true" if plan.delay_tma_store else "false",
         copy_atom_c="SM90_U32x4_STSM_N" if plan.epilogue_tile[1] % 16 == 0 else "SM90_U32x2_STSM_N",
         decls=em.decls,
-        root=root,
+        root=_alias_wrapper(plan, root)[0],
+        root_note=_alias_wrapper(plan, root)[1],
         stage_count=(f"cutlass::gemm::collective::StageCount<{cfg.stages}>" if cfg.stages else
                      "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"),
         epilogue_smem_bytes=plan.epilogue_smem_bytes,

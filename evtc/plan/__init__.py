@@ -13,7 +13,7 @@ from evtc.plan.target import Target, get_target
 
 
 def plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig | None = None,
-         policy: str = "evtc", rank: int = 0) -> Plan:
+         policy: str = "evtc", rank: int = 0, fixed: dict | None = None) -> Plan:
     """Plan ``graph`` for ``arch``.
 
     Args:
@@ -23,6 +23,7 @@ def plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig | No
         config: GEMM configuration; None for :func:`default_config`.
         policy: sm90 only: ``"evtc"`` or ``"cutlass"`` (stock CUTLASS's additive rule).
         rank: sm90 only: take the rank-th best plan of the cost model (autotuning).
+        fixed: sm90 only: decisions imposed on the planner (see :func:`evtc.plan.sm90.plan_sm90`).
 
     Raises:
         ConfigError: the configuration is illegal for the arch.
@@ -33,7 +34,7 @@ def plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig | No
     if arch == "sm90":
         from evtc.plan.sm90 import plan_sm90
 
-        return plan_sm90(graph, target, config, a=a, b=b, policy=policy, rank=rank)
+        return plan_sm90(graph, target, config, a=a, b=b, policy=policy, rank=rank, fixed=fixed)
     from evtc.plan.sm80 import plan_sm80
 
     return plan_sm80(graph, target, config, a=a, b=b)

@@ -28,10 +28,27 @@ only and D for the output named ``D``). The ``evtc`` policy searches, for the sa
   ``StagesD <= StagesC`` with reuse, ``StagesC > StagesD`` when the store is also delayed);
 * TMA or register-direct (``Stages = 0``) per aux load and aux store;
 * the epilogue tile's N (16, 32, 64);
+* aux store aliasing (below);
 
 and ranks the legal candidates with the cost model of :mod:`evtc.plan.cost`. The byte counts
 come from a layout model of the C++ types (:mod:`evtc.plan.smem`) and the emitted kernel
 ``static_assert``s that they equal ``sizeof(CollectiveEpilogue::SharedStorage)``.
+
+# NOTE [Aux buffer sharing]
+Within one epilogue subtile an aux load's smem slot is dead once the consumer warps have copied
+it to registers (``previsit``), and an aux store's slot is born when they copy their result into
+it (``postreduce``) and dies when its TMA store has read it. With ``ReuseSmemC`` the collective
+already exploits this for C and D: the store of subtile i writes slot i % StagesC, and the load
+pipeline releases that slot only after the TMA store from it completed (the release follows the
+store pipeline). Every TMA aux store commits in the same bulk group as D's store, so the same
+ordering covers an aux store placed in an aux load's slot. Stock CUTLASS can't say this (each
+visitor owns its storage), so evtc emits ``evtc::Sm90AliasedAuxStore`` (an ``Sm90AuxStore`` with
+``Stages = StagesC`` and no storage of its own) and wraps the tree in ``evtc::Sm90SmemAlias``,
+which repoints the store at the load's buffer after construction
+(``codegen_templates/sm90/visitors.hpp``). Conditions, checked here and in the template: reuse
+is on, the load is TMA (not register-direct, not in the C slot), and both have the same element
+type, so their smem layouts and copy partitions are the same and each warp reads its block
+(ldmatrix) before writing it (stmatrix) in program order, as for C/D reuse.
 """
 
 from __future__ import annotations
@@ -39,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from typing import Any, Mapping
 
 from evtc.dtypes import DType
 from evtc.errors import PlanError
@@ -104,7 +122,11 @@ def mainloop_stages(capacity: int, epilogue_bytes: int, stage_bytes: int) -> int
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One point of the search: everything that changes the shared storage."""
+    """One point of the search: everything that changes the shared storage.
+
+    ``alias`` holds (aux store, aux load) pairs whose store writes into the load's buffer
+    (NOTE [Aux buffer sharing]); only with ``reuse``.
+    """
 
     c_slot: Leaf | None
     d_slot: Store
@@ -114,6 +136,30 @@ class Candidate:
     reuse: bool
     delay: bool
     direct: frozenset[str]  # aux loads/stores that go register-direct
+    alias: frozenset[tuple[str, str]] = frozenset()
+
+    def matches(self, fixed: Mapping[str, Any]) -> bool:
+        """Whether this candidate has every decision ``fixed`` asks for (see :func:`plan_sm90`)."""
+        for key, want in fixed.items():
+            if key == "c_slot":
+                got = self.c_slot.name if self.c_slot is not None else None
+            elif key == "d_slot":
+                got = self.d_slot.name
+            elif key == "direct":
+                got, want = self.direct, frozenset(want)
+            elif key == "alias":
+                got = bool(self.alias) if isinstance(want, bool) else self.alias
+                want = want if isinstance(want, bool) else frozenset(tuple(p) for p in want)
+            elif key == "epilogue_tile":
+                got, want = self.epilogue_tile, tuple(want)
+            else:
+                got = getattr(self, key)
+            if got != want:
+                return False
+        return True
+
+
+FIXABLE = ("c_slot", "d_slot", "epilogue_tile", "stages_c", "stages_d", "reuse", "direct", "alias")
 
 
 def _bits(leaf_or_store) -> int:
@@ -139,8 +185,22 @@ def slot_choices(graph: Graph, policy: str) -> list[tuple[Leaf | None, Store]]:
     if policy == "cutlass":
         return [(sources[0] if sources else None, named_d)]
     c_options: list[Leaf | None] = list(sources) if sources else [None, *_aux_loads(graph)]
-    pairs = [(c, d) for c in c_options for d in stores]
-    return pairs
+    return [(c, d) for c in c_options for d in stores]
+
+
+def alias_pairs(graph: Graph, c_slot: Leaf | None, d_slot: Store, direct: frozenset[str]) -> frozenset[tuple[str, str]]:
+    """Greedy pairing of TMA aux stores with TMA aux loads of the same element type, one store per
+    load, in graph order (NOTE [Aux buffer sharing])."""
+    loads = [n for n in _aux_loads(graph) if n is not c_slot and n.name not in direct]
+    pairs = []
+    for st in _stores(graph):
+        if st is d_slot or st.name in direct:
+            continue
+        host = next((ld for ld in loads if ld.dtype is st.dtype), None)
+        if host is not None:
+            loads.remove(host)
+            pairs.append((st.name, host.name))
+    return frozenset(pairs)
 
 
 def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]:
@@ -170,11 +230,15 @@ def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]
                         delay = c_slot is None
                         if delay and reuse and sc <= sd:
                             continue
-                        if c_slot is None and not [n for n in _aux_loads(graph)] and sc > 1:
+                        if c_slot is None and not _aux_loads(graph) and sc > 1:
                             continue  # nothing is loaded: StagesC only sizes the barriers
                         for k in range(len(aux) + 1):
                             for direct in itertools.combinations(aux, k):
-                                out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, frozenset(direct)))
+                                d = frozenset(direct)
+                                out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, d))
+                                pairs = alias_pairs(graph, c_slot, d_slot, d) if reuse else frozenset()
+                                if pairs:
+                                    out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, d, pairs))
     return out
 
 
@@ -193,6 +257,8 @@ def visitor_storage(v: Visitor, cand: Candidate, config: GemmConfig) -> CType:
     if v.role == "row":
         return struct("Sm90RowBroadcast::SharedStorage",
                       [("smem", array_aligned(v.name, v.node.dtype.bytes, config.tile[1], buffer=v.name))])
+    if v.role == "aux_store" and any(st == v.name for st, _ in cand.alias):
+        return EMPTY  # evtc::Sm90AliasedAuxStore: lives in its aux load's buffer
     if v.role in ("aux_load", "aux_store") and v.name not in cand.direct:
         stages = cand.stages_c if v.role == "aux_load" else cand.stages_d
         b = v.node.dtype.bytes
@@ -245,7 +311,7 @@ def shared_storage(tree: VisitorTree, cand: Candidate, config: GemmConfig) -> CT
 
 
 def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: DType,
-              policy: str = "evtc", rank: int = 0) -> Plan:
+              policy: str = "evtc", rank: int = 0, fixed: Mapping[str, Any] | None = None) -> Plan:
     """Plan the sm90 epilogue of ``graph``.
 
     Args:
@@ -255,6 +321,10 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         a, b: operand dtypes (they size the mainloop stages).
         policy: ``"evtc"`` (search, cost model) or ``"cutlass"`` (stock CUTLASS's rule).
         rank: take the ``rank``-th best candidate instead of the best (for the autotuner).
+        fixed: decisions the caller imposes (the user or the autotuner overriding the cost
+            model), any of ``c_slot``, ``d_slot`` (names), ``epilogue_tile``, ``stages_c``,
+            ``stages_d``, ``reuse``, ``direct`` (names of register-direct aux tensors), ``alias``
+            (True/False, or the (store, load) pairs). Only candidates with all of them compete.
 
     Returns:
         The Plan.
@@ -265,12 +335,21 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     """
     if policy not in POLICIES:
         raise PlanError(f"unknown planning policy '{policy}'", hint=f"use one of {POLICIES}")
+    fixed = dict(fixed or {})
+    unknown = sorted(set(fixed) - set(FIXABLE))
+    if unknown:
+        raise PlanError(f"unknown plan decision{'s' if len(unknown) > 1 else ''} {unknown}", epilogue=graph.name,
+                        hint=f"fixable decisions: {', '.join(FIXABLE)}")
     stage_bytes = mainloop_stage_bytes(config, a, b)
     need = config.stages or MIN_MAINLOOP_STAGES
     trees: dict[tuple[int, int], VisitorTree] = {}
     scored: list[tuple[float, int, int, Candidate, CType, int, dict]] = []
     smallest: tuple[int, Candidate] | None = None
-    for k, cand in enumerate(candidates(graph, config, policy)):
+    pool = [c for c in candidates(graph, config, policy) if c.matches(fixed)]
+    if not pool:
+        raise PlanError(f"no {policy} plan has the decisions {fixed}", epilogue=graph.name,
+                        hint="check the names and that the combination is legal (e.g. alias needs reuse)")
+    for k, cand in enumerate(pool):
         key = (id(cand.c_slot), id(cand.d_slot))
         if key not in trees:
             trees[key] = dag_to_tree(graph, cand.d_slot, cand.c_slot)
@@ -282,8 +361,9 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
             continue
         stages = config.stages or stages
         terms = cost_model.estimate(graph, cand, config, target, a, b, stages)
-        # ties (within 0.1 %) go to the smaller epilogue, then to the earlier candidate
-        scored.append((round(terms["total_us"] / 1.001 ** 0.5, 0), storage.size, k, cand, storage, stages, terms))
+        # estimates within 0.1 % tie; ties go to the smaller epilogue, then to the earlier candidate
+        bucket = math.floor(math.log(max(terms["total_us"], 1e-9)) / math.log(1.001))
+        scored.append((bucket, storage.size, k, cand, storage, stages, terms))
     if not scored:
         size = smallest[0] if smallest else 0
         raise PlanError(
@@ -321,6 +401,10 @@ def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, s
                 continue
             buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "smem", 0, sizes[v.name], offsets[v.name],
                                   (), "one CTA-N row (Sm90RowBroadcast)"))
+        elif v.role == "aux_store" and any(st == v.name for st, _ in cand.alias):
+            host = next(ld for st, ld in cand.alias if st == v.name)
+            buffers.append(Buffer(v.name, v.role, v.node.dtype, "shared", cand.stages_c, 0, offsets[host], (host,),
+                                  f"written into aux load {host}'s buffer once it is read (evtc::Sm90AliasedAuxStore)"))
         elif v.role in ("aux_load", "aux_store"):
             if v.name in cand.direct:
                 buffers.append(Buffer(v.name, v.role, v.node.dtype, "direct", 0, 0, -1, (),
@@ -333,10 +417,12 @@ def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, s
     notes = []
     if policy == "evtc" and isinstance(cand.c_slot, AuxLoad):
         notes.append(f"aux load '{c_name}' takes the C slot (the epilogue has no source C)")
+    for st, ld in sorted(cand.alias):
+        notes.append(f"aux store {st} shares aux load {ld}'s buffer (disjoint lifetimes within each subtile)")
     return Plan(
         arch="sm90", policy=policy, config=config, operands=operands, epilogue_tile=(em, en), fragment_size=em * en // threads,
         stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=cand.reuse, delay_tma_store=cand.delay,
-        c_slot=c_name, d_slot=cand.d_slot.name, buffers=tuple(buffers), epilogue_smem_bytes=storage.size,
+        c_slot=c_name, d_slot=cand.d_slot.name, alias=tuple(sorted(cand.alias)), buffers=tuple(buffers), epilogue_smem_bytes=storage.size,
         mainloop_stage_bytes=stage_bytes, mainloop_stages=stages, smem_capacity=target.smem_capacity,
         cost=terms, notes=tuple(notes), tree=tree,
     )

@@ -190,6 +190,79 @@ struct Sm90Immediate : cutlass::epilogue::fusion::Sm90VisitorImpl<> {
 
 }  // namespace evtc
 
+namespace evtc {
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory aliasing between an aux load and an aux store (evtc planner, NOTE [Aux buffer
+// sharing] in evtc/plan/sm90.py).
+//
+// Stock CUTLASS gives every TMA aux store its own StagesD-deep buffer. With ReuseSmemC, the
+// collective releases a load-pipeline slot only after the TMA store issued from that slot's
+// iteration has completed, and the store of subtile i uses slot i % StagesC, exactly the slot
+// the loads of subtile i used. So an aux store may write its subtile into the slot an aux load of
+// the same element type has just been read from (each warp's ldmatrix reads and stmatrix writes
+// touch the same smem block in program order, as for C/D reuse), and its TMA store, committed in
+// the same bulk group as D's, completes before the slot is refilled.
+//
+// Sm90AliasedAuxStore<Store> is Store (a Sm90AuxStore with Stages == StagesC) without its own
+// shared storage; Sm90SmemAlias<Root, AliasPair<LoadPath, StorePath>...> wraps the fusion root
+// and, after constructing the tree, points each aliased store at its load's buffer. A path is the
+// sequence of indices into the nested `ops` tuples (Sm90VisitorImplBase::ops) from the root.
+// ---------------------------------------------------------------------------------------------
+
+template <class Store>
+struct Sm90AliasedAuxStore : Store {
+  struct SharedStorage {};
+
+  CUTLASS_HOST_DEVICE Sm90AliasedAuxStore() {}
+
+  CUTLASS_HOST_DEVICE
+  Sm90AliasedAuxStore(typename Store::Params const& params, SharedStorage const& shared_storage)
+      // The base only takes the address of its buffer; the alias wrapper repoints it.
+      : Store(params, *reinterpret_cast<typename Store::SharedStorage const*>(&shared_storage)) {}
+};
+
+template <class LoadPath, class StorePath>
+struct AliasPair {};
+
+namespace detail {
+
+template <class Visitor>
+CUTLASS_DEVICE auto& at_path(Visitor& v, cute::seq<>) { return v; }
+
+template <class Visitor, int I, int... Is>
+CUTLASS_DEVICE auto& at_path(Visitor& v, cute::seq<I, Is...>) {
+  return at_path(cute::get<I>(v.ops), cute::seq<Is...>{});
+}
+
+}  // namespace detail
+
+template <class Root, class... Pairs>
+struct Sm90SmemAlias : Root {
+  CUTLASS_HOST_DEVICE Sm90SmemAlias() {}
+
+  CUTLASS_HOST_DEVICE
+  Sm90SmemAlias(typename Root::Params const& params, typename Root::SharedStorage const& shared_storage)
+      : Root(params, shared_storage) {
+#if defined(__CUDA_ARCH__)
+    (alias(Pairs{}), ...);
+#endif
+  }
+
+ private:
+  template <class LoadPath, class StorePath>
+  CUTLASS_DEVICE void alias(AliasPair<LoadPath, StorePath>) {
+    auto& load = detail::at_path(*this, LoadPath{});
+    auto& store = detail::at_path(*this, StorePath{});
+    using StoreElement = cute::remove_pointer_t<decltype(store.smem_aux)>;
+    static_assert(cute::is_same_v<cute::remove_pointer_t<decltype(load.smem_aux)>, StoreElement>,
+                  "an aux store may only share the buffer of an aux load of its element type");
+    store.smem_aux = load.smem_aux;
+  }
+};
+
+}  // namespace evtc
+
 
 // ---- the C ABI: one flat struct of named arguments (mirrored by evtc/emit/abi.py) ------------
 extern "C" {
@@ -416,18 +489,18 @@ char const kInfoJson[] =
     "ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":1,\"arch\":\"s"
     "m90\",\"ir\":\"epilogue bias_relu(acc: f32 accumulator, C: bf16 source, alpha: f32 scalar, beta: f32 sca"
     "lar, bias: f32 row):\\n  %0 = mul(C, beta) : f32\\n  %1 = multiply_add(alpha, acc, %0) : f32\\n  %2 = a"
-    "dd(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"arc"
-    "h\":\"sm90\",\"buffers\":[{\"bytes\":16384,\"dtype\":\"bf16\",\"mode\":\"tma\",\"name\":\"C\",\"offset\":0,\"role\":\"C\",\"sh"
-    "ares_with\":[],\"stages\":2,\"why\":\"the source C\"},{\"bytes\":16384,\"dtype\":\"bf16\",\"mode\":\"tma\",\"name\":\"D\""
-    ",\"offset\":16384,\"role\":\"D\",\"shares_with\":[],\"stages\":2,\"why\":\"the collective's D\"},{\"bytes\":1024,\"dt"
-    "ype\":\"f32\",\"mode\":\"smem\",\"name\":\"bias\",\"offset\":32768,\"role\":\"row_broadcast\",\"shares_with\":[],\"stage"
-    "s\":0,\"why\":\"one CTA-N row (Sm90RowBroadcast)\"}],\"c_slot\":\"C\",\"config\":{\"cluster\":[2,1,1],\"epilogue_t"
-    "ile\":null,\"fast_accum\":false,\"schedule\":\"cooperative\",\"scheduler\":\"persistent\",\"stages\":null,\"swizzl"
-    "e\":3,\"tile\":[128,256,64],\"warp_tile\":null},\"cost\":{\"compute_path_us\":763.21,\"epilogue_exposed_us_per"
-    "_tile\":3.409,\"memory_path_us\":134.92,\"mma_us_per_tile\":44.292,\"stall_fraction\":0.0,\"total_us\":763.21"
-    "},\"d_slot\":\"D\",\"delay_tma_store\":false,\"epilogue_smem_bytes\":34304,\"epilogue_tile\":[128,32],\"fragmen"
-    "t_size\":16,\"mainloop_stage_bytes\":49168,\"mainloop_stages\":4,\"notes\":[],\"operands\":[\"bf16\",\"bf16\"],\"p"
-    "olicy\":\"evtc\",\"reuse_smem_c\":false,\"smem_capacity\":232448,\"stages_c\":2,\"stages_d\":2}}";
+    "dd(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"ali"
+    "as\":[],\"arch\":\"sm90\",\"buffers\":[{\"bytes\":16384,\"dtype\":\"bf16\",\"mode\":\"tma\",\"name\":\"C\",\"offset\":0,\"ro"
+    "le\":\"C\",\"shares_with\":[],\"stages\":2,\"why\":\"the source C\"},{\"bytes\":16384,\"dtype\":\"bf16\",\"mode\":\"tma\""
+    ",\"name\":\"D\",\"offset\":16384,\"role\":\"D\",\"shares_with\":[],\"stages\":2,\"why\":\"the collective's D\"},{\"byte"
+    "s\":1024,\"dtype\":\"f32\",\"mode\":\"smem\",\"name\":\"bias\",\"offset\":32768,\"role\":\"row_broadcast\",\"shares_with"
+    "\":[],\"stages\":0,\"why\":\"one CTA-N row (Sm90RowBroadcast)\"}],\"c_slot\":\"C\",\"config\":{\"cluster\":[2,1,1],"
+    "\"epilogue_tile\":null,\"fast_accum\":false,\"schedule\":\"cooperative\",\"scheduler\":\"persistent\",\"stages\":n"
+    "ull,\"swizzle\":3,\"tile\":[128,256,64],\"warp_tile\":null},\"cost\":{\"compute_path_us\":763.21,\"epilogue_exp"
+    "osed_us_per_tile\":3.409,\"memory_path_us\":134.92,\"mma_us_per_tile\":44.292,\"stall_fraction\":0.0,\"total"
+    "_us\":763.21},\"d_slot\":\"D\",\"delay_tma_store\":false,\"epilogue_smem_bytes\":34304,\"epilogue_tile\":[128,3"
+    "2],\"fragment_size\":16,\"mainloop_stage_bytes\":49168,\"mainloop_stages\":4,\"notes\":[],\"operands\":[\"bf16\""
+    ",\"bf16\"],\"policy\":\"evtc\",\"reuse_smem_c\":false,\"smem_capacity\":232448,\"stages_c\":2,\"stages_d\":2}}";
 }  // namespace
 
 EVTC_EXPORT int evtc_abi_version() { return 1; }
