@@ -17,6 +17,7 @@ from evtc.ir.nodes import (
     Immediate,
     Leaf,
     Reduction,
+    RowBroadcast,
     Store,
 )
 
@@ -81,7 +82,11 @@ def torch_eval(graph: Graph, acc, inputs: dict[str, Any]) -> dict[str, Any]:
             vals[id(n)] = acc
         elif isinstance(n, Leaf):
             x = inputs[n.name]
-            vals[id(n)] = x.unsqueeze(-1) if isinstance(n, ColBroadcast) else x
+            if isinstance(n, ColBroadcast):
+                x = x.unsqueeze(-1)
+            elif isinstance(n, RowBroadcast) and x.dim() == 2:
+                x = x.unsqueeze(-2)
+            vals[id(n)] = x
         elif isinstance(n, Immediate):
             vals[id(n)] = n.value
         elif isinstance(n, Compute):

@@ -118,6 +118,9 @@ def classify_parameter(epilogue: str, param: inspect.Parameter, annotation: Any,
             knows; the message says which annotations are accepted.
     """
     name = param.name
+    if name in ("inf", "nan"):
+        raise EpilogueSignatureError(f"a parameter can't be named '{name}': the IR text reads it as a number",
+                                     loc=loc, epilogue=epilogue, hint="rename the parameter")
     if isinstance(annotation, ParamKind):
         return annotation
     if annotation is float or annotation is int:
@@ -345,14 +348,17 @@ class Reduced:
 
     def to(self, dtype):
         """Set the output dtype of the reduction (accumulation stays f32)."""
-        dt = dtypes.coerce(dtype)
+        try:
+            dt = dtypes.coerce(dtype)
+        except KeyError as e:
+            raise self._tracer.error(EpilogueTypeError, str(e).strip("'\"")) from None
         return Reduced(self._tracer, self._tracer.add(dataclasses.replace(self._node, dtype=dt)))
 
 
 def reduce(op: str, x: Any, dim: int | None) -> Reduced:
     """Record a reduction of the traced value ``x``."""
     tracer = x._tracer
-    if dim not in (None, 0, 1, -1, -2):
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)) or dim not in (None, 0, 1, -1, -2):
         raise tracer.error(TraceError, f"dim={dim!r} is not a reduction axis of an M x N tile",
                            hint="dim=1 (or -1) reduces over N, one value per row; dim=0 (or -2) over M; no dim: both")
     if dim is not None:

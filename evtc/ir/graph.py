@@ -66,7 +66,8 @@ class Graph:
     """An epilogue.
 
     Attributes:
-        name: the epilogue's name (the Python function's, or the expression's output name).
+        name: the epilogue's name (the Python function's; ``"expr"`` or the given name for a
+            textual expression).
         inputs: the declared parameters in signature order (``acc`` included); a parameter the
             outputs don't use stays here so the runtime still accepts it.
         outputs: the outputs in the order the user returned them.

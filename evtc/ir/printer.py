@@ -41,6 +41,14 @@ def format_float(v: float) -> str:
     return repr(float(v))
 
 
+def _attr(v) -> str:
+    if isinstance(v, float):
+        return format_float(v)
+    if isinstance(v, str) and not v.isidentifier():
+        return '"' + v.replace('\\', '\\\\').replace('"', '\\"') + '"'
+    return str(v)
+
+
 def value_names(graph: Graph) -> dict[int, str]:
     """The printed name of every value: parameter names, ``%k`` for computes, output names."""
     names: dict[int, str] = {}
@@ -72,7 +80,7 @@ def format_node(node: Node, names: dict[int, str]) -> str | None:
         args = ", ".join(_operand(a, names) for a in node.args)
         attrs = ""
         if node.attrs:
-            attrs = " {" + ", ".join(f"{k}={format_float(v) if isinstance(v, float) else v}" for k, v in node.attrs) + "}"
+            attrs = " {" + ", ".join(f"{k}={_attr(v)}" for k, v in node.attrs) + "}"
         return f"{names[id(node)]} = {node.op}({args}){attrs} : {node.dtype}"
     if isinstance(node, Reduction):
         dim = "" if node.dim is None else f", dim={node.dim}"

@@ -96,7 +96,7 @@ def verify(graph: Graph, arch: str | None = None, *, after: str | None = None) -
             if isinstance(node, Reduction):
                 if node.dtype not in REDUCTION_DTYPES:
                     raise fail(f"reduction outputs are f32, f16 or bf16, not {node.dtype}", node)
-                if node.dim not in (None, 0, 1):
+                if node.dim is not None and (type(node.dim) is not int or node.dim not in (0, 1)):
                     raise fail(f"reduction dim {node.dim!r} is not 0, 1 or None", node)
         else:
             raise fail(f"unknown node kind {type(node).__name__}", node)

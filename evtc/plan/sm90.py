@@ -61,7 +61,7 @@ from typing import Any, Mapping
 from evtc.dtypes import DType
 from evtc.errors import PlanError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import AuxLoad, Leaf, RowBroadcast, Source, Store
+from evtc.ir.nodes import AuxLoad, Leaf, Reduction, RowBroadcast, Source, Store
 from evtc.passes.dag_to_tree import Topo, Tree, TreeLike, Visitor, VisitorTree, dag_to_tree
 from evtc.plan import cost as cost_model
 from evtc.plan.config import GemmConfig
@@ -102,6 +102,19 @@ def stock_stages(epi_tiles: int, reuse: bool) -> tuple[int, int]:
     stages_d = min(epi_tiles, 2)
     stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse else min(epi_tiles, 4)
     return stages_c, stages_d
+
+
+def column_reduction_fits(graph: Graph, config: GemmConfig, epilogue_tile: tuple[int, int], d_slot: Store) -> bool:
+    """A column reduction (``Sm90RowReduction``: over M, one value per column) with several
+    warps along M reduces across warps in shared memory, borrowing one stage of D's buffer:
+    ``CTA_N x warps_M`` f32 values must fit in ``EPI_M x EPI_N`` elements of D
+    (``sm90_visitor_store_tma_warpspecialized.hpp``: "smem reduction buffer not large enough").
+    Each warp of the epilogue covers 16 rows of the accumulator, so warps_M = EPI_M / 16."""
+    if not any(isinstance(o, Reduction) and o.dim == 0 for o in graph.outputs):
+        return True
+    em, en = epilogue_tile
+    warps_m = em // 16
+    return config.tile[1] * warps_m * 4 <= em * en * d_slot.dtype.bytes
 
 
 def mainloop_stage_bytes(config: GemmConfig, a: DType, b: DType) -> int:
@@ -215,10 +228,14 @@ def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]
             et = config.epilogue_tile or default_epilogue_tile(config, d_slot.dtype.bits)
             epi_tiles = (tm // et[0]) * (tn // et[1])
             sc, sd = stock_stages(epi_tiles, reuse_ok)
+            if not column_reduction_fits(graph, config, et, d_slot):
+                continue
             out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None, frozenset()))
             continue
         tiles = [config.epilogue_tile] if config.epilogue_tile else _tile_options(config)
         for et in tiles:
+            if not column_reduction_fits(graph, config, et, d_slot):
+                continue
             epi_tiles = (tm // et[0]) * (tn // et[1])
             for sd in sorted({1, min(2, epi_tiles)}):
                 for sc in sorted({min(s, epi_tiles) for s in (1, 2, 3, 4)}):

@@ -70,7 +70,7 @@ def test_eager_function_agrees_with_the_interpreter(name):
     import torch
 
     import epilogues as E
-    from evtc.ir.nodes import ColBroadcast
+    from evtc.ir.nodes import ColBroadcast, RowBroadcast
     from evtc.testing import make_inputs, reference, to_numpy
 
     ep = E.REFERENCE[name]
@@ -84,7 +84,11 @@ def test_eager_function_agrees_with_the_interpreter(name):
             continue
         v = ins[n.name]
         v = v.double() if hasattr(v, "double") else v
-        kw[n.name] = v.unsqueeze(-1) if isinstance(n, ColBroadcast) else v
+        if isinstance(n, ColBroadcast):
+            v = v.unsqueeze(-1)  # (L, M) -> (L, M, 1)
+        elif isinstance(n, RowBroadcast) and v.dim() == 2:
+            v = v.unsqueeze(-2)  # (L, N) -> (L, 1, N)
+        kw[n.name] = v
     got = ep(acc, **kw)
     got = got if isinstance(got, dict) else {"D": got}
     for k, v in got.items():
