@@ -284,6 +284,7 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         ir_lines=print_graph(graph).rstrip("\n").splitlines(),
         plan_lines=str(plan).rstrip("\n").splitlines(),
         functors=common.read_template_file("common/functors.hpp"),
+        driver_shim=common.read_template_file("common/driver_shim.hpp"),
         visitors=common.read_template_file("sm90/visitors.hpp"),
         element_a=a.cutlass,
         element_b=b.cutlass,

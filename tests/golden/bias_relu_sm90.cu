@@ -36,6 +36,53 @@
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 
+// ---- CUDA driver calls without linking libcuda (codegen_templates/common/driver_shim.hpp) ----
+// CUTLASS's fill_workspace (cutlass/workspace.h, used to initialise atomic reductions with their
+// identity) calls the CUDA driver API directly: cuMemsetD{8,16,32}Async and cuGetErrorString.
+// Linking libcuda would make the library unloadable on a machine without a driver (evtc reads
+// evtc_info there, e.g. in the compile tests), so these definitions resolve the driver's entry
+// points at call time through the runtime (cudaGetDriverEntryPointByVersion). They are hidden
+// (-fvisibility=hidden): references in this library bind to them, nothing else sees them.
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+namespace evtc::detail {
+template <class Fn>
+Fn driver_entry(char const* name, unsigned version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+}  // namespace evtc::detail
+
+extern "C" {
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream) {
+  using Fn = CUresult(CUDAAPI*)(CUdeviceptr, unsigned char, size_t, CUstream);
+  static Fn fn = evtc::detail::driver_entry<Fn>("cuMemsetD8Async", 3020);
+  return fn ? fn(dst, value, n, stream) : CUDA_ERROR_NOT_FOUND;
+}
+CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t n, CUstream stream) {
+  using Fn = CUresult(CUDAAPI*)(CUdeviceptr, unsigned short, size_t, CUstream);
+  static Fn fn = evtc::detail::driver_entry<Fn>("cuMemsetD16Async", 3020);
+  return fn ? fn(dst, value, n, stream) : CUDA_ERROR_NOT_FOUND;
+}
+CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream stream) {
+  using Fn = CUresult(CUDAAPI*)(CUdeviceptr, unsigned int, size_t, CUstream);
+  static Fn fn = evtc::detail::driver_entry<Fn>("cuMemsetD32Async", 3020);
+  return fn ? fn(dst, value, n, stream) : CUDA_ERROR_NOT_FOUND;
+}
+CUresult CUDAAPI cuGetErrorString(CUresult error, char const** str) {
+  using Fn = CUresult(CUDAAPI*)(CUresult, char const**);
+  static Fn fn = evtc::detail::driver_entry<Fn>("cuGetErrorString", 6000);
+  return fn ? fn(error, str) : CUDA_ERROR_NOT_FOUND;
+}
+}
+
 // ---- evtc functors (codegen_templates/common/functors.hpp) ----------------------------------
 // evtc's own device functors and visitor nodes, for ops CUTLASS has no functor for.
 // Included verbatim in every emitted kernel. Each functor works on a scalar T and on
