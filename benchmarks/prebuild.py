@@ -52,7 +52,13 @@ def bias_relu_gemms():
     return [evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16), evtc.Gemm(BR.bias_relu_nobeta, a=bf16, b=bf16, d=bf16)]
 
 
-GROUPS = {"tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms}
+def planner_gemms():
+    import bench_planner
+
+    return bench_planner.all_gemms()
+
+
+GROUPS = {"tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms}
 
 
 def main() -> None:

@@ -17,6 +17,17 @@ def prebuild(gemms):
     return gemms
 
 
+def selected_params(request, test_name: str, param: str) -> set:
+    """The values of ``param`` over the selected (not deselected) items of ``test_name`` in the
+    requesting module, so a module fixture builds only what the run needs."""
+    module = request.module.__name__
+    out = set()
+    for item in request.session.items:
+        if item.module.__name__ == module and item.originalname == test_name and hasattr(item, "callspec"):
+            out.add(item.callspec.params[param])
+    return out
+
+
 @pytest.fixture(scope="session")
 def device():
     import torch

@@ -34,12 +34,15 @@ def random_epilogues():
 
 
 @pytest.fixture(scope="module")
-def built():
-    from conftest_gpu import prebuild
+def built(request):
+    """All kernels of this module, built in parallel; only those the selected tests use."""
+    from conftest_gpu import prebuild, selected_params
 
     refs = {c: make_reference_gemm(*c) for c in REF_CASES}
     rand = [evtc.Gemm(e, a=bf16, b=bf16, d=bf16) for e in random_epilogues()]
-    prebuild(list(refs.values()) + rand)
+    want_cases = selected_params(request, "test_reference_epilogue", "case")
+    want_rand = selected_params(request, "test_random_epilogue", "k")
+    prebuild([refs[c] for c in REF_CASES if c in want_cases] + [rand[k] for k in sorted(want_rand)])
     return refs, rand
 
 
