@@ -1,12 +1,12 @@
-"""Time one epilogue under many GEMM configurations and plans (for choosing defaults).
+"""Time one epilogue under several GEMM configurations and plans, all in alternation with cuBLAS
+in one run (for choosing defaults; see docs/performance.md).
 
-    python benchmarks/explore_configs.py bias_relu --shape 8192x8192x8192 --json $OUT/explore.json
+    python benchmarks/explore_configs.py bias_relu --json $OUT/explore.json
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 
 import common  # noqa: F401
 
@@ -14,58 +14,73 @@ import evtc
 from evtc import bf16
 
 CONFIGS = [
-    dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"),
-    dict(tile=(128, 256, 64), cluster=(1, 2, 1), schedule="cooperative"),
-    dict(tile=(128, 256, 64), cluster=(1, 1, 1), schedule="cooperative"),
-    dict(tile=(256, 128, 64), cluster=(2, 1, 1), schedule="cooperative"),
-    dict(tile=(256, 128, 64), cluster=(1, 2, 1), schedule="cooperative"),
-    dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative", epilogue_tile=(128, 64)),
-    dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative", epilogue_tile=(128, 16)),
-    dict(tile=(128, 128, 64), cluster=(2, 1, 1), schedule="cooperative"),
-    dict(tile=(64, 256, 64), cluster=(1, 2, 1), schedule="pingpong"),
-    dict(tile=(128, 128, 64), cluster=(2, 1, 1), schedule="pingpong"),
-    dict(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"),
+    (dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"), "evtc"),
+    (dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"), "cutlass"),
+    (dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"), {"epilogue_tile": (128, 32), "stages_c": 2, "reuse": False}),
+    (dict(tile=(128, 256, 64), cluster=(1, 2, 1), schedule="cooperative"), "evtc"),
+    (dict(tile=(256, 128, 64), cluster=(2, 1, 1), schedule="cooperative"), "evtc"),
+    (dict(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"), "evtc"),
+    (dict(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"), "cutlass"),
+    (dict(tile=(128, 128, 64), cluster=(2, 1, 1), schedule="pingpong"), "evtc"),
+    (dict(tile=(128, 128, 64), cluster=(1, 2, 1), schedule="pingpong"), "evtc"),
+    (dict(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="pingpong"), "evtc"),
 ]
+SHAPES = ["8192x8192x8192", "16384x4096x1024", "4096x4096x4096"]
+
+
+def gemms(name="bias_relu"):
+    import epilogues as E
+
+    out = []
+    for cfg, plan in CONFIGS:
+        try:
+            g = evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, d=bf16, config=evtc.GemmConfig(**cfg),
+                          plan=plan if isinstance(plan, str) else {"policy": "evtc", **plan})
+        except evtc.EvtcError as e:
+            print(f"skip {cfg} {plan}: {str(e).splitlines()[0]}")
+            continue
+        out.append((f"{g.config.name} {plan if isinstance(plan, str) else 'evtc' + str(sorted(plan.items()))}", g))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("epilogue", default="bias_relu", nargs="?")
-    ap.add_argument("--shape", action="append", default=None)
-    ap.add_argument("--plans", default="evtc,cutlass")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json")
     args = ap.parse_args()
-    import epilogues as E
-    from evtc.bench import bench_gemm
+    import torch
 
-    ep = E.REFERENCE[args.epilogue]
-    gemms = []
-    for cfg, pol in itertools.product(CONFIGS, args.plans.split(",")):
-        try:
-            gemms.append(evtc.Gemm(ep, a=bf16, b=bf16, d=bf16, config=evtc.GemmConfig(**cfg), plan=pol))
-        except evtc.EvtcError as e:
-            print(f"skip {cfg} {pol}: {str(e).splitlines()[0]}")
-    # the same source may come from several (config, plan) pairs: build each once
-    uniq = {g.source: g for g in gemms}
-    common.build_all(list(uniq.values()), args.epilogue)
+    from evtc.bench import time_interleaved
+    from evtc.testing import Problem, make_inputs, poisoned_outputs
+
+    entries = gemms(args.epilogue)
+    common.build_all(list({g.source: g for _, g in entries}.values()), args.epilogue)
     rows = []
-    for shape in args.shape or ["8192x8192x8192"]:
+    for shape in SHAPES:
         M, N, K = map(int, shape.split("x"))
-        for g in gemms:
-            try:
-                r = bench_gemm(g, M, N, K, iters=args.iters)
-            except evtc.EvtcError as e:
-                print(f"{g!r} failed: {e}")
-                continue
-            r.update(shape=shape, config=g.config.name, plan=g.plan.policy, epi_bytes=g.plan.epilogue_smem_bytes,
-                     ml_stages=g.plan.mainloop_stages, epi_tile=f"{g.plan.epilogue_tile[0]}x{g.plan.epilogue_tile[1]}",
-                     sc=g.plan.stages_c, sd=g.plan.stages_d, reuse=g.plan.reuse_smem_c)
-            rows.append(r)
-            print(f"{shape} {g.config.name:32s} {g.plan.policy:8s} {r['evtc_ms']:.3f} ms  x{r['evtc_over_cublas']:.3f}", flush=True)
-    print()
-    print(common.table(rows, ["shape", "config", "plan", "epi_tile", "sc", "sd", "reuse", "epi_bytes", "ml_stages",
-                              "evtc_ms", "cublas_ms", "evtc_over_cublas"]))
+        g0 = entries[0][1]
+        ins = make_inputs(g0.graph, bf16, bf16, Problem(M, N, K), seed=3)
+        outs = poisoned_outputs(g0.graph, Problem(M, N, K))
+        A, B = ins["A"], ins["B"]
+        kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
+        plain = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        Bt = B.t()
+        fns = {"cublas": lambda: torch.matmul(A, Bt, out=plain)}
+        for i, (_, g) in enumerate(entries):
+            g.build()
+            fns[str(i)] = (lambda g=g: g(A, B, out=outs, **kw))
+        t = time_interleaved(fns, args.iters)
+        for i, (lab, g) in enumerate(entries):
+            p = g.plan
+            rows.append({"shape": shape, "config": lab, "epi_tile": f"{p.epilogue_tile[0]}x{p.epilogue_tile[1]}",
+                         "sc": p.stages_c, "sd": p.stages_d, "reuse": p.reuse_smem_c, "epi_bytes": p.epilogue_smem_bytes,
+                         "ml_stages": p.mainloop_stages, "ms": t[str(i)], "cublas_ms": t["cublas"],
+                         "over_cublas": t[str(i)] / t["cublas"]})
+        print(common.table([r for r in rows if r["shape"] == shape],
+                           ["shape", "config", "epi_tile", "sc", "sd", "reuse", "epi_bytes", "ml_stages", "ms", "cublas_ms",
+                            "over_cublas"]), flush=True)
+        print(flush=True)
     common.write_json(args.json, {"device": common.device_name(), "epilogue": args.epilogue, "rows": rows})
 
 

@@ -6,6 +6,7 @@ Input: a built :class:`evtc.Gemm` and a problem size. Output: a dict of medians 
 
 from __future__ import annotations
 
+import random
 import statistics
 from typing import Any, Callable
 
@@ -42,8 +43,9 @@ def time_ms(fn: Callable[[], Any], iters: int = 50, warmup: int = 5) -> float:
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], iters: int = 50, warmup_ms: float = 300.0) -> dict[str, float]:
-    """Median times (ms) of several functions measured in alternation (a, b, c, a, b, c, ...),
-    so clock and temperature drift hit all of them alike, after a warm-up of about
+    """Median times (ms) of several functions measured in alternation, in a fresh random order
+    each round, so clock and temperature drift and the state one kernel leaves for the next (L2
+    contents) hit all of them alike, after a warm-up of about
     ``warmup_ms`` that brings the GPU to its steady clock."""
     import time
 
@@ -56,8 +58,11 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], iters: int = 50, warmup_
             fns[n]()
         torch.cuda.synchronize()
     times: dict[str, list[float]] = {n: [] for n in names}
+    order = list(names)
+    rng = random.Random(0)
     for _ in range(iters):
-        for n in names:
+        rng.shuffle(order)  # no function always runs right after the same one
+        for n in order:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()

@@ -116,7 +116,10 @@ class Gemm:
         self.source = emit(self.graph, self.plan)
         self.target = target
         self._library: KernelLibrary | None = None
-        self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct")
+        # sm90's register-direct accesses are whole 16-byte vectors (the Binder checks N); sm80
+        # picks its access width at run time, so it has no such rule.
+        self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct") \
+            if self.plan.arch == "sm90" else frozenset()
         self._binder = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph)), self._direct)
 
     # ---- building -------------------------------------------------------------------------------

@@ -8,9 +8,8 @@ and the autotuner measures the best few. The model, for a nominal problem (M = N
 K = 4096, or the ``problem`` given) on a persistent grid:
 
 * MMA time per output tile: ``2 * TM * TN * K / (mma_flops / sm_count)``, inflated by a stall
-  factor when the mainloop has few stages to hide load latency (2 stages: +12 %, 3: +4 %;
-  measured effect of StageCount on the H100 for 128x256x64 bf16 tiles, see
-  docs/performance.md);
+  factor that decays exponentially with the MMA work the other mainloop stages hold (fitted on
+  the H100, see the constants and docs/performance.md);
 * epilogue memory time per tile: bytes moved / (bandwidth / sm_count). TMA loads of the first
   ``StagesC`` subtiles are prefetched while the mainloop runs (fewer with ``ReuseSmemC``, whose
   load slots free only after the store of ``StagesD`` subtiles earlier); the rest are exposed.
@@ -30,11 +29,32 @@ from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
 from evtc.plan.target import Target
 
 NOMINAL_PROBLEM = (8192, 8192, 4096)
-STAGE_STALL = {2: 0.12, 3: 0.04}
+# Mainloop stall: the fraction of MMA time lost waiting for loads decays with how much MMA work the
+# other stages hold, stall = A * exp(-(stages - 1) * t_kblock / TAU). Fitted with
+# benchmarks/bench_planner.py on the H100 (docs/performance.md): many_aux at 128x128x64 tiles ran
+# 40 % slower with 2 stages than 3 and 18 % slower with 3 than 4; gelu_aux 4 % slower with 5 than 6.
+STALL_A = 2.0
+STALL_TAU_S = 0.46e-6
 DIRECT_TRAFFIC = 2.0
 DIRECT_EXPOSED = 1.0
-# per epilogue subtile: two named-barrier syncs, a fence and the TMA issue (~100 cycles at 1.75 GHz)
-SUBTILE_OVERHEAD_S = 0.06e-6
+# Per epilogue subtile: two named-barrier syncs, fences, a TMA issue and a pipeline wait for every
+# smem tensor. Halving many_aux's subtiles (128x16 -> 128x32, six TMA tensors) saved about 1.3 us
+# each; bias_relu's (two tensors) about 0.45 us.
+SUBTILE_FIXED_S = 0.25e-6
+SUBTILE_PER_TENSOR_S = 0.2e-6
+# With ReuseSmemC a load slot frees only when the store from it has completed: on top of the
+# shallower prefetch, the producer waits on stores. many_aux at 128x128 tiles lost 3.5 % with the
+# same prefetch depth, about 40 % of its per-tile load time.
+REUSE_EXPOSED = 0.4
+
+
+def _smem_tensor_count(graph: Graph, cand) -> int:
+    """M x N tensors that go through shared memory (C, D and the TMA aux loads and stores)."""
+    n = 0
+    for x in (*graph.used_inputs, *graph.outputs):
+        if isinstance(x, (AuxLoad, Source, Store)) and x.name not in cand.direct:
+            n += 1
+    return n
 
 
 def estimate(graph: Graph, cand, config, target: Target, a: DType, b: DType, stages: int,
@@ -50,7 +70,8 @@ def estimate(graph: Graph, cand, config, target: Target, a: DType, b: DType, sta
     epi_tiles = (tm // em) * (tn // en)
 
     t_mma = 2.0 * tm * tn * K / (target.mma_flops / sms)
-    stall = STAGE_STALL.get(stages, 0.0) if stages < 4 else 0.0
+    t_kblock = 2.0 * tm * tn * config.tile[2] / (target.mma_flops / sms)
+    stall = STALL_A * math.exp(-(stages - 1) * t_kblock / STALL_TAU_S)
 
     load_tma = load_direct = store_tma = store_direct = vec = 0.0
     for n in graph.used_inputs:
@@ -77,9 +98,13 @@ def estimate(graph: Graph, cand, config, target: Target, a: DType, b: DType, sta
     exposed_load = load_tma * (1.0 - prefetched) / bw_sm
     if cand.stages_c == 1 and load_tma:
         exposed_load = load_tma / bw_sm  # no double buffering at all
+    if cand.reuse:
+        exposed_load += REUSE_EXPOSED * load_tma / bw_sm
     exposed_store = store_tma / bw_sm * (1.0 if cand.stages_d == 1 else 0.25)
     direct = (load_direct + store_direct) * DIRECT_TRAFFIC / bw_sm * DIRECT_EXPOSED
-    t_epi = exposed_load + exposed_store + direct + vec / bw_sm + epi_tiles * SUBTILE_OVERHEAD_S
+    n_smem = _smem_tensor_count(graph, cand)
+    t_epi = (exposed_load + exposed_store + direct + vec / bw_sm
+             + epi_tiles * (SUBTILE_FIXED_S + SUBTILE_PER_TENSOR_S * n_smem))
 
     t_tile = t_mma * (1.0 + stall) + t_epi
     compute_path = waves * t_tile

@@ -216,8 +216,10 @@ def alias_pairs(graph: Graph, c_slot: Leaf | None, d_slot: Store, direct: frozen
     return frozenset(pairs)
 
 
-def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]:
-    """Every candidate the policy allows (before the capacity check)."""
+def candidates(graph: Graph, config: GemmConfig, policy: str, *, allow_direct: bool = True,
+               fixed: Mapping[str, Any] = {}) -> list[Candidate]:
+    """Every candidate the policy allows (before the capacity check); with ``allow_direct``
+    False, only those that keep every aux tensor on TMA."""
     tm, tn, _ = config.tile
     out: list[Candidate] = []
     for c_slot, d_slot in slot_choices(graph, policy):
@@ -237,8 +239,13 @@ def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]
             if not column_reduction_fits(graph, config, et, d_slot):
                 continue
             epi_tiles = (tm // et[0]) * (tn // et[1])
-            for sd in sorted({1, min(2, epi_tiles)}):
-                for sc in sorted({min(s, epi_tiles) for s in (1, 2, 3, 4)}):
+            # StagesD = 1 serializes the stores and StagesC = 1 the loads (measured slower, and
+            # never needed for fit): searched only when asked for with `fixed`.
+            sds = sorted({1, min(2, epi_tiles)}) if "stages_d" in fixed else [min(2, epi_tiles)]
+            has_loads = c_slot is not None or bool(_aux_loads(graph))
+            scs = sorted({min(s, epi_tiles) for s in ((1, 2, 3, 4) if "stages_c" in fixed or not has_loads else (2, 3, 4))})
+            for sd in sds:
+                for sc in scs:
                     for reuse in ((False, True) if reuse_ok else (False,)):
                         if reuse and sd > sc:
                             continue
@@ -249,7 +256,7 @@ def candidates(graph: Graph, config: GemmConfig, policy: str) -> list[Candidate]
                             continue
                         if c_slot is None and not _aux_loads(graph) and sc > 1:
                             continue  # nothing is loaded: StagesC only sizes the barriers
-                        for k in range(len(aux) + 1):
+                        for k in range(len(aux) + 1 if allow_direct else 1):
                             for direct in itertools.combinations(aux, k):
                                 d = frozenset(direct)
                                 out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, d))
@@ -359,11 +366,34 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
                         hint=f"fixable decisions: {', '.join(FIXABLE)}")
     stage_bytes = mainloop_stage_bytes(config, a, b)
     need = config.stages or MIN_MAINLOOP_STAGES
+    # Register-direct aux tensors need N to be a multiple of their 16-byte vector (evtc checks
+    # at call time), so the planner only uses them when asked to or when nothing fits without.
+    first = not fixed.get("direct")
+    for allow_direct in ((False, True) if first else (True,)):
+        scored, smallest, trees = _score(graph, target, config, policy, fixed, allow_direct, a, b, stage_bytes, need)
+        if scored:
+            break
+    if not scored:
+        size = smallest[0] if smallest else 0
+        raise PlanError(
+            f"no {policy} plan leaves the mainloop {need} stages at tile {config.tile}: the smallest epilogue "
+            f"takes {size} B of {target.smem_capacity} B, one mainloop stage {stage_bytes} B",
+            epilogue=graph.name,
+            hint="use a smaller tile (e.g. GemmConfig(tile=(128, 128, 64))) or plan='evtc', which can send aux tensors register-direct",
+        )
+    scored.sort(key=lambda s: s[:3])
+    _, _, _, cand, storage, stages, terms = scored[min(rank, len(scored) - 1)]
+    tree = trees[(id(cand.c_slot), id(cand.d_slot))]
+    return _make_plan(graph, target, config, policy, cand, storage, stages, stage_bytes, terms, tree, (a, b))
+
+
+def _score(graph, target, config, policy, fixed, allow_direct, a, b, stage_bytes, need):
+    """(scored candidates, smallest storage seen, visitor trees by slot pair)."""
     trees: dict[tuple[int, int], VisitorTree] = {}
     scored: list[tuple[float, int, int, Candidate, CType, int, dict]] = []
     smallest: tuple[int, Candidate] | None = None
-    pool = [c for c in candidates(graph, config, policy) if c.matches(fixed)]
-    if not pool:
+    pool = [c for c in candidates(graph, config, policy, allow_direct=allow_direct, fixed=fixed) if c.matches(fixed)]
+    if not pool and allow_direct:
         raise PlanError(f"no {policy} plan has the decisions {fixed}", epilogue=graph.name,
                         hint="check the names and that the combination is legal (e.g. alias needs reuse)")
     for k, cand in enumerate(pool):
@@ -381,18 +411,7 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         # estimates within 0.1 % tie; ties go to the smaller epilogue, then to the earlier candidate
         bucket = math.floor(math.log(max(terms["total_us"], 1e-9)) / math.log(1.001))
         scored.append((bucket, storage.size, k, cand, storage, stages, terms))
-    if not scored:
-        size = smallest[0] if smallest else 0
-        raise PlanError(
-            f"no {policy} plan leaves the mainloop {need} stages at tile {config.tile}: the smallest epilogue "
-            f"takes {size} B of {target.smem_capacity} B, one mainloop stage {stage_bytes} B",
-            epilogue=graph.name,
-            hint="use a smaller tile (e.g. GemmConfig(tile=(128, 128, 64))) or plan='evtc', which can send aux tensors register-direct",
-        )
-    scored.sort(key=lambda s: s[:3])
-    _, _, _, cand, storage, stages, terms = scored[min(rank, len(scored) - 1)]
-    tree = trees[(id(cand.c_slot), id(cand.d_slot))]
-    return _make_plan(graph, target, config, policy, cand, storage, stages, stage_bytes, terms, tree, (a, b))
+    return scored, smallest, trees
 
 
 def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, stages: int,
