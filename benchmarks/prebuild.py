@@ -50,7 +50,17 @@ def planner_gemms():
     return bench_planner.all_gemms()
 
 
-GROUPS = {"tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms}
+def sm80_gemms():
+    """Every kernel tests/gpu/test_sm80_reference.py builds, and the sm80-vs-sm90 benchmark's."""
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import test_sm80_reference as T
+
+    return [T.make_gemm(*c) for c in T.CASES] + [evtc.Gemm(e, a=bf16, b=bf16, d=bf16, arch="sm80")
+                                                 for e in T.random_epilogues()]
+
+
+GROUPS = {"sm80": sm80_gemms, "tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms}
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ SUBTILE_PER_TENSOR_S = 0.2e-6
 # shallower prefetch, the producer waits on stores. many_aux at 128x128 tiles lost 3.5 % with the
 # same prefetch depth, about 40 % of its per-tile load time.
 REUSE_EXPOSED = 0.4
+FILL_DRAIN = 2.0
 
 
 def _smem_tensor_count(graph: Graph, cand) -> int:
@@ -103,7 +104,11 @@ def estimate(graph: Graph, cand, config, target: Target, a: DType, b: DType, sta
     exposed_store = store_tma / bw_sm * (1.0 if cand.stages_d == 1 else 0.25)
     direct = (load_direct + store_direct) * DIRECT_TRAFFIC / bw_sm * DIRECT_EXPOSED
     n_smem = _smem_tensor_count(graph, cand)
-    t_epi = (exposed_load + exposed_store + direct + vec / bw_sm
+    # the pipeline fills and drains once per tile: the first subtile's loads and the last one's
+    # stores are never overlapped (bigger subtiles expose more: bias_relu at 16384x4096x1024 ran
+    # 8 % slower with 128x64 subtiles than with 128x32)
+    subtile_bytes = (load_tma + store_tma) / epi_tiles
+    t_epi = (exposed_load + exposed_store + direct + vec / bw_sm + FILL_DRAIN * subtile_bytes / bw_sm
              + epi_tiles * (SUBTILE_FIXED_S + SUBTILE_PER_TENSOR_S * n_smem))
 
     t_tile = t_mma * (1.0 + stall) + t_epi

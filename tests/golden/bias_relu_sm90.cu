@@ -543,11 +543,12 @@ char const kInfoJson[] =
     "s\":1024,\"dtype\":\"f32\",\"mode\":\"smem\",\"name\":\"bias\",\"offset\":32768,\"role\":\"row_broadcast\",\"shares_with"
     "\":[],\"stages\":0,\"why\":\"one CTA-N row (Sm90RowBroadcast)\"}],\"c_slot\":\"C\",\"config\":{\"cluster\":[2,1,1],"
     "\"epilogue_tile\":null,\"fast_accum\":false,\"schedule\":\"cooperative\",\"scheduler\":\"persistent\",\"stages\":n"
-    "ull,\"swizzle\":3,\"tile\":[128,256,64],\"warp_tile\":null},\"cost\":{\"compute_path_us\":763.21,\"epilogue_exp"
-    "osed_us_per_tile\":3.409,\"memory_path_us\":134.92,\"mma_us_per_tile\":44.292,\"stall_fraction\":0.0,\"total"
-    "_us\":763.21},\"d_slot\":\"D\",\"delay_tma_store\":false,\"epilogue_smem_bytes\":34304,\"epilogue_tile\":[128,3"
-    "2],\"fragment_size\":16,\"mainloop_stage_bytes\":49168,\"mainloop_stages\":4,\"notes\":[],\"operands\":[\"bf16\""
-    ",\"bf16\"],\"policy\":\"evtc\",\"reuse_smem_c\":false,\"smem_capacity\":232448,\"stages_c\":2,\"stages_d\":2}}";
+    "ull,\"swizzle\":3,\"tile\":[128,256,64],\"warp_tile\":null},\"cost\":{\"compute_path_us\":877.33,\"epilogue_exp"
+    "osed_us_per_tile\":9.57,\"memory_path_us\":134.92,\"mma_us_per_tile\":44.292,\"stall_fraction\":0.021921472"
+    "445999377,\"total_us\":877.33},\"d_slot\":\"D\",\"delay_tma_store\":false,\"epilogue_smem_bytes\":34304,\"epilo"
+    "gue_tile\":[128,32],\"fragment_size\":16,\"mainloop_stage_bytes\":49168,\"mainloop_stages\":4,\"notes\":[],\"o"
+    "perands\":[\"bf16\",\"bf16\"],\"policy\":\"evtc\",\"reuse_smem_c\":false,\"smem_capacity\":232448,\"stages_c\":2,\"s"
+    "tages_d\":2}}";
 }  // namespace
 
 EVTC_EXPORT int evtc_abi_version() { return 1; }
