@@ -27,7 +27,8 @@ TILES = [
     dict(tile=(128, 128, 64), cluster=(2, 1, 1), schedule="cooperative"),
 ]
 VARIANTS = {
-    "many_aux": [{"alias": True}, {"alias": True, "stages_c": 3}, {"alias": False, "stages_c": 2}],
+    "many_aux": [{"alias": True, "stages_c": 2}, {"alias": True, "stages_c": 2, "epilogue_tile": (128, 16)},
+                 {"alias": False, "stages_c": 2}],
     "residual_scale": [{"c_slot": "R1", "reuse": True, "stages_c": 2}, {"stages_c": 2}],
     "gelu_aux": [{"stages_d": 1}, {"epilogue_tile": (128, 64)}],
 }
