@@ -33,6 +33,7 @@ from evtc.errors import (
     NoDeviceError,
     PlanError,
     TraceError,
+    UnknownDTypeError,
     UnsupportedOpError,
 )
 from evtc.frontend.epilogue import Epilogue, epilogue
@@ -87,10 +88,6 @@ def __getattr__(name: str):
         from evtc.plan.config import GemmConfig
 
         return GemmConfig
-    if name == "plugin":
-        import evtc.plugin as plugin
-
-        return plugin
     if name == "from_expr":
         from evtc.frontend.text import from_expr
 

@@ -88,18 +88,25 @@ def by_name(name: str) -> DType:
     """Look a dtype up by evtc name or common alias (``"bf16"``, ``"bfloat16"``).
 
     Raises:
-        KeyError: the name is unknown; the message lists the known names.
+        UnknownDTypeError (an EvtcError and a KeyError): the name is unknown; the message lists
+        the known names.
     """
+    from evtc.errors import UnknownDTypeError
+
     key = name.strip().lower()
     if key in _BY_NAME:
         return _BY_NAME[key]
     if key in _ALIASES:
         return _ALIASES[key]
-    raise KeyError(f"unknown dtype '{name}'; known: {', '.join(_BY_NAME)}")
+    raise UnknownDTypeError(f"unknown dtype '{name}'", hint=f"use one of {', '.join(_BY_NAME)}")
 
 
 def coerce(value: "DType | str") -> DType:
-    """Accept a DType, an evtc name, or a torch dtype object (``torch.bfloat16``)."""
+    """Accept a DType, an evtc name, or a torch dtype object (``torch.bfloat16``).
+
+    Raises:
+        UnknownDTypeError: ``value`` names no dtype evtc handles.
+    """
     if isinstance(value, DType):
         return value
     if isinstance(value, str):
@@ -107,7 +114,9 @@ def coerce(value: "DType | str") -> DType:
     text = str(value)  # torch.bfloat16 -> "torch.bfloat16"
     if text.startswith("torch."):
         return by_name(text[len("torch."):])
-    raise KeyError(f"can't interpret {value!r} as a dtype")
+    from evtc.errors import UnknownDTypeError
+
+    raise UnknownDTypeError(f"can't interpret {value!r} as a dtype", hint=f"use one of {', '.join(_BY_NAME)}")
 
 
 def from_dlpack(code: int, bits: int) -> DType | None:

@@ -148,6 +148,15 @@ class EpilogueTypeError(EvtcError):
     anchor = "type-error"
 
 
+class UnknownDTypeError(EvtcError, KeyError):
+    """A dtype name (``"bf16"``, ``torch.float8_e4m3fn``...) evtc doesn't know."""
+
+    anchor = "type-error"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return EvtcError.__str__(self)
+
+
 class LegalizeError(EvtcError):
     """The epilogue can't run on the requested architecture (e.g. fp8 mainloop on sm80)."""
 

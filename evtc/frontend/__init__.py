@@ -1,2 +1,2 @@
-"""Frontends: the Python tracer, the textual grammar and the torch.fx importer. Each one
+"""Frontends: the Python tracer and the textual grammar (a torch.fx importer is not built yet). Each one
 produces an :class:`evtc.ir.Graph`."""

@@ -485,7 +485,7 @@ def _collect_outputs(tracer: Tracer, result: Any, d: DType, loc: SourceLoc | Non
     elif isinstance(result, dict):
         items = list(result.items())
         if not items:
-            raise TraceError("the epilogue returned an empty dict", loc=loc, epilogue=epilogue,
+            raise TraceError("the epilogue returned an empty dict", loc=loc, epilogue=epilogue, anchor="trace-return",
                              hint="return a traced value (the output D) or a dict of named outputs")
     elif isinstance(result, (tuple, list)):
         raise TraceError(

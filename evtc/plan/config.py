@@ -146,6 +146,9 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
         wm, wn, wk = config.warp_tile or (64, 64, tk)
         if tm % wm or tn % wn or wm % 16 or wn % 16 or tm % 32 or tn % 32:
             raise ConfigError(f"sm80 tile {config.tile} / warp tile {config.warp_tile} don't divide")
+        if tk % wk or wk % 16:
+            raise ConfigError(f"sm80 tile K = {tk} / warp tile K = {wk}: the warp K must divide the tile K and be a "
+                              "multiple of 16 (the K of mma.sync m16n8k16 for 16-bit operands)")
         if (tk * a.bits // 8) % 32:
             raise ConfigError(f"tile K = {tk}: K x element size must be a multiple of 32 bytes")
         if (tm // wm) * (tn // wn) > 8:

@@ -96,9 +96,12 @@ class Binder:
                 per = ALIGN // eb
                 n = v.shape[-1]
                 padded = (n + per - 1) // per * per
+                hint = (f"pass a .contiguous() copy ({n} x {eb} bytes is a multiple of 16)" if n % per == 0 else
+                        f"allocate it with rows padded to a multiple of {per} elements, e.g. "
+                        f"torch.empty(..., {padded})[..., :{n}]")
                 raise self.error(
                     f"argument '{name}' has a row stride of {v.strides[-2] * eb} bytes; TMA needs a multiple of 16",
-                    hint=f"allocate it with padded rows, e.g. torch.empty(..., {padded})[..., :{n}]",
+                    hint=hint,
                 )
             if len(v.shape) == 3 and v.shape[0] > 1 and (v.strides[0] * eb) % ALIGN:
                 raise self.error(f"argument '{name}' has a batch stride of {v.strides[0] * eb} bytes; TMA needs a multiple of 16")

@@ -89,4 +89,5 @@ class KernelLibrary:
         if status == 1:
             raise ArgumentError(f"the kernel can't run this problem: {msg}", epilogue=epilogue,
                                 hint="check that every M x N tensor's rows start on 16-byte boundaries")
-        raise LaunchError(f"{STATUS.get(status, status)}: {msg}", epilogue=epilogue)
+        what = str(STATUS.get(status, status))
+        raise LaunchError(msg if msg.startswith(what) else f"{what}: {msg}", epilogue=epilogue)

@@ -49,34 +49,35 @@ def built():
     return refs, rand
 
 
-def assert_close(g, shape, seed, what):
+def assert_close(g, shape, seed, what, record_errors):
     errs = check(g, Problem(*shape), seed=seed)
+    record_errors(errs)
     for out, (err, tol) in errs.items():
         assert err <= tol, f"{what} {shape}: output {out} relative error {err:.3e} > {tol:.1e}\n{g.graph}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(c))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_reference_epilogue(built, case, shape):
-    assert_close(built[0][case], shape, zlib.crc32(f"{case}{shape}".encode()), "/".join(case))
+def test_reference_epilogue(built, case, shape, record_errors):
+    assert_close(built[0][case], shape, zlib.crc32(f"{case}{shape}".encode()), "/".join(case), record_errors)
 
 
 @pytest.mark.parametrize("k", range(N_RANDOM))
-def test_random_epilogue(built, k):
+def test_random_epilogue(built, k, record_errors):
     rand = built[1]
     assert len(rand) == N_RANDOM
     for shape in ((333, 517, 256, 2), (1024, 768, 512, 1)):
-        assert_close(rand[k], shape, k, f"random epilogue {k}")
+        assert_close(rand[k], shape, k, f"random epilogue {k}", record_errors)
 
 
 @pytest.mark.parametrize("scheduler", ["persistent", "streamk"])
 @pytest.mark.parametrize("shape", [(333, 517, 77, 2), (129, 64, 8, 1), (64, 1, 24, 1)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_ragged_k_and_tiny_shapes(built, scheduler, shape):
+def test_ragged_k_and_tiny_shapes(built, scheduler, shape, record_errors):
     """Odd K (the one-element 'ragged' variant), a single k-tile, N = 1."""
     for name in ("bias_relu", "dgelu_bgrad", "row_stats"):
         g = built[0][(name, "bf16", scheduler)]
-        assert_close(g, shape, zlib.crc32(f"{name}{shape}".encode()), f"{name}/{scheduler}")
+        assert_close(g, shape, zlib.crc32(f"{name}{shape}".encode()), f"{name}/{scheduler}", record_errors)
 
 
 def test_reductions_start_from_the_identity_every_call(built):

@@ -48,20 +48,22 @@ def built(request):
 
 @pytest.mark.parametrize("case", REF_CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_reference_epilogue(built, case, shape):
+def test_reference_epilogue(built, case, shape, record_errors):
     g = built[0][case]
     errs = check(g, Problem(*shape), seed=zlib.crc32(f"{case}{shape}".encode()))
+    record_errors(errs)
     for out, (err, tol) in errs.items():
         assert err <= tol, f"{case} {shape}: output {out} relative error {err:.3e} > {tol:.1e}"
 
 
 @pytest.mark.parametrize("k", range(20))
-def test_random_epilogue(built, k):
+def test_random_epilogue(built, k, record_errors):
     rand = built[1]
     assert len(rand) == 20
     g = rand[k]
     for shape in ((333, 517, 256, 2), (1024, 768, 512, 1)):
         errs = check(g, Problem(*shape), seed=k)
+        record_errors(errs)
         for out, (err, tol) in errs.items():
             assert err <= tol, f"random epilogue {k}, {shape}, output {out}: {err:.3e} > {tol:.1e}\n{g.graph}"
 

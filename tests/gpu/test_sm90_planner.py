@@ -59,7 +59,7 @@ def test_variants_are_really_what_they_say(built):
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{'-'.join(f'{k}={v[1][k]}' for k in v[1])}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_planner_variant(built, variant, shape):
+def test_planner_variant(built, variant, shape, record_errors):
     name, fixed = variant
     g = built[(name, str(fixed))]
     direct = [b.name for b in g.plan.buffers if b.mode == "direct"]
@@ -68,5 +68,6 @@ def test_planner_variant(built, variant, shape):
             check(g, Problem(*shape))
         shape = (shape[0], shape[1] + 1, shape[2], shape[3])  # N = 1032: direct accesses are whole vectors
     errs = check(g, Problem(*shape), seed=zlib.crc32(f"{variant}{shape}".encode()))
+    record_errors(errs)
     for out, (err, tol) in errs.items():
         assert err <= tol, f"{variant} {shape}: {out} relative error {err:.3e} > {tol:.1e}"

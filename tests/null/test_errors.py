@@ -189,3 +189,28 @@ def test_traceback_full_keeps_frames(monkeypatch):
     with pytest.raises(evtc.TraceError) as ei:
         evtc.Gemm(branchy2)
     assert "/evtc/" in _shown(ei.value)
+
+
+@pytest.mark.parametrize("where", ["d", "a"])
+def test_unknown_dtype_name_is_an_evtc_error(where):
+    """A dtype name evtc doesn't know (f64 here) is an EvtcError with the known names, not a bare
+    KeyError from a dict lookup."""
+    import epilogues as E
+
+    kw = dict(a="bf16", b="bf16", d="bf16")
+    kw[where] = "f64"
+    with pytest.raises(evtc.UnknownDTypeError) as ei:
+        evtc.Gemm(E.bias_relu, **kw)
+    msg = str(ei.value)
+    assert "unknown dtype 'f64'" in msg and "bf16" in msg and "#type-error" in msg
+    assert isinstance(ei.value, KeyError)
+
+
+def test_empty_dict_return_points_at_the_return_docs():
+    @evtc.epilogue
+    def nothing(acc):
+        return {}
+
+    with pytest.raises(evtc.TraceError) as ei:
+        nothing.graph
+    assert "empty dict" in str(ei.value) and "#trace-return" in str(ei.value)

@@ -83,6 +83,14 @@ def test_too_many_stages_is_a_plan_error():
         sm80(E.bias_relu, tile=(256, 128, 64), warp_tile=(64, 64, 64), stages=8)
 
 
+@pytest.mark.parametrize("tile, warp", [((128, 128, 32), (64, 64, 24)), ((128, 128, 64), (64, 64, 8))])
+def test_warp_k_must_divide_tile_k_and_match_the_mma(tile, warp):
+    import epilogues as E
+
+    with pytest.raises(evtc.ConfigError, match="warp tile K"):
+        sm80(E.bias_relu, tile=tile, warp_tile=warp)
+
+
 def test_8bit_d_lays_out_the_thread_map_for_the_operands():
     import epilogues as E
 
