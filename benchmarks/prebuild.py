@@ -50,6 +50,12 @@ def planner_gemms():
     return bench_planner.all_gemms()
 
 
+def plan_vs_stock_gemms():
+    import bench_plan_vs_stock
+
+    return bench_plan_vs_stock.all_gemms()
+
+
 def sm80_gemms():
     """Every kernel tests/gpu/test_sm80_reference.py builds, and the sm80-vs-sm90 benchmark's."""
     sys.path.insert(0, str(common.ROOT / "tests"))
@@ -60,7 +66,8 @@ def sm80_gemms():
                                                  for e in T.random_epilogues()]
 
 
-GROUPS = {"sm80": sm80_gemms, "tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms}
+GROUPS = {"sm80": sm80_gemms, "tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
+          "plan_vs_stock": plan_vs_stock_gemms}
 
 
 def main() -> None:

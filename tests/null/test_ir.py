@@ -84,3 +84,20 @@ def test_frozen_nodes():
     acc = Accumulator(f32, name="acc")
     with pytest.raises(dataclasses.FrozenInstanceError):
         acc.name = "x"
+
+
+def test_bf16_rounding_matches_the_exact_rounding_and_overflows_like_the_kernel():
+    """round_to(bf16) rounds float32 bits (as __float2bfloat16_rn does); away from double-rounding
+    ties it equals exact rounding of the float64 value, and beyond bf16's range it gives inf."""
+    import numpy as np
+
+    from evtc import dtypes as D
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(100_000) * 10.0 ** rng.integers(-30, 30, 100_000)
+    fast, exact = D.round_to(x, D.bf16), D._round_mantissa(x, D.bf16)
+    assert np.mean(fast != exact) < 1e-3
+    assert np.all(np.abs(fast - exact) <= np.abs(exact) * 2.0 ** -7)
+    assert D.round_to(np.array([3.4e38, -1e300, np.nan]), D.bf16).tolist()[:2] == [np.inf, -np.inf]
+    assert np.isnan(D.round_to(np.array(np.nan), D.bf16))
+    assert D.round_to(np.asarray(0.1), D.bf16).shape == ()

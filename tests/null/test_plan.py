@@ -154,3 +154,23 @@ def test_plan_invariants(ep, cfg, policy):
     # every M x N input/output has a decision
     tensors = {i.name for i in g.used_inputs if i.bcast.value == "mn" and i.name != "acc"} | {o.name for o in g.outputs}
     assert tensors <= names
+
+
+def test_evtc_keeps_stock_decisions_unless_the_model_expects_a_clear_gain():
+    """Within STOCK_MARGIN of stock CUTLASS's estimate, evtc keeps stock's plan (and says so);
+    dgelu_bgrad's smaller plan is expected to be more than that faster, so it departs."""
+    import epilogues as E
+
+    from evtc.plan import sm90
+
+    def both(ep):
+        return [evtc.Gemm(ep, a=evtc.bf16, b=evtc.bf16, c=evtc.bf16, d=evtc.bf16, plan=p).plan for p in ("evtc", "cutlass")]
+
+    ours, stock = both(E.bias_relu)
+    assert (ours.stages_c, ours.stages_d, ours.reuse_smem_c, ours.epilogue_tile) == \
+        (stock.stages_c, stock.stages_d, stock.reuse_smem_c, stock.epilogue_tile)
+    assert any("kept stock CUTLASS's decisions" in n for n in ours.notes)
+    ours, stock = both(E.dgelu_bgrad)
+    assert ours.epilogue_smem_bytes < stock.epilogue_smem_bytes
+    assert ours.cost["total_us"] < (1 - sm90.STOCK_MARGIN) * stock.cost["total_us"]
+    assert not any("kept stock" in n for n in ours.notes)
