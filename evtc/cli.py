@@ -88,6 +88,29 @@ def _config(arch: str, a: str, tile, cluster, schedule, stages, epi_tile, schedu
     return cfg.replace(**changes) if changes else cfg
 
 
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+class PlanParam(click.ParamType):
+    """``--plan``: ``evtc``, ``cutlass``, or a JSON object of fixed planner decisions, e.g.
+    ``'{"alias": true, "stages_c": 2}'`` (the keys of ``evtc.Gemm(plan={...})``: policy, c_slot,
+    d_slot, epilogue_tile, stages_c, stages_d, reuse, direct, alias)."""
+
+    name = "PLAN"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str) or value in ("evtc", "cutlass"):
+            return value
+        try:
+            d = json.loads(value)
+        except json.JSONDecodeError as e:
+            self.fail(f"'{value}' is neither evtc, cutlass nor a JSON object ({e.msg})", param, ctx)
+        if not isinstance(d, dict):
+            self.fail(f"'{value}' is not a JSON object of plan decisions", param, ctx)
+        return {k: _tuples(v) for k, v in d.items()}
+
+
 def gemm_options(f):
     """The options every command that makes a Gemm takes."""
     opts = [
@@ -98,8 +121,9 @@ def gemm_options(f):
         click.option("--b", "b", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of B (default: A's)"),
         click.option("--c", "c", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of C (default: D's)"),
         click.option("--d", "d", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of D (default: bf16)"),
-        click.option("--plan", "policy", type=click.Choice(["evtc", "cutlass"]), default="evtc", show_default=True,
-                     help="evtc's planner, or stock CUTLASS's additive rule"),
+        click.option("--plan", "policy", type=PlanParam(), default="evtc", show_default=True,
+                     help="evtc's planner, stock CUTLASS's additive rule (cutlass), or fixed decisions as JSON, "
+                          "e.g. '{\"alias\": true, \"stages_c\": 2}'"),
         click.option("--tile", help="CTA tile MxNxK, e.g. 128x256x64"),
         click.option("--cluster", help="cluster MxN, e.g. 2x1"),
         click.option("--schedule", type=click.Choice(["cooperative", "pingpong"]), default=None),

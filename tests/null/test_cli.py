@@ -75,3 +75,14 @@ def test_unknown_function_lists_epilogues():
 def test_ops_lists_functors():
     r = run("ops")
     assert "gelu" in r.output and "cutlass::epilogue::thread::GELU" in r.output
+
+
+def test_plan_takes_fixed_decisions_as_json():
+    r = run("plan", f"{EX}:many_aux", "--json", "--plan", '{"alias": true, "stages_c": 2, "epilogue_tile": [128, 16]}')
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert (p["stages_c"], p["epilogue_tile"], len(p["alias"])) == (2, [128, 16], 2)
+    r = CliRunner().invoke(main, ["plan", f"{EX}:many_aux", "--plan", "{bad"])
+    assert r.exit_code == 2 and "neither evtc, cutlass nor a JSON object" in r.output
+    r = CliRunner().invoke(main, ["plan", f"{EX}:many_aux", "--plan", '{"stagesc": 2}'])
+    assert r.exit_code == 2 and "fixable decisions" in r.output and "Traceback" not in r.output
