@@ -66,7 +66,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Un
 
 from evtc import dtypes, ops
 from evtc.dtypes import DType, f32
-from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, SourceLoc, TraceError, api_boundary
+from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, SourceLoc, TraceError, UnknownDTypeError, api_boundary
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.nodes import (
     LEAF_KINDS,
@@ -1093,8 +1093,8 @@ def from_expr(text: str, *, c: DType | str | None = None, d: DType | str = dtype
     try:
         dd = dtypes.coerce(d)
         cc = dtypes.coerce(c) if c is not None else dd
-    except KeyError as e:
-        raise EpilogueTypeError(str(e).strip("'\""), epilogue=epilogue) from None
+    except UnknownDTypeError as e:
+        raise EpilogueTypeError(e.message, epilogue=epilogue, hint=e.hint) from None
     src = _Source(text, EXPR_FILE)
     tree = _parse(src, "exprs", epilogue)
     builder = _ExprBuilder(src, epilogue, c=cc, d=dd)

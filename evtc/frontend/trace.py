@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from evtc import dtypes
 from evtc.dtypes import DType, f32
-from evtc.errors import EpilogueSignatureError, EpilogueTypeError, SourceLoc, TraceError
+from evtc.errors import EpilogueSignatureError, EpilogueTypeError, SourceLoc, TraceError, UnknownDTypeError
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.nodes import (
     Accumulator,
@@ -271,8 +271,8 @@ class Value:
         """Convert to ``dtype`` (rounding to nearest; fp8 saturates to its finite range)."""
         try:
             dt = dtypes.coerce(dtype)
-        except KeyError as e:
-            raise self._tracer.error(EpilogueTypeError, str(e).strip("'\"")) from None
+        except UnknownDTypeError as e:
+            raise self._tracer.error(EpilogueTypeError, e.message, hint=e.hint) from None
         return apply("convert", self, dtype=dt)
 
     # things that can't be traced
@@ -350,8 +350,8 @@ class Reduced:
         """Set the output dtype of the reduction (accumulation stays f32)."""
         try:
             dt = dtypes.coerce(dtype)
-        except KeyError as e:
-            raise self._tracer.error(EpilogueTypeError, str(e).strip("'\"")) from None
+        except UnknownDTypeError as e:
+            raise self._tracer.error(EpilogueTypeError, e.message, hint=e.hint) from None
         return Reduced(self._tracer, self._tracer.add(dataclasses.replace(self._node, dtype=dt)))
 
 

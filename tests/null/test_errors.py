@@ -214,3 +214,15 @@ def test_empty_dict_return_points_at_the_return_docs():
     with pytest.raises(evtc.TraceError) as ei:
         nothing.graph
     assert "empty dict" in str(ei.value) and "#trace-return" in str(ei.value)
+
+
+def test_unknown_dtype_inside_the_epilogue_is_located_once():
+    @evtc.epilogue
+    def bad_dtype(acc):
+        return acc.to("f64")
+
+    with pytest.raises(evtc.EpilogueTypeError) as ei:
+        bad_dtype.graph
+    _assert_located(ei.value, 'acc.to("f64")', "bad_dtype")
+    text = str(ei.value)
+    assert text.count("see docs/errors.md") == 1 and "use one of f32" in text
