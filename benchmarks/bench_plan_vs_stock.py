@@ -74,7 +74,7 @@ def main() -> None:
     common.build_all(all_gemms(), "plan_vs_stock")
     rows = []
     for (M, N, K) in SHAPES:
-        fns, keep = {}, []
+        fns = {}
         plain = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         a16 = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         b16 = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
@@ -87,7 +87,6 @@ def main() -> None:
             A, B = ins.pop("A"), ins.pop("B")
             for tag, g in (("evtc", ours), ("cutlass", stock)):
                 outs = poisoned_outputs(g.graph, p)
-                keep.append(outs)
                 g.build()
                 fns[f"{name}/{tag}"] = (lambda g=g, A=A, B=B, outs=outs, ins=ins: g(A, B, out=outs, **ins))
         t = time_interleaved(fns, args.iters)

@@ -11,6 +11,8 @@ import dataclasses
 
 import numpy as np
 
+from evtc.errors import UnknownDTypeError
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DType:
@@ -69,6 +71,7 @@ e5m2 = DType("e5m2", 8, "cutlass::float_e5m2_t", "float8_e5m2", (12, 8), 57344.0
 
 ALL: tuple[DType, ...] = (f32, f16, bf16, e4m3, e5m2)
 _BY_NAME = {d.name: d for d in ALL}
+_KNOWN_HINT = f"use one of {', '.join(_BY_NAME)}"
 # Friendly aliases accepted wherever a dtype name is parsed (CLI, grammar, Gemm(a="bf16")).
 _ALIASES = {
     "float32": f32, "float": f32, "fp32": f32,
@@ -91,14 +94,12 @@ def by_name(name: str) -> DType:
         UnknownDTypeError (an EvtcError and a KeyError): the name is unknown; the message lists
         the known names.
     """
-    from evtc.errors import UnknownDTypeError
-
     key = name.strip().lower()
     if key in _BY_NAME:
         return _BY_NAME[key]
     if key in _ALIASES:
         return _ALIASES[key]
-    raise UnknownDTypeError(f"unknown dtype '{name}'", hint=f"use one of {', '.join(_BY_NAME)}")
+    raise UnknownDTypeError(f"unknown dtype '{name}'", hint=_KNOWN_HINT)
 
 
 def coerce(value: "DType | str") -> DType:
@@ -114,9 +115,7 @@ def coerce(value: "DType | str") -> DType:
     text = str(value)  # torch.bfloat16 -> "torch.bfloat16"
     if text.startswith("torch."):
         return by_name(text[len("torch."):])
-    from evtc.errors import UnknownDTypeError
-
-    raise UnknownDTypeError(f"can't interpret {value!r} as a dtype", hint=f"use one of {', '.join(_BY_NAME)}")
+    raise UnknownDTypeError(f"can't interpret {value!r} as a dtype", hint=_KNOWN_HINT)
 
 
 def from_dlpack(code: int, bits: int) -> DType | None:

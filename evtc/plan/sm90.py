@@ -353,7 +353,9 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         target: the sm90 Target.
         config: GEMM configuration (its ``epilogue_tile`` and ``stages``, when set, are kept).
         a, b: operand dtypes (they size the mainloop stages).
-        policy: ``"evtc"`` (search, cost model) or ``"cutlass"`` (stock CUTLASS's rule).
+        policy: ``"evtc"`` (search, cost model; stock CUTLASS's plan is kept unless the best
+            candidate is estimated more than ``STOCK_MARGIN`` faster) or ``"cutlass"`` (stock
+            CUTLASS's rule).
         rank: take the ``rank``-th best candidate instead of the best (for the autotuner).
         fixed: decisions the caller imposes (the user or the autotuner overriding the cost
             model), any of ``c_slot``, ``d_slot`` (names), ``epilogue_tile``, ``stages_c``,
@@ -394,16 +396,17 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     scored.sort(key=lambda s: s[:3])
     _, _, _, cand, storage, stages, terms = scored[min(rank, len(scored) - 1)]
     tree = trees[(id(cand.c_slot), id(cand.d_slot))]
-    note = None
+    notes: tuple[str, ...] = ()
     if policy == "evtc" and rank == 0 and not fixed:
         stock, _, stock_trees = _score(graph, target, config, "cutlass", {}, False, a, b, stage_bytes, need)
-        if stock and stock[0][5] >= stages and terms["total_us"] >= (1 - STOCK_MARGIN) * stock[0][6]["total_us"]:
-            note = (f"kept stock CUTLASS's decisions: the cost model's best ({terms['total_us']:.0f} us) is within "
-                    f"{STOCK_MARGIN:.1%} of them ({stock[0][6]['total_us']:.0f} us)")
-            _, _, _, cand, storage, stages, terms = stock[0]
-            tree = stock_trees[(id(cand.c_slot), id(cand.d_slot))]
-    out = _make_plan(graph, target, config, policy, cand, storage, stages, stage_bytes, terms, tree, (a, b))
-    return dataclasses.replace(out, notes=out.notes + (note,)) if note else out
+        if stock:
+            _, _, _, s_cand, s_storage, s_stages, s_terms = stock[0]
+            if s_stages >= stages and terms["total_us"] >= (1 - STOCK_MARGIN) * s_terms["total_us"]:
+                notes = (f"kept stock CUTLASS's decisions: the cost model's best ({terms['total_us']:.0f} us) is "
+                         f"within {STOCK_MARGIN:.1%} of them ({s_terms['total_us']:.0f} us)",)
+                cand, storage, stages, terms = s_cand, s_storage, s_stages, s_terms
+                tree = stock_trees[(id(cand.c_slot), id(cand.d_slot))]
+    return _make_plan(graph, target, config, policy, cand, storage, stages, stage_bytes, terms, tree, (a, b), notes)
 
 
 def _score(graph, target, config, policy, fixed, allow_direct, a, b, stage_bytes, need):
@@ -434,7 +437,8 @@ def _score(graph, target, config, policy, fixed, allow_direct, a, b, stage_bytes
 
 
 def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, stages: int,
-               stage_bytes: int, terms: dict, tree: VisitorTree, operands: tuple[DType, DType]) -> Plan:
+               stage_bytes: int, terms: dict, tree: VisitorTree, operands: tuple[DType, DType],
+               extra_notes: tuple[str, ...] = ()) -> Plan:
     em, en = cand.epilogue_tile
     offsets = {t.buffer: off for off, t in storage.leaves() if t.buffer}
     sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
@@ -479,5 +483,5 @@ def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, s
         stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=cand.reuse, delay_tma_store=cand.delay,
         c_slot=c_name, d_slot=cand.d_slot.name, alias=tuple(sorted(cand.alias)), buffers=tuple(buffers), epilogue_smem_bytes=storage.size,
         mainloop_stage_bytes=stage_bytes, mainloop_stages=stages, smem_capacity=target.smem_capacity,
-        cost=terms, notes=tuple(notes), tree=tree,
+        cost=terms, notes=tuple(notes) + extra_notes, tree=tree,
     )
