@@ -21,6 +21,7 @@ from evtc.errors import ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
+from evtc.plan.config import RASTER_ORDERS
 from evtc.plan import plan as make_plan
 from evtc.plan.plan import Plan
 from evtc.runtime import tensors
@@ -113,14 +114,20 @@ class Gemm:
         policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
         self.plan = make_plan(self.graph, arch, a=self.a, b=self.b, config=self.config, policy=policy,
                               rank=plan_rank, fixed=fixed)
+        self.config = self.plan.config  # validated: defaults that depend on the arch filled in
         self.source = emit(self.graph, self.plan)
         self.target = target
         self._library: KernelLibrary | None = None
         # sm90's register-direct accesses are whole 16-byte vectors (the Binder checks N); sm80
         # picks its access width at run time, so it has no such rule.
-        self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct") \
-            if self.plan.arch == "sm90" else frozenset()
-        self._binder = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph)), self._direct)
+        self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct"
+                                 and b.role in ("aux_load", "aux_store")) if self.plan.arch == "sm90" else frozenset()
+        self._scheduler = {"max_swizzle_size": 1 << self.config.swizzle,
+                           "raster_order": RASTER_ORDERS.index(self.config.raster)} if arch == "sm90" else {}
+        self._binder = self._make_binder(ctypes_struct(abi_fields(self.graph, arch)))
+
+    def _make_binder(self, Args) -> Binder:
+        return Binder(self.graph, self.a, self.b, Args, self._direct, self._scheduler)
 
     # ---- building -------------------------------------------------------------------------------
 
@@ -135,7 +142,7 @@ class Gemm:
         art = cache.build(self.source, self.target, name=self.name, timeout=timeout)
         if self._library is None or self._library.path != art.library:
             self._library = KernelLibrary(art.library)
-            self._binder = Binder(self.graph, self.a, self.b, self._library.Args, self._direct)
+            self._binder = self._make_binder(self._library.Args)
         self.artifact = art
         return art
 

@@ -5,9 +5,9 @@ Input: a Graph. Output: the ordered list of :class:`AbiField` that both the emit
 so the two can't disagree. The kernel's info call returns the same list as JSON, and the
 runtime checks it on load.
 
-Layout: problem size, A, B, then every input the epilogue uses (signature order), then every
-output (return order). Field names carry a prefix by what they hold, so no user name can
-collide with another field or a C keyword: ``p_`` pointer, ``ld_`` leading dimension (elements
+Layout: problem size, (sm90) the tile scheduler's run-time arguments, A, B, then every input
+the epilogue uses (signature order), then every output (return order). Field names carry a
+prefix by what they hold, so no user name can collide with another field or a C keyword: ``p_`` pointer, ``ld_`` leading dimension (elements
 between rows), ``bs_`` batch stride (elements between batches; 0 broadcasts one tensor to every
 batch), ``s_`` a by-value scalar.
 """
@@ -29,7 +29,7 @@ from evtc.ir.nodes import (
     Store,
 )
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 CTYPES = {
     "int32_t": ctypes.c_int32,
@@ -48,7 +48,8 @@ class AbiField:
         name: C identifier.
         ctype: C type (``int32_t``, ``int64_t``, ``float``, ``const void*``, ``void*``).
         tensor: the operand it belongs to (``A``, ``B``, an input or output name), or None.
-        what: ``ptr``, ``ld``, ``batch_stride``, ``value`` or ``dim``.
+        what: ``ptr``, ``ld``, ``batch_stride``, ``value``, ``dim`` or ``scheduler`` (a tile
+            scheduler argument).
     """
 
     name: str
@@ -60,9 +61,15 @@ class AbiField:
         return dataclasses.asdict(self)
 
 
-def abi_fields(graph: Graph) -> tuple[AbiField, ...]:
-    """The fields of ``evtc_args_t`` for ``graph``."""
+def abi_fields(graph: Graph, arch: str) -> tuple[AbiField, ...]:
+    """The fields of ``evtc_args_t`` for ``graph`` built for ``arch`` (``sm90`` or ``sm80``)."""
     f: list[AbiField] = [AbiField(n, "int32_t", None, "dim") for n in ("M", "N", "K", "L")]
+    if arch == "sm90":
+        # sm90's persistent tile schedulers take the tile order at run time (their
+        # Arguments::max_swizzle_size and raster_order), so one built kernel serves every order;
+        # raster_order is the index in GemmConfig's RASTER_ORDERS (RasterOrderOptions' order).
+        f += [AbiField("max_swizzle_size", "int32_t", None, "scheduler"),
+              AbiField("raster_order", "int32_t", None, "scheduler")]
     for op in ("A", "B"):
         f += [AbiField(f"p_{op}", "const void*", op, "ptr"), AbiField(f"ld_{op}", "int64_t", op, "ld"),
               AbiField(f"bs_{op}", "int64_t", op, "batch_stride")]

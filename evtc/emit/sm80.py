@@ -297,7 +297,7 @@ def emit_sm80(graph: Graph, plan: Sm80Plan, *, name: str | None = None) -> str:
     fusion_args = em.arguments(plan.tree.root, 4)
     cfg = plan.config
     a, b = plan.operands
-    fields = abi_fields(graph)
+    fields = abi_fields(graph, "sm80")
     info = {
         "abi_version": ABI_VERSION,
         "name": name or graph.name,
@@ -337,5 +337,6 @@ def emit_sm80(graph: Graph, plan: Sm80Plan, *, name: str | None = None) -> str:
         mainloop_stages=plan.mainloop_stages,
         smem_capacity=plan.smem_capacity,
         fields=fields,
+        abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
     )

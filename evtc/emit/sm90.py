@@ -268,13 +268,14 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     a, b = plan.operands
     c_input = graph.input(plan.c_slot) if plan.c_slot else None
     d_output = graph.output(plan.d_slot)
-    fields = abi_fields(graph)
+    fields = abi_fields(graph, "sm90")
     uses = {v.role for v in plan.tree.visitors()}
     info = {
         "abi_version": ABI_VERSION,
         "name": name or graph.name,
         "arch": "sm90",
-        "plan": plan.to_json(),
+        # the tile order is a run-time argument: leave it out, so that it doesn't change the source
+        "plan": {**plan.to_json(), "config": cfg.kernel_json("sm90")},
         "abi": [f.to_json() for f in fields],
         "ir": print_graph(graph),
     }
@@ -317,6 +318,7 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         d_ptr=f"static_cast<ElementD*>(args.p_{d_output.name})",
         d_stride=f"StrideD{{args.ld_{d_output.name}, cute::_1{{}}, args.bs_{d_output.name}}}",
         fields=fields,
+        abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
         uses_reduction=bool(uses & {"row_reduction", "col_reduction", "scalar_reduction"}),
     )

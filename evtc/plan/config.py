@@ -25,6 +25,18 @@ from evtc.errors import ConfigError
 
 SCHEDULES_SM90 = ("cooperative", "pingpong")
 SCHEDULERS = ("persistent", "streamk")
+# in the order of CUTLASS's RasterOrderOptions enumerators (tile_scheduler_detail.hpp): the
+# kernel's raster_order argument is the index
+RASTER_ORDERS = ("heuristic", "along_m", "along_n")
+# On sm90 the tile order is an argument of the persistent tile scheduler, not part of the kernel:
+# these fields don't change the emitted source (one build serves every value).
+RUNTIME_FIELDS_SM90 = ("swizzle", "raster")
+# GemmConfig.swizzle when it is None. sm90: one tile, CUTLASS's own default. Measured on the H100
+# for bias_relu (docs/performance.md): the cooperative 128x256 kernel ran within 1-2 % of it
+# with swizzles of 2-8 tiles in either raster order, and ping-pong 128x192 ran 20-30 % slower
+# with 8 tiles at 8192^3 (two tiles in flight per CTA). sm80: 8 tiles, the CUTLASS profiler's
+# usual GemmIdentityThreadblockSwizzle<8>.
+DEFAULT_SWIZZLE = {"sm90": 0, "sm80": 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +52,14 @@ class GemmConfig:
         epilogue_tile: (M, N) of the epilogue subtile, or None to let the planner choose.
         scheduler: ``"persistent"`` (data-parallel persistent tiles) or ``"streamk"``.
         warp_tile: sm80 warp tile (M, N, K).
-        swizzle: sm80 threadblock swizzle (log2 of the tile group width).
+        swizzle: log2 of the width, in tiles, of the bands the tile order is swizzled in, so that
+            the tiles running at once share rows of A and columns of B in L2; None for the arch's
+            default (:data:`DEFAULT_SWIZZLE`). sm80: the threadblock swizzle
+            ``GemmIdentityThreadblockSwizzle<1 << swizzle>`` (compiled in); sm90: the persistent
+            tile scheduler's ``max_swizzle_size = 1 << swizzle``, 0 to 3 (a run-time argument;
+            ``tile_scheduler_params.h`` caps it at 8).
+        raster: sm90 tile order: ``"along_n"`` (consecutive tiles step along N), ``"along_m"``,
+            or ``"heuristic"`` (CUTLASS's: along M when there are more tiles along N).
         fast_accum: fp8 only: accumulate without periodic promotion (faster, less accurate).
     """
 
@@ -51,11 +70,21 @@ class GemmConfig:
     epilogue_tile: tuple[int, int] | None = None
     scheduler: str = "persistent"
     warp_tile: tuple[int, int, int] | None = None
-    swizzle: int = 3
+    swizzle: int | None = None
+    raster: str = "heuristic"
     fast_accum: bool = False
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    def kernel_json(self, arch: str) -> dict:
+        """:meth:`to_json` without the fields that are run-time arguments on ``arch`` (what the
+        emitted source records, so that they don't change it)."""
+        d = self.to_json()
+        if arch == "sm90":
+            for k in RUNTIME_FIELDS_SM90:
+                d.pop(k)
+        return d
 
     @classmethod
     def from_json(cls, data: dict | str) -> "GemmConfig":
@@ -86,6 +115,12 @@ class GemmConfig:
             extra += f"_{self.scheduler}"
         return f"{t}_{c}_{s}{extra}"
 
+    @property
+    def schedule_name(self) -> str:
+        """:attr:`name` with the tile order, e.g. ``128x256x64_2x1_coop_sw8_along_n``."""
+        sw = "auto" if self.swizzle is None else 1 << self.swizzle
+        return f"{self.name}_sw{sw}_{self.raster}"
+
 
 def default_config(arch: str, a: DType, b: DType) -> GemmConfig:
     """The default configuration for ``arch`` and the operand types.
@@ -108,14 +143,20 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     """Check ``config`` against the rules in the module docstring.
 
     Returns:
-        ``config`` itself when it is legal.
+        ``config`` when it is legal, with a swizzle of None replaced by the arch's default.
 
     Raises:
         ConfigError: the first broken rule, naming the field and the rule's source.
     """
+    if arch not in DEFAULT_SWIZZLE:
+        raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
+    if config.swizzle is None:
+        config = config.replace(swizzle=DEFAULT_SWIZZLE[arch])
     tm, tn, tk = config.tile
     if config.scheduler not in SCHEDULERS:
         raise ConfigError(f"scheduler '{config.scheduler}' is not one of {SCHEDULERS}")
+    if config.raster not in RASTER_ORDERS:
+        raise ConfigError(f"raster '{config.raster}' is not one of {RASTER_ORDERS}")
     if arch == "sm90":
         if config.schedule not in SCHEDULES_SM90:
             raise ConfigError(f"sm90 schedule '{config.schedule}' is not one of {SCHEDULES_SM90}")
@@ -142,6 +183,9 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
                 )
         if config.stages is not None and config.stages < 2:
             raise ConfigError(f"stages = {config.stages}: the TMA mainloop needs at least 2")
+        if config.swizzle not in (0, 1, 2, 3):
+            raise ConfigError(f"swizzle = {config.swizzle}: sm90's tile scheduler takes a swizzle of 1, 2, 4 or 8 tiles "
+                              "(log2: 0 to 3; tile_scheduler_params.h)")
     elif arch == "sm80":
         wm, wn, wk = config.warp_tile or (64, 64, tk)
         if tm % wm or tn % wn or wm % 16 or wn % 16 or tm % 32 or tn % 32:
@@ -155,6 +199,7 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
             raise ConfigError("more than 8 warps per threadblock")
         if not 2 <= (config.stages or 3) <= 8:
             raise ConfigError(f"sm80 stages = {config.stages}: between 2 and 8")
-    else:
-        raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
+        if config.raster != "heuristic":
+            raise ConfigError(f"raster '{config.raster}': sm80's threadblock swizzle has no raster order choice",
+                              hint="leave raster='heuristic' on sm80 (it is an sm90 tile scheduler argument)")
     return config

@@ -55,12 +55,15 @@ class Binder:
         Args: the ctypes mirror of ``evtc_args_t``.
         direct: M x N tensors the plan accesses register-direct. Their accesses are 16-byte
             vectors predicated per vector, so N must be a multiple of a vector's elements.
+        scheduler: the sm90 tile scheduler's run-time arguments, name -> value
+            (``max_swizzle_size``, ``raster_order``; see :mod:`evtc.emit.abi`).
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure],
-                 direct: frozenset[str] = frozenset()) -> None:
+                 direct: frozenset[str] = frozenset(), scheduler: Mapping[str, int] | None = None) -> None:
         self.graph = graph
         self.direct = direct
+        self.scheduler = dict(scheduler or {})
         self.a = a
         self.b = b
         self.Args = Args
@@ -157,6 +160,8 @@ class Binder:
         args = self.Args()
         keep: list[Any] = [A, B]
         args.M, args.N, args.K, args.L = M, N, K, L
+        for field, value in self.scheduler.items():
+            setattr(args, field, value)
         for op, v in (("A", va), ("B", vb)):
             setattr(args, f"p_{op}", v.ptr)
             setattr(args, f"ld_{op}", v.strides[-2] if v.shape[-2] > 1 else v.shape[-1])

@@ -614,7 +614,7 @@ char const kInfoJson[] =
     "me\":\"s_beta\",\"tensor\":\"beta\",\"what\":\"value\"},{\"ctype\":\"const void*\",\"name\":\"p_bias\",\"tensor\":\"bias\","
     "\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"bs_bias\",\"tensor\":\"bias\",\"what\":\"batch_stride\"},{\"ctype\":\"v"
     "oid*\",\"name\":\"p_D\",\"tensor\":\"D\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_D\",\"tensor\":\"D\",\"what\":\""
-    "ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":1,\"arch\":\"s"
+    "ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":2,\"arch\":\"s"
     "m80\",\"ir\":\"epilogue bias_relu(acc: f32 accumulator, C: bf16 source, alpha: f32 scalar, beta: f32 sca"
     "lar, bias: f32 row):\\n  %0 = mul(C, beta) : f32\\n  %1 = multiply_add(alpha, acc, %0) : f32\\n  %2 = a"
     "dd(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"ali"
@@ -624,24 +624,24 @@ char const kInfoJson[] =
     ":\"aux_load\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxLoad: predicated vector loads into register"
     "s, one epilogue step at a time\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"direct\",\"name\":\"D\",\"offset\":-1,\"r"
     "ole\":\"aux_store\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxStore: predicated vector stores from r"
-    "egisters\"}],\"c_slot\":null,\"config\":{\"cluster\":[1,1,1],\"epilogue_tile\":null,\"fast_accum\":false,\"sched"
-    "ule\":\"multistage\",\"scheduler\":\"persistent\",\"stages\":4,\"swizzle\":3,\"tile\":[128,128,32],\"warp_tile\":[6"
-    "4,64,32]},\"cost\":{},\"d_slot\":null,\"delay_tma_store\":false,\"epilogue_smem_bytes\":0,\"epilogue_tile\":[1"
-    "6,128],\"fragment_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":16384,\"mainloop_stages"
-    "\":4,\"notes\":[\"C and D are ordinary visitors (no collective): every tensor is accessed from registers"
-    "\",\"kernel variants by alignment, chosen at run time: vector, ragged_n, ragged\"],\"operands\":[\"bf16\",\""
-    "bf16\"],\"policy\":\"sm80\",\"reuse_smem_c\":false,\"scratch\":[],\"smem_capacity\":166912,\"stages_c\":0,\"stages"
-    "_d\":0,\"swizzle\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab\":8,\"epilogue_access\":8,\"epi"
-    "logue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias\",4],[\"D\",8]],\"why\":\"N, K, e"
-    "very row/batch stride and base address are multiples of the vectors\"},{\"alignment_ab\":8,\"epilogue_ac"
-    "cess\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":[[\"C\",1],[\"bias\",1],[\"D\",1]],"
-    "\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{\"alignment_ab\":1,\"epilogue_a"
-    "ccess\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[[\"C\",1],[\"bias\",1],[\"D\",1]],\""
-    "why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop)\"}],\"warp_tile\":[64,64,32]}"
-    "}";
+    "egisters\"}],\"c_slot\":null,\"config\":{\"cluster\":[1,1,1],\"epilogue_tile\":null,\"fast_accum\":false,\"raste"
+    "r\":\"heuristic\",\"schedule\":\"multistage\",\"scheduler\":\"persistent\",\"stages\":4,\"swizzle\":3,\"tile\":[128,1"
+    "28,32],\"warp_tile\":[64,64,32]},\"cost\":{},\"d_slot\":null,\"delay_tma_store\":false,\"epilogue_smem_bytes\""
+    ":0,\"epilogue_tile\":[16,128],\"fragment_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":1"
+    "6384,\"mainloop_stages\":4,\"notes\":[\"C and D are ordinary visitors (no collective): every tensor is ac"
+    "cessed from registers\",\"kernel variants by alignment, chosen at run time: vector, ragged_n, ragged\"]"
+    ",\"operands\":[\"bf16\",\"bf16\"],\"policy\":\"sm80\",\"reuse_smem_c\":false,\"scratch\":[],\"smem_capacity\":166912"
+    ",\"stages_c\":0,\"stages_d\":0,\"swizzle\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab\":8,\"ep"
+    "ilogue_access\":8,\"epilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias\",4],[\""
+    "D\",8]],\"why\":\"N, K, every row/batch stride and base address are multiples of the vectors\"},{\"alignme"
+    "nt_ab\":8,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":[[\"C\",1]"
+    ",[\"bias\",1],[\"D\",1]],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{\"alignm"
+    "ent_ab\":1,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[[\"C\",1],"
+    "[\"bias\",1],[\"D\",1]],\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop)\"}],\"w"
+    "arp_tile\":[64,64,32]}}";
 }  // namespace
 
-EVTC_EXPORT int evtc_abi_version() { return 1; }
+EVTC_EXPORT int evtc_abi_version() { return 2; }
 
 EVTC_EXPORT size_t evtc_args_size() { return sizeof(evtc_args_t); }
 

@@ -20,7 +20,7 @@ class FakeCuda:
 
 def binder_for(ep):
     g = evtc.Gemm(ep, a=f16, b=f16, c=f16, d=f16)
-    return Binder(g.graph, f16, f16, ctypes_struct(abi_fields(g.graph)))
+    return Binder(g.graph, f16, f16, ctypes_struct(abi_fields(g.graph, g.arch)))
 
 
 @evtc.epilogue
@@ -95,3 +95,32 @@ def test_batched_outputs_need_batch_dimension():
         b.bind(A, B, kw, {"D": FakeCuda((64, 32))})
     args, *_ = b.bind(A, B, kw, {"D": FakeCuda((2, 64, 32))})
     assert args.L == 2 and args.bs_C == 0 and args.bs_D == 64 * 32
+
+
+def test_tile_order_is_a_runtime_scheduler_argument():
+    """sm90's swizzle and raster order travel in the argument struct; the source doesn't change."""
+    a = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16)
+    b = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16, config=evtc.GemmConfig(swizzle=1, raster="along_m"))
+    assert a.source == b.source
+    A, B, kw = ok_args()
+    out = {"D": FakeCuda((64, 32), ptr=1 << 24)}
+    args, *_ = b._binder.bind(A, B, kw, out)
+    assert (args.max_swizzle_size, args.raster_order) == (2, 1)
+    args, *_ = a._binder.bind(A, B, kw, out)
+    assert (args.max_swizzle_size, args.raster_order) == (1, 0)  # sm90 default: one tile, heuristic raster
+    assert "max_swizzle_size" not in {f.name for f in abi_fields(a.graph, "sm80")}
+
+
+@pytest.mark.parametrize("config, needle", [
+    (dict(swizzle=4), "swizzle = 4"),
+    (dict(raster="along_k"), "raster 'along_k'"),
+])
+def test_bad_tile_order(config, needle):
+    with pytest.raises(evtc.ConfigError, match=needle):
+        evtc.Gemm(lin, a=f16, b=f16, config=evtc.GemmConfig(**config))
+
+
+def test_raster_order_is_sm90_only():
+    with pytest.raises(evtc.ConfigError, match="sm80's threadblock swizzle has no raster order"):
+        evtc.Gemm(lin, a=f16, b=f16, arch="sm80", config=evtc.GemmConfig(tile=(128, 128, 32), stages=4,
+                                                                           raster="along_m"))
