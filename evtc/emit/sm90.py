@@ -94,6 +94,9 @@ class _Emitter:
             how = "device pointer" if n.by_pointer else "value"
             return f"{FUSION}::Sm90ScalarBroadcast<{n.dtype.cutlass}, {STRIDE_SCALAR}>", f"{n.name}: scalar by {how}"
         if v.role == "row":
+            if p.aux_mode(n.name)[0] == "direct":
+                return (f"evtc::Sm90RowBroadcastDirect<TileShape, {n.dtype.cutlass}, float, {STRIDE_ROW}>",
+                        f"{n.name}[n]: row broadcast, register-direct")
             return (f"{FUSION}::Sm90RowBroadcast<0, TileShape, {n.dtype.cutlass}, float, {STRIDE_ROW}>",
                     f"{n.name}[n]: row broadcast")
         if v.role == "col":

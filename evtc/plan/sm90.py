@@ -27,6 +27,8 @@ only and D for the output named ``D``). The ``evtc`` policy searches, for the sa
 * ``StagesC``/``StagesD``/reuse (legal relations from the collective's static_asserts:
   ``StagesD <= StagesC`` with reuse, ``StagesC > StagesD`` when the store is also delayed);
 * TMA or register-direct (``Stages = 0``) per aux load and aux store;
+* row broadcasts in shared memory (stock) or register-direct (NOTE [Row broadcasts without shared
+  memory]);
 * the epilogue tile's N (16, 32, 64);
 * aux store aliasing (below);
 
@@ -49,6 +51,16 @@ which repoints the store at the load's buffer after construction
 is on, the load is TMA (not register-direct, not in the C slot), and both have the same element
 type, so their smem layouts and copy partitions are the same and each warp reads its block
 (ldmatrix) before writing it (stmatrix) in program order, as for C/D reuse.
+
+# NOTE [Row broadcasts without shared memory]
+Stock ``Sm90RowBroadcast`` copies the CTA-N slice of the row into shared memory at the start of
+each output tile and reads each subtile's part from there. A thread only needs the elements of
+its own accumulator columns, which every CTA of the tile column reads too (L1/L2 hits), so
+``evtc::Sm90RowBroadcastDirect`` (``codegen_templates/sm90/visitors.hpp``) loads them from global
+memory into registers, one subtile ahead: no shared memory, no barrier. The cost model times both
+the same (the same bytes, one exposed load latency per tile), so the register-direct row wins on
+bytes among otherwise equal candidates; where evtc keeps stock's plan (``STOCK_MARGIN``) the
+stock row stays. All row broadcasts of a candidate go the same way.
 """
 
 from __future__ import annotations
@@ -154,7 +166,7 @@ class Candidate:
     stages_d: int
     reuse: bool
     delay: bool
-    direct: frozenset[str]  # aux loads/stores that go register-direct
+    direct: frozenset[str]  # aux loads/stores and row broadcasts that go register-direct
     alias: frozenset[tuple[str, str]] = frozenset()
 
     def matches(self, fixed: Mapping[str, Any]) -> bool:
@@ -228,6 +240,9 @@ def candidates(graph: Graph, config: GemmConfig, policy: str, *, allow_direct: b
     False, only those that keep every aux tensor on TMA."""
     tm, tn, _ = config.tile
     out: list[Candidate] = []
+    rows = frozenset(n.name for n in graph.used_inputs if isinstance(n, RowBroadcast))
+    # every row broadcast in shared memory (stock) or every one register-direct
+    row_options = [frozenset(), rows] if rows else [frozenset()]
     for c_slot, d_slot in slot_choices(graph, policy):
         reuse_ok = c_slot is not None and _bits(c_slot) == _bits(d_slot) and _bits(d_slot) > 8
         aux = [n.name for n in _aux_loads(graph) if n is not c_slot] + \
@@ -263,8 +278,8 @@ def candidates(graph: Graph, config: GemmConfig, policy: str, *, allow_direct: b
                         if c_slot is None and not _aux_loads(graph) and sc > 1:
                             continue  # nothing is loaded: StagesC only sizes the barriers
                         for k in range(len(aux) + 1 if allow_direct else 1):
-                            for direct in itertools.combinations(aux, k):
-                                d = frozenset(direct)
+                            for direct, row in itertools.product(itertools.combinations(aux, k), row_options):
+                                d = frozenset(direct) | row
                                 out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, d))
                                 pairs = alias_pairs(graph, c_slot, d_slot, d) if reuse else frozenset()
                                 if pairs:
@@ -289,6 +304,8 @@ def visitor_storage(v: Visitor, cand: Candidate, config: GemmConfig) -> CType:
     """``SharedStorage`` of one visitor."""
     em, en = cand.epilogue_tile
     if v.role == "row":
+        if v.name in cand.direct:
+            return EMPTY  # evtc::Sm90RowBroadcastDirect
         return struct("Sm90RowBroadcast::SharedStorage",
                       [("smem", array_aligned(v.name, v.node.dtype.bytes, config.tile[1], buffer=v.name))])
     if v.role == "aux_store" and any(st == v.name for st, _ in cand.alias):
@@ -359,7 +376,8 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         rank: take the ``rank``-th best candidate instead of the best (for the autotuner).
         fixed: decisions the caller imposes (the user or the autotuner overriding the cost
             model), any of ``c_slot``, ``d_slot`` (names), ``epilogue_tile``, ``stages_c``,
-            ``stages_d``, ``reuse``, ``direct`` (names of register-direct aux tensors), ``alias``
+            ``stages_d``, ``reuse``, ``direct`` (names of the register-direct aux tensors and row
+            broadcasts; ``[]`` keeps all of them in shared memory), ``alias``
             (True/False, or the (store, load) pairs). Only candidates with all of them compete.
 
     Returns:
@@ -458,8 +476,13 @@ def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, s
         if v.role == "row":
             if any(bb.name == v.name for bb in buffers):
                 continue
-            buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "smem", 0, sizes[v.name], offsets[v.name],
-                                  (), "one CTA-N row (Sm90RowBroadcast)"))
+            if v.name in cand.direct:
+                buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "direct", 0, 0, -1, (),
+                                      "register-direct: each thread loads its columns a subtile ahead "
+                                      "(evtc::Sm90RowBroadcastDirect)"))
+            else:
+                buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "smem", 0, sizes[v.name], offsets[v.name],
+                                      (), "one CTA-N row (Sm90RowBroadcast)"))
         elif v.role == "aux_store" and any(st == v.name for st, _ in cand.alias):
             host = next(ld for st, ld in cand.alias if st == v.name)
             buffers.append(Buffer(v.name, v.role, v.node.dtype, "shared", cand.stages_c, 0, offsets[host], (host,),

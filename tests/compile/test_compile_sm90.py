@@ -11,7 +11,8 @@ from evtc.runtime.launch import KernelLibrary
 pytestmark = pytest.mark.compile
 
 CASES = [("bias_relu", "evtc"), ("bias_relu", "cutlass"), ("residual_scale", "evtc"), ("residual_scale", "cutlass"),
-         ("gelu_aux", "evtc"), ("gelu_aux", "cutlass")]
+         ("gelu_aux", "evtc"), ("gelu_aux", "cutlass"),
+         ("many_aux", "evtc")]  # all of evtc's own templates: aliased aux stores, the register-direct row
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The planner's own decisions on the H100: every non-stock choice (slot promotion, aux store
-aliasing with evtc::Sm90AliasedAuxStore, register-direct aux tensors, small stage counts,
-epilogue tiles) checked against the float64 reference, ragged shapes included."""
+aliasing with evtc::Sm90AliasedAuxStore, register-direct aux tensors and row broadcasts, small
+stage counts, epilogue tiles) checked against the float64 reference, ragged shapes included."""
 
 import zlib
 
@@ -28,6 +28,34 @@ VARIANTS = [
 ]
 
 
+
+
+@evtc.epilogue
+def row_bf16(acc, C, r: evtc.RowVector[bf16], s: evtc.RowVector[evtc.f32]):
+    """Two row broadcasts, one of them bf16 (converted to f32 in registers)."""
+    return (acc + r) * s + C
+
+
+# evtc::Sm90RowBroadcastDirect under the subtile loops it must follow: (epilogue, GEMM config);
+# every row broadcast register-direct. Ping-pong has 64-row subtiles (EPI_M = 2 per tile), the
+# 128x64 and 128x16 subtiles change the columns each thread holds.
+ROW_DIRECT = [
+    ("bias_relu", {}),
+    ("bias_relu", {"tile": (128, 192, 64), "schedule": "pingpong"}),
+    ("residual_scale", {"epilogue_tile": (128, 64)}),
+    ("row_bf16", {"epilogue_tile": (128, 16)}),
+    ("row_bf16", {"tile": (128, 128, 64), "cluster": (1, 2, 1), "schedule": "pingpong"}),
+]
+
+
+def row_direct_gemm(name, config):
+    import epilogues as E
+
+    ep = row_bf16 if name == "row_bf16" else E.REFERENCE[name]
+    rows = [n.name for n in ep.trace().inputs if isinstance(n, evtc.ir.nodes.RowBroadcast)]
+    return evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16, config=evtc.GemmConfig(**config), plan={"direct": rows})
+
+
 @evtc.epilogue
 def two_pairs(acc, X: evtc.Matrix, Y: evtc.Matrix):
     """Two stores, each able to live in an aux load's buffer."""
@@ -45,6 +73,8 @@ def built():
     for name, fixed in VARIANTS:
         table[(name, str(fixed))] = evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, d=bf16, plan=dict(fixed))
     table[("two_pairs", "alias")] = evtc.Gemm(two_pairs, plan={"alias": True})
+    for name, config in ROW_DIRECT:
+        table[(name, str(config))] = row_direct_gemm(name, config)
     prebuild(list(table.values()))
     return table
 
@@ -62,7 +92,7 @@ def test_variants_are_really_what_they_say(built):
 def test_planner_variant(built, variant, shape, record_errors):
     name, fixed = variant
     g = built[(name, str(fixed))]
-    direct = [b.name for b in g.plan.buffers if b.mode == "direct"]
+    direct = [b.name for b in g.plan.buffers if b.mode == "direct" and b.role in ("aux_load", "aux_store")]
     if direct and shape[1] % 8:
         with pytest.raises(evtc.ArgumentError, match="register-direct"):
             check(g, Problem(*shape))
@@ -71,3 +101,29 @@ def test_planner_variant(built, variant, shape, record_errors):
     record_errors(errs)
     for out, (err, tol) in errs.items():
         assert err <= tol, f"{variant} {shape}: {out} relative error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("case", ROW_DIRECT, ids=lambda c: f"{c[0]}-{'-'.join(f'{k}={v}' for k, v in c[1].items()) or 'default'}")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_row_broadcast_direct(built, case, shape, record_errors):
+    g = built[(case[0], str(case[1]))]
+    assert "evtc::Sm90RowBroadcastDirect" in g.source and not any(b.mode == "smem" for b in g.plan.buffers)
+    errs = check(g, Problem(*shape), seed=zlib.crc32(f"row{case}{shape}".encode()))
+    record_errors(errs)
+    for out, (err, tol) in errs.items():
+        assert err <= tol, f"{case} {shape}: {out} relative error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("swizzle,raster", [(0, "heuristic"), (3, "along_m"), (2, "along_n"), (1, "heuristic")])
+def test_tile_order_is_a_runtime_argument(swizzle, raster, record_errors):
+    """Every tile order (the scheduler's swizzle and raster arguments) runs the same kernel and
+    gives the same result, ragged and batched shapes included."""
+    import epilogues as E
+
+    g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, config=evtc.GemmConfig(swizzle=swizzle, raster=raster))
+    assert g.source == evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16).source
+    for shape in [(4096, 4096, 4096, 1), (3000, 1031, 512, 3)]:
+        errs = check(g, Problem(*shape), seed=zlib.crc32(f"order{swizzle}{raster}{shape}".encode()))
+        record_errors(errs)
+        for out, (err, tol) in errs.items():
+            assert err <= tol, f"swizzle {swizzle} {raster} {shape}: {out} relative error {err:.3e} > {tol:.1e}"

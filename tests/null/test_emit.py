@@ -36,7 +36,7 @@ def test_every_node_kind_has_its_visitor():
                 "amin": evtc.min(y)}
 
     src = evtc.Gemm(all_kinds).source
-    for pattern in ["Sm90AccFetch", r"Sm90SrcFetch<ElementC>", r"Sm90ScalarBroadcast<float", r"Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t",
+    for pattern in ["Sm90AccFetch", r"Sm90SrcFetch<ElementC>", r"Sm90ScalarBroadcast<float", r"Sm90RowBroadcast(Direct)?<(0, )?TileShape, cutlass::bfloat16_t",
                     r"Sm90ColBroadcast<0, TileShape, float", r"Sm90AuxLoad<\d, EpilogueTile, cutlass::half_t",
                     r"Sm90AuxStore<\d, EpilogueTile, cutlass::float_e4m3_t", r"evtc::Sm90Immediate<0x3f000000u>",
                     r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"Sm90ColReduction<cutlass::maximum",
@@ -52,6 +52,25 @@ def test_every_node_kind_has_its_visitor():
             assert "// " in line, line
     assert "static_cast<float const*>(args.p_s)" in src  # device scalar by pointer
     assert "args.s_alpha" in src
+
+
+def test_row_broadcast_follows_the_plan():
+    """A row broadcast the plan keeps in shared memory is CUTLASS's Sm90RowBroadcast; one it sends
+    register-direct is evtc's Sm90RowBroadcastDirect, with the same arguments and no buffer."""
+    import epilogues as E
+
+    smem = evtc.Gemm(E.many_aux, plan={"direct": []})
+    direct = evtc.Gemm(E.many_aux, plan={"direct": ["bias"]})
+    assert lines_matching(smem.source, r"Sm90RowBroadcast<0, TileShape, float")
+    assert not lines_matching(smem.source, r"using N\d+_row = evtc::Sm90RowBroadcastDirect")
+    assert lines_matching(direct.source, r"using N\d+_row = evtc::Sm90RowBroadcastDirect<TileShape, float, float")
+    assert not lines_matching(direct.source, r"Sm90RowBroadcast<0")
+    assert direct.plan.buffer("bias").mode == "direct" and direct.plan.buffer("bias").bytes == 0
+    # the CTA-N row of f32 (1 KB at N = 256) is gone from the shared storage
+    assert smem.plan.buffer("bias").bytes == 256 * 4
+    assert direct.plan.epilogue_smem_bytes < smem.plan.epilogue_smem_bytes
+    arg = "static_cast<float const*>(args.p_bias), float(0), {cute::_0{}, cute::_1{}, args.bs_bias}"
+    assert arg in smem.source and arg in direct.source
 
 
 def test_every_op_emits():

@@ -63,6 +63,41 @@ def test_cutlass_policy_fails_many_aux_at_large_tile_but_evtc_fits():
     assert p.mainloop_stages >= 2 and p.epilogue_smem_bytes < 232448 // 2
 
 
+def test_many_aux_takes_at_most_half_of_stocks_epilogue_memory():
+    """Issue 4's target in bytes: evtc's default many_aux plan (128x256 tile) against stock's
+    smallest buildable one (128x128, the only tile where the additive rule leaves 2 stages) and
+    stock's need at the same tile (148992 B, which leaves less than 2 stages)."""
+    import epilogues as E
+
+    ours = planned(E.many_aux, "evtc")
+    stock = planned(E.many_aux, "cutlass", tile=(128, 128, 64))
+    assert ours.config.tile == (128, 256, 64) and ours.mainloop_stages >= 3
+    assert 2 * ours.epilogue_smem_bytes <= stock.epilogue_smem_bytes == 148480
+    assert 2 * ours.epilogue_smem_bytes <= 148992
+    # what gets it there: X in the C slot with D reusing it, P and Q in Y's and Z's buffers, the
+    # bias row in registers
+    assert ours.c_slot == "X" and ours.reuse_smem_c and set(ours.alias) == {("P", "Y"), ("Q", "Z")}
+    assert ours.buffer("bias").mode == "direct"
+
+
+def test_row_broadcast_direct_frees_its_row_and_ties_in_the_cost_model():
+    """A register-direct row broadcast (evtc::Sm90RowBroadcastDirect) has no shared storage; the
+    cost model gives it the same time as the shared-memory row, so the smaller plan wins where
+    evtc departs from stock, and stock's Sm90RowBroadcast stays where evtc keeps stock's plan."""
+    import epilogues as E
+
+    smem = planned_fixed(E.many_aux, direct=[])
+    direct = planned_fixed(E.many_aux, direct=["bias"])
+    assert smem.epilogue_smem_bytes - direct.epilogue_smem_bytes >= 256 * 4  # the f32 CTA-N row
+    assert smem.cost["total_us"] == direct.cost["total_us"]
+    assert planned(E.bias_relu).buffer("bias").mode == "smem"  # stock's plan is kept
+
+
+def planned_fixed(ep, **fixed):
+    g = run(ep.trace(), "sm90")
+    return plan(g, "sm90", a=bf16, b=bf16, fixed=fixed)
+
+
 def test_evtc_considers_promoting_an_aux_load_into_the_empty_c_slot():
     from evtc.plan.sm90 import candidates
 
