@@ -2,8 +2,9 @@
 
 On the GPU machine:  python benchmarks/bench_bias_relu.py --json $OUT/bias_relu.json
 
-Times (median of --iters CUDA-event timings after warm-up, fresh random inputs, preallocated
-outputs) at (8192,8192,8192), (16384,4096,1024), (4096,4096,4096), bf16:
+Device times per call (median of --iters samples of back-to-back calls, CUDA events, after
+warm-up; fresh random inputs, preallocated outputs; evtc.bench.time_interleaved) at
+(8192,8192,8192), (16384,4096,1024), (4096,4096,4096), bf16:
   * evtc: relu(alpha*acc + beta*C + bias[n]), default configuration
   * cuBLAS: the plain GEMM A @ B.T (the floor: no epilogue work at all)
   * eager: the same epilogue function run unfused by PyTorch after the GEMM
@@ -32,6 +33,8 @@ SHAPES = [(8192, 8192, 8192), (16384, 4096, 1024), (4096, 4096, 4096)]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--config", help='a GemmConfig as JSON instead of the default, e.g. \'{"tile": [128, 192, 64], '
+                                     '"schedule": "pingpong"}\'')
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -40,8 +43,9 @@ def main() -> None:
     from evtc.bench import bench_gemm, time_interleaved
     from evtc.testing import Problem, make_inputs
 
-    fused = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16)
-    nobeta = evtc.Gemm(bias_relu_nobeta, a=bf16, b=bf16, d=bf16)
+    config = evtc.GemmConfig.from_json(args.config) if args.config else None
+    fused = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, config=config)
+    nobeta = evtc.Gemm(bias_relu_nobeta, a=bf16, b=bf16, d=bf16, config=config)
     common.build_all([fused, nobeta], "bias_relu")
     rows = []
     for (M, N, K) in SHAPES:
@@ -58,9 +62,9 @@ def main() -> None:
         rows.append(r)
         print(f"{M}x{N}x{K}: evtc {r['evtc_ms']:.3f} ms, cuBLAS {r['cublas_ms']:.3f} ms, ratio {r['evtc_over_cublas']:.3f}",
               flush=True)
-    print(f"\nbias_relu bf16 on {common.device_name()}, config {fused.config.name}, plan {fused.plan.policy}")
+    print(f"\nbias_relu bf16 on {common.device_name()}, config {fused.config.schedule_name}, plan {fused.plan.policy}")
     print(common.table(rows, ["shape", "evtc_ms", "cublas_ms", "evtc_over_cublas", "eager_ms", "eager_over_evtc",
-                              "evtc_nobeta_ms", "addmm_act_ms", "nobeta_over_addmm", "tflops"]))
+                              "evtc_nobeta_ms", "addmm_act_ms", "nobeta_over_addmm", "tflops", "evtc_launch_us"]))
     common.write_json(args.json, {"device": common.device_name(), "config": fused.config.to_json(),
                                   "plan": fused.plan.to_json(), "rows": rows})
 

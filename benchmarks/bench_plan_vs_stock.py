@@ -30,8 +30,9 @@ def make(name: str, plan: str):
     return evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, c=bf16, d=bf16, plan=plan)
 
 
-def pairs():
-    """(name, evtc Gemm, cutlass Gemm or None when stock CUTLASS has no plan at this tile)."""
+def pairs(differing: bool = False):
+    """(name, evtc Gemm, cutlass Gemm or None when stock CUTLASS has no plan at this tile); with
+    ``differing``, only the epilogues whose two plans differ (the others are the same kernel)."""
     import epilogues as E
 
     out = []
@@ -42,12 +43,14 @@ def pairs():
         except evtc.PlanError as e:
             print(f"{name}: no cutlass plan at {ours.config.name} ({str(e).splitlines()[0]})")
             stock = None
+        if differing and stock is not None and decisions(ours.plan) == decisions(stock.plan):
+            continue
         out.append((name, ours, stock))
     return out
 
 
-def all_gemms():
-    return [g for _, ours, stock in pairs() for g in (ours, stock) if g is not None]
+def all_gemms(differing: bool = False):
+    return [g for _, ours, stock in pairs(differing) for g in (ours, stock) if g is not None]
 
 
 def decisions(plan) -> str:
@@ -63,6 +66,7 @@ def decisions(plan) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--differing", action="store_true", help="only the epilogues whose plans differ from stock's")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -70,8 +74,8 @@ def main() -> None:
     from evtc.bench import time_interleaved
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
-    table = pairs()
-    common.build_all(all_gemms(), "plan_vs_stock")
+    table = pairs(args.differing)
+    common.build_all(all_gemms(args.differing), "plan_vs_stock")
     rows = []
     for (M, N, K) in SHAPES:
         fns = {}

@@ -21,10 +21,10 @@ from evtc.build.cache import cache_dir, cache_key
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("groups", nargs="+", choices=sorted(prebuild.GROUPS))
+    ap.add_argument("groups", nargs="+", help=f"prebuild groups ({', '.join(sorted(prebuild.GROUPS))}), GROUP:ARG too")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
-    gemms = {g.source: g for name in args.groups for g in prebuild.GROUPS[name]()}
+    gemms = {g.source: g for g in prebuild.gemms_of(args.groups)}
     root, packed, missing = cache_dir(), 0, []
     with tarfile.open(args.output, "w:xz") as tar:
         for g in gemms.values():

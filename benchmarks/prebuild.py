@@ -1,7 +1,11 @@
 """Build, in parallel, every kernel the GPU tests and the named benchmarks need (run this first
 on the GPU machine: its 16 cores build in about the time one build takes here).
 
-    python benchmarks/prebuild.py tests explore bias_relu
+    python benchmarks/prebuild.py tests random explore bias_relu planner:many_aux plan_vs_stock:differing
+
+A group takes an argument after a colon: ``planner:NAME`` builds only that epilogue's kernels
+of bench_planner.py (its ``--only NAME``), ``plan_vs_stock:differing`` only the epilogues whose
+evtc plan differs from stock's (bench_plan_vs_stock.py's ``--differing``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,20 @@ def test_gemms():
     out = [evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt) for n in ("linear_combination", "bias_relu", "residual_scale")
            for dt in (bf16, f16)]
     out += [lang.make_reference_gemm(*c) for c in lang.REF_CASES]
-    out += [evtc.Gemm(e, a=bf16, b=bf16, d=bf16) for e in lang.random_epilogues()]
     out += [evtc.Gemm(E.REFERENCE[n], a=bf16, b=bf16, d=bf16, plan=dict(f)) for n, f in planner.VARIANTS]
     out.append(evtc.Gemm(planner.two_pairs, plan={"alias": True}))
+    out += [planner.row_direct_gemm(*c) for c in planner.ROW_DIRECT]
     return out
+
+
+def random_gemms():
+    """The sm90 GPU tests' Hypothesis-generated epilogues (they differ between Python versions:
+    build them where the tests run)."""
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import test_sm90_language as lang
+
+    return [evtc.Gemm(e, a=bf16, b=bf16, d=bf16) for e in lang.random_epilogues()]
 
 
 def explore_gemms(name="bias_relu"):
@@ -37,44 +51,58 @@ def explore_gemms(name="bias_relu"):
     return [g for _, g in X.gemms(name)]
 
 
-def bias_relu_gemms():
+def bias_relu_gemms(config=None):
+    """bench_bias_relu.py's kernels; ``bias_relu:JSON`` for its ``--config JSON``."""
     import bench_bias_relu as BR
     import epilogues as E
 
-    return [evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16), evtc.Gemm(BR.bias_relu_nobeta, a=bf16, b=bf16, d=bf16)]
+    cfg = evtc.GemmConfig.from_json(config) if config else None
+    return [evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, config=cfg),
+            evtc.Gemm(BR.bias_relu_nobeta, a=bf16, b=bf16, d=bf16, config=cfg)]
 
 
-def planner_gemms():
+def planner_gemms(only=None):
     import bench_planner
 
-    return bench_planner.all_gemms()
+    return bench_planner.all_gemms(only)
 
 
-def plan_vs_stock_gemms():
+def plan_vs_stock_gemms(differing=False):
     import bench_plan_vs_stock
 
-    return bench_plan_vs_stock.all_gemms()
+    return bench_plan_vs_stock.all_gemms(differing)
 
 
-def sm80_gemms():
-    """Every kernel tests/gpu/test_sm80_reference.py builds, and the sm80-vs-sm90 benchmark's."""
+def sm80_gemms(only=None):
+    """Every kernel tests/gpu/test_sm80_reference.py builds (``sm80:NAME``: only the reference
+    epilogue NAME's)."""
     sys.path.insert(0, str(common.ROOT / "tests"))
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import test_sm80_reference as T
 
+    if only:
+        return [T.make_gemm(*c) for c in T.CASES if c[0] == only]
     return [T.make_gemm(*c) for c in T.CASES] + [evtc.Gemm(e, a=bf16, b=bf16, d=bf16, arch="sm80")
                                                  for e in T.random_epilogues()]
 
 
-GROUPS = {"sm80": sm80_gemms, "tests": test_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
+GROUPS = {"sm80": sm80_gemms, "tests": test_gemms, "random": random_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
 
 
-def main() -> None:
+def gemms_of(names: list[str]) -> list:
+    """The Gemms of the named groups (``GROUP`` or ``GROUP:ARG``), one per distinct source."""
     gemms = []
-    for name in sys.argv[1:] or ["tests"]:
-        gemms += GROUPS[name]()
-    uniq = {g.source: g for g in gemms}
+    for name in names:
+        group, _, arg = name.partition(":")
+        if group not in GROUPS:
+            raise SystemExit(f"unknown group '{group}': one of {', '.join(sorted(GROUPS))}")
+        gemms += GROUPS[group](arg) if arg else GROUPS[group]()
+    return list({g.source: g for g in gemms}.values())
+
+
+def main() -> None:
+    uniq = {g.source: g for g in gemms_of(sys.argv[1:] or ["tests"])}
     common.build_all(list(uniq.values()), "prebuild")
 
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run the GPU tests and benchmarks on the GPU machine in one call, writing logs and JSON to $OUT
+# (or ./gpu-out). Kernels built elsewhere travel as a tarball (benchmarks/pack_cache.py):
+#
+#   python benchmarks/prebuild.py tests explore bias_relu planner:many_aux plan_vs_stock:differing
+#   python benchmarks/pack_cache.py tests explore bias_relu planner:many_aux plan_vs_stock:differing -o .carry/k.tar.xz
+#   # on the GPU machine, from the project root:
+#   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock
+#
+# Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests, random epilogues
+# excepted), random (those too), sm80, explore, bias_relu, planner (many_aux), plan_vs_stock (the
+# plans that differ from stock's).
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out" "$EVTC_CACHE_DIR"
+for t in .carry/*.tar.xz; do [ -e "$t" ] && tar -xJf "$t" -C "$EVTC_CACHE_DIR"; done
+export EVTC_BUILD_JOBS=${EVTC_BUILD_JOBS:-16}
+rc=0
+for stage in "$@"; do
+  echo "=== $stage ($(date +%T))"
+  case $stage in
+    demo)   python3 -m evtc demo --out-dir "$out/demo" 2>&1 | tee "$out/demo.log" | tail -12 ;;
+    tests)  EVTC_ERROR_REPORT=$out/errors_sm90.json python3 -m pytest -q -m gpu tests/gpu/test_sm90_reference.py \
+              tests/gpu/test_sm90_language.py tests/gpu/test_sm90_planner.py -k "not random" 2>&1 | tee "$out/tests.log" | tail -25 ;;
+    random) python3 -m pytest -q -m gpu tests/gpu/test_sm90_language.py -k random 2>&1 | tee "$out/random.log" | tail -5 ;;
+    sm80)   EVTC_ERROR_REPORT=$out/errors_sm80.json python3 -m pytest -q -m gpu tests/gpu/test_sm80_reference.py 2>&1 \
+              | tee "$out/sm80.log" | tail -5 ;;
+    explore)        python3 benchmarks/explore_configs.py bias_relu --json "$out/explore.json" 2>&1 | tee "$out/explore.log" | grep -A7 fastest ;;
+    bias_relu)      python3 benchmarks/bench_bias_relu.py --json "$out/bias_relu.json" 2>&1 | tee "$out/bias_relu.log" | tail -6 ;;
+    planner)        python3 benchmarks/bench_planner.py --only many_aux --json "$out/planner.json" 2>&1 | tee "$out/planner.log" | tail -6 ;;
+    plan_vs_stock)  python3 benchmarks/bench_plan_vs_stock.py --differing --json "$out/plan_vs_stock.json" 2>&1 \
+                      | tee "$out/plan_vs_stock.log" | tail -8 ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+done
+exit $rc
