@@ -8,8 +8,9 @@
 #   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock
 #
 # Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests, random epilogues
-# excepted), random (those too), sm80, explore, bias_relu, planner (many_aux), plan_vs_stock (the
-# plans that differ from stock's).
+# excepted), random (those too), sm80 (sm80:EXPR: pytest -k EXPR), explore, bias_relu
+# (bias_relu:JSON: a GemmConfig instead of the default; a repeated stage writes name.2.json...),
+# planner (many_aux), plan_vs_stock (the plans that differ from stock's).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
@@ -23,10 +24,15 @@ for stage in "$@"; do
     tests)  EVTC_ERROR_REPORT=$out/errors_sm90.json python3 -m pytest -q -m gpu tests/gpu/test_sm90_reference.py \
               tests/gpu/test_sm90_language.py tests/gpu/test_sm90_planner.py -k "not random" 2>&1 | tee "$out/tests.log" | tail -25 ;;
     random) python3 -m pytest -q -m gpu tests/gpu/test_sm90_language.py -k random 2>&1 | tee "$out/random.log" | tail -5 ;;
-    sm80)   EVTC_ERROR_REPORT=$out/errors_sm80.json python3 -m pytest -q -m gpu tests/gpu/test_sm80_reference.py 2>&1 \
-              | tee "$out/sm80.log" | tail -5 ;;
+    sm80|sm80:*)  # sm80:EXPR runs the tests that pytest's -k EXPR selects
+            sel=(); [ "$stage" != sm80 ] && sel=(-k "${stage#sm80:}")
+            EVTC_ERROR_REPORT=$out/errors_sm80.json python3 -m pytest -q -m gpu tests/gpu/test_sm80_reference.py "${sel[@]}" \
+              2>&1 | tee "$out/sm80.log" | tail -5 ;;
     explore)        python3 benchmarks/explore_configs.py bias_relu --json "$out/explore.json" 2>&1 | tee "$out/explore.log" | grep -A7 fastest ;;
-    bias_relu)      python3 benchmarks/bench_bias_relu.py --json "$out/bias_relu.json" 2>&1 | tee "$out/bias_relu.log" | tail -6 ;;
+    bias_relu|bias_relu:*)
+                    base=$out/bias_relu; cfg=(); [ "$stage" != bias_relu ] && { base=$out/bias_relu_config; cfg=(--config "${stage#bias_relu:}"); }
+                    name=$base; k=2; while [ -e "$name.json" ]; do name=$base.$k; k=$((k + 1)); done
+                    python3 benchmarks/bench_bias_relu.py "${cfg[@]}" --json "$name.json" 2>&1 | tee "$name.log" | tail -6 ;;
     planner)        python3 benchmarks/bench_planner.py --only many_aux --json "$out/planner.json" 2>&1 | tee "$out/planner.log" | tail -6 ;;
     plan_vs_stock)  python3 benchmarks/bench_plan_vs_stock.py --differing --json "$out/plan_vs_stock.json" 2>&1 \
                       | tee "$out/plan_vs_stock.log" | tail -8 ;;

@@ -31,12 +31,13 @@ RASTER_ORDERS = ("heuristic", "along_m", "along_n")
 # On sm90 the tile order is an argument of the persistent tile scheduler, not part of the kernel:
 # these fields don't change the emitted source (one build serves every value).
 RUNTIME_FIELDS_SM90 = ("swizzle", "raster")
-# GemmConfig.swizzle when it is None. sm90: one tile, CUTLASS's own default. Measured on the H100
-# for bias_relu (docs/performance.md): the cooperative 128x256 kernel ran within 1-2 % of it
-# with swizzles of 2-8 tiles in either raster order, and ping-pong 128x192 ran 20-30 % slower
-# with 8 tiles at 8192^3 (two tiles in flight per CTA). sm80: 8 tiles, the CUTLASS profiler's
-# usual GemmIdentityThreadblockSwizzle<8>.
-DEFAULT_SWIZZLE = {"sm90": 0, "sm80": 3}
+# GemmConfig.swizzle when it is None, by (arch, schedule). Measured on the H100 for bias_relu at
+# 8192^3 (docs/performance.md): the cooperative 128x256 kernel ran 1.5-2 % faster with 8-tile
+# bands than with CUTLASS's default of one tile (1.003-1.020 vs 1.021-1.030 of cuBLAS's time, four
+# runs), and ping-pong 128x192, which keeps two tiles in flight per CTA, ran 20-30 % slower with
+# 8-tile bands, so it keeps one tile. sm80: 8 tiles, the CUTLASS profiler's usual
+# GemmIdentityThreadblockSwizzle<8>.
+DEFAULT_SWIZZLE = {("sm90", "cooperative"): 3, ("sm90", "pingpong"): 0, "sm80": 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +54,8 @@ class GemmConfig:
         scheduler: ``"persistent"`` (data-parallel persistent tiles) or ``"streamk"``.
         warp_tile: sm80 warp tile (M, N, K).
         swizzle: log2 of the width, in tiles, of the bands the tile order is swizzled in, so that
-            the tiles running at once share rows of A and columns of B in L2; None for the arch's
-            default (:data:`DEFAULT_SWIZZLE`). sm80: the threadblock swizzle
+            the tiles running at once share rows of A and columns of B in L2; None for the
+            default of the arch and schedule (:data:`DEFAULT_SWIZZLE`). sm80: the threadblock swizzle
             ``GemmIdentityThreadblockSwizzle<1 << swizzle>`` (compiled in); sm90: the persistent
             tile scheduler's ``max_swizzle_size = 1 << swizzle``, 0 to 3 (a run-time argument;
             ``tile_scheduler_params.h`` caps it at 8).
@@ -143,15 +144,15 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     """Check ``config`` against the rules in the module docstring.
 
     Returns:
-        ``config`` when it is legal, with a swizzle of None replaced by the arch's default.
+        ``config`` when it is legal, with a swizzle of None replaced by its default.
 
     Raises:
         ConfigError: the first broken rule, naming the field and the rule's source.
     """
-    if arch not in DEFAULT_SWIZZLE:
+    if arch not in ("sm90", "sm80"):
         raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
     if config.swizzle is None:
-        config = config.replace(swizzle=DEFAULT_SWIZZLE[arch])
+        config = config.replace(swizzle=DEFAULT_SWIZZLE.get((arch, config.schedule), DEFAULT_SWIZZLE.get(arch, 0)))
     tm, tn, tk = config.tile
     if config.scheduler not in SCHEDULERS:
         raise ConfigError(f"scheduler '{config.scheduler}' is not one of {SCHEDULERS}")
