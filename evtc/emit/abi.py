@@ -7,9 +7,9 @@ runtime checks it on load.
 
 Layout: problem size, (sm90) the tile scheduler's run-time arguments, A, B, then every input
 the epilogue uses (signature order), then every output (return order). Field names carry a
-prefix by what they hold, so no user name can collide with another field or a C keyword: ``p_`` pointer, ``ld_`` leading dimension (elements
-between rows), ``bs_`` batch stride (elements between batches; 0 broadcasts one tensor to every
-batch), ``s_`` a by-value scalar.
+prefix by what they hold, so no user name can collide with another field or a C keyword:
+``p_`` pointer, ``ld_`` leading dimension (elements between rows), ``bs_`` batch stride
+(elements between batches; 0 broadcasts one tensor to every batch), ``s_`` a by-value scalar.
 """
 
 from __future__ import annotations

@@ -31,13 +31,13 @@ RASTER_ORDERS = ("heuristic", "along_m", "along_n")
 # On sm90 the tile order is an argument of the persistent tile scheduler, not part of the kernel:
 # these fields don't change the emitted source (one build serves every value).
 RUNTIME_FIELDS_SM90 = ("swizzle", "raster")
-# GemmConfig.swizzle when it is None, by (arch, schedule). Measured on the H100 for bias_relu at
+# GemmConfig.swizzle when it is None, by arch and (sm90) schedule. Measured on the H100 for bias_relu at
 # 8192^3 (docs/performance.md): the cooperative 128x256 kernel ran 1.5-2 % faster with 8-tile
 # bands than with CUTLASS's default of one tile (1.003-1.020 vs 1.021-1.030 of cuBLAS's time, four
 # runs), and ping-pong 128x192, which keeps two tiles in flight per CTA, ran 20-30 % slower with
 # 8-tile bands, so it keeps one tile. sm80: 8 tiles, the CUTLASS profiler's usual
 # GemmIdentityThreadblockSwizzle<8>.
-DEFAULT_SWIZZLE = {("sm90", "cooperative"): 3, ("sm90", "pingpong"): 0, "sm80": 3}
+DEFAULT_SWIZZLE = {"sm90": {"cooperative": 3, "pingpong": 0}, "sm80": 3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +149,12 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     Raises:
         ConfigError: the first broken rule, naming the field and the rule's source.
     """
-    if arch not in ("sm90", "sm80"):
+    if arch not in DEFAULT_SWIZZLE:
         raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
     if config.swizzle is None:
-        config = config.replace(swizzle=DEFAULT_SWIZZLE.get((arch, config.schedule), DEFAULT_SWIZZLE.get(arch, 0)))
+        default = DEFAULT_SWIZZLE[arch]
+        # an unknown sm90 schedule is reported below; its swizzle doesn't matter
+        config = config.replace(swizzle=default.get(config.schedule, 0) if isinstance(default, dict) else default)
     tm, tn, tk = config.tile
     if config.scheduler not in SCHEDULERS:
         raise ConfigError(f"scheduler '{config.scheduler}' is not one of {SCHEDULERS}")
