@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 def build_all(gemms, label=""):
     """Build every Gemm in parallel (one nvcc per core)."""
-    from evtc.build import build_many
+    from evtc.compiler import build_many
 
     t0 = time.perf_counter()
     res = build_many([(g.source, g.target, g.name) for g in gemms], workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))

@@ -16,7 +16,7 @@ import tarfile
 
 import prebuild
 
-from evtc.build.cache import cache_dir, cache_key
+from evtc.compiler.cache import cache_dir, cache_key
 
 
 def main() -> None:

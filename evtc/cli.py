@@ -177,7 +177,7 @@ def emit(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, 
     -gencode=arch=compute_90a,code=sm_90a $(evtc emit --print-includes) -o k.so k.cu
     """
     if print_includes:
-        from evtc.build.nvcc import cutlass_include_dirs
+        from evtc.compiler.nvcc import cutlass_include_dirs
 
         click.echo(" ".join(f"-I{d_}" for d_ in cutlass_include_dirs()))
         return
@@ -260,7 +260,7 @@ def _print_plan(p) -> None:
 def build(specs, arch, a, d, policy, jobs):
     """Build one or more epilogues (PATH.py:FUNC ...) in parallel into the cache."""
     import evtc
-    from evtc.build import build_many
+    from evtc.compiler import build_many
 
     if not specs:
         raise click.UsageError("give at least one PATH.py:FUNC")

@@ -30,7 +30,7 @@ def load_examples():
 
 def run_demo(out_dir: Path, arch: str = "sm90") -> int:
     import evtc
-    from evtc.build.nvcc import find_nvcc
+    from evtc.compiler.nvcc import find_nvcc
 
     examples, path = load_examples()
     ep = examples.bias_relu

@@ -14,9 +14,9 @@ import json
 from typing import Any, Mapping
 
 from evtc import dtypes, passes
-from evtc.build import cache
+from evtc.compiler import cache
 from evtc.dtypes import DType
-from evtc.emit.abi import abi_fields, ctypes_struct
+from evtc.abi import abi_fields, ctypes_struct
 from evtc.errors import ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph

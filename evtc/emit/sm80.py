@@ -19,7 +19,7 @@ import dataclasses
 
 from evtc import ops
 from evtc.emit import common
-from evtc.emit.abi import ABI_VERSION, abi_fields
+from evtc.abi import ABI_VERSION, abi_fields
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import ReduceOp, Reduction, RowBroadcast, Source
 from evtc.ir.printer import print_graph

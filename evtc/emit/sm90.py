@@ -18,7 +18,7 @@ import dataclasses
 from evtc import ops
 from evtc.dtypes import DType, f32
 from evtc.emit import common
-from evtc.emit.abi import ABI_VERSION, abi_fields
+from evtc.abi import ABI_VERSION, abi_fields
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import Compute, Immediate, ReduceOp, Reduction, ScalarBroadcast
 from evtc.ir.printer import print_graph

@@ -56,7 +56,7 @@ class Binder:
         direct: M x N tensors the plan accesses register-direct. Their accesses are 16-byte
             vectors predicated per vector, so N must be a multiple of a vector's elements.
         scheduler: the sm90 tile scheduler's run-time arguments, name -> value
-            (``max_swizzle_size``, ``raster_order``; see :mod:`evtc.emit.abi`).
+            (``max_swizzle_size``, ``raster_order``; see :mod:`evtc.abi`).
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure],

@@ -14,7 +14,7 @@ import functools
 import json
 from pathlib import Path
 
-from evtc.emit.abi import ABI_VERSION, AbiField, ctypes_struct
+from evtc.abi import ABI_VERSION, AbiField, ctypes_struct
 from evtc.errors import ArgumentError, LaunchError
 
 STATUS = {0: "ok", 1: "can't implement", 2: "workspace too small", 3: "initialize failed", 4: "launch failed",

@@ -23,7 +23,7 @@ CASES = [("bias_relu", "persistent"), ("dgelu_bgrad", "streamk")]
 def built():
     """Build both cases in parallel (2 nvcc processes on a 2-core machine, about a minute)."""
     import epilogues as E
-    from evtc.build import build_many
+    from evtc.compiler import build_many
 
     cfg = default_config("sm80", bf16, bf16)
     gemms = {c: evtc.Gemm(E.REFERENCE[c[0]], a=bf16, b=bf16, c=bf16, d=bf16, arch="sm80",

@@ -19,7 +19,7 @@ CASES = [("bias_relu", "evtc"), ("bias_relu", "cutlass"), ("residual_scale", "ev
 def built():
     """Build every case in parallel (2 nvcc processes on a 2-core machine)."""
     import epilogues as E
-    from evtc.build import build_many
+    from evtc.compiler import build_many
 
     gemms = {c: evtc.Gemm(E.REFERENCE[c[0]], a=bf16, b=bf16, d=bf16, plan=c[1]) for c in CASES}
     gemms[("multi", "evtc")] = evtc.Gemm(multi_output, a=bf16, b=bf16, d=bf16)

@@ -255,7 +255,7 @@ inline cudaError_t convert_reduction(float const* src, T* dst, int64_t count, in
 }  // namespace evtc
 
 
-// ---- the C ABI: one flat struct of named arguments (mirrored by evtc/emit/abi.py) ------------
+// ---- the C ABI: one flat struct of named arguments (mirrored by evtc/abi.py) ------------
 extern "C" {
 typedef struct evtc_args_t {
   int32_t M;  // problem: dim

@@ -464,7 +464,7 @@ struct Sm90RowBroadcastDirect {
 }  // namespace evtc
 
 
-// ---- the C ABI: one flat struct of named arguments (mirrored by evtc/emit/abi.py) ------------
+// ---- the C ABI: one flat struct of named arguments (mirrored by evtc/abi.py) ------------
 extern "C" {
 typedef struct evtc_args_t {
   int32_t M;  // problem: dim

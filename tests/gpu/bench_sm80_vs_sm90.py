@@ -38,7 +38,7 @@ def main() -> None:
 
     import epilogues as E
     from evtc.bench import time_interleaved
-    from evtc.build import build_many
+    from evtc.compiler import build_many
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     cfg80 = default_config("sm80", bf16, bf16)

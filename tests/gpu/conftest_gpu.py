@@ -9,7 +9,7 @@ def prebuild(gemms):
     """Build ``gemms`` (evtc.Gemm objects) in parallel, one nvcc per core. A failed build is not
     raised here (it would fail every test of the module): the test using that Gemm raises it
     when it calls ``gemm.build()`` (through the cache's kept failure)."""
-    from evtc.build import build_many
+    from evtc.compiler import build_many
 
     jobs = [(g.source, g.target, g.name) for g in gemms]
     workers = int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1))

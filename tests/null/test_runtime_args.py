@@ -5,7 +5,7 @@ import pytest
 
 import evtc
 from evtc import f16, f32
-from evtc.emit.abi import abi_fields, ctypes_struct
+from evtc.abi import abi_fields, ctypes_struct
 from evtc.runtime.bind import Binder
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 from filelock import FileLock
 
-from evtc.build import nvcc
+from evtc.compiler import nvcc
 from evtc.errors import BuildError
 from evtc.plan.target import Target
 
