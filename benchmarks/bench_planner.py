@@ -28,7 +28,7 @@ TILES = [
 ]
 VARIANTS = {
     # the smaller aliasing plan, and the row broadcast in shared memory (stock's Sm90RowBroadcast)
-    "many_aux": [{"alias": True, "stages_c": 2}, {"alias": True, "direct": []}],
+    "many_aux": [{"share": True, "stages_c": 2}, {"share": True, "direct": []}],
     "residual_scale": [{"c_slot": "R1", "reuse": True, "stages_c": 2}, {"stages_c": 2}],
     "gelu_aux": [{"stages_d": 1}, {"epilogue_tile": (128, 64)}],
 }
@@ -98,7 +98,7 @@ def main() -> None:
                      "epi_tile": "x".join(map(str, g.plan.epilogue_tile)), "epi_bytes": g.plan.epilogue_smem_bytes,
                      "ml_stages": g.plan.mainloop_stages, "ms": t[str(i)], "over_cublas": t[str(i)] / t["cublas"],
                      "model_us": g.plan.cost.get("total_us"), "sc": g.plan.stages_c, "sd": g.plan.stages_d,
-                     "alias": len(g.plan.alias), "c_slot": g.plan.c_slot}
+                     "share": len(g.plan.shares), "c_slot": g.plan.c_slot}
                 shape_rows.append(r)
             rows += shape_rows
             default_tile = "x".join(map(str, TILES[0]["tile"]))
@@ -121,7 +121,7 @@ def main() -> None:
             fastest = min(shape_rows, key=lambda r: r["ms"])
             s["fastest"] = f"{fastest['plan']} {fastest['tile']} {fastest['ms']:.3f} ms"
             summary.append(s)
-            print(common.table(shape_rows, ["epilogue", "shape", "tile", "plan", "epi_tile", "sc", "sd", "alias", "c_slot",
+            print(common.table(shape_rows, ["epilogue", "shape", "tile", "plan", "epi_tile", "sc", "sd", "share", "c_slot",
                                             "epi_bytes", "ml_stages", "model_us", "ms", "over_cublas"]), flush=True)
             print(flush=True)
     print(f"planner comparison on {common.device_name()} (bf16)")

@@ -30,7 +30,7 @@ def test_gemms():
            for dt in (bf16, f16)]
     out += [lang.make_reference_gemm(*c) for c in lang.REF_CASES]
     out += [evtc.Gemm(E.REFERENCE[n], a=bf16, b=bf16, d=bf16, plan=dict(f)) for n, f in planner.VARIANTS]
-    out.append(evtc.Gemm(planner.two_pairs, plan={"alias": True}))
+    out.append(evtc.Gemm(planner.two_pairs, plan={"share": True}))
     out += [planner.row_direct_gemm(*c) for c in planner.ROW_DIRECT]
     return out
 

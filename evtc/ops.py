@@ -11,7 +11,7 @@ Each op is one :func:`register` call that gives all of its interpretations side 
 * ``functor``: the C++ functor template applied to ``cutlass::Array<float, N>`` fragments by
   ``Sm90Compute`` / ``VisitorCompute``. ``cutlass::...`` names come from
   ``cutlass/functional.h`` and ``cutlass/epilogue/thread/activation.h``; ``evtc::...`` names
-  are evtc's own functors in ``codegen_templates/common/functors.hpp``.
+  are evtc's own functors in ``codegen_templates/include/evtc/functors.hpp``.
 
 Comparisons produce 1.0 or 0.0 in the compute type (a *mask*), and :func:`evtc.where` selects
 where its condition is non-zero, so masks compose with arithmetic (``mask * x``).
@@ -206,7 +206,7 @@ register(OpDef("where", 3, lambda c, a, b: np.where(c != 0, a, b), lambda t, c, 
 register(OpDef("convert", 1, lambda a: a, None, None, "cutlass::epilogue::thread::Identity",
                doc="round to the node's dtype (x.to(dtype))"))
 # "first" returns its first operand; it keeps a side-effect-only output (an aux store or a
-# reduction off the path to D) inside the visitor tree. Inserted by the dag_to_tree pass.
+# reduction off the path to D) inside the visitor tree. Inserted by the lowering (evtc/lower).
 register(OpDef("first", 2, lambda a, b: a, None, None, "evtc::First", doc="a (b is evaluated for its effects)"))
 
 

@@ -91,6 +91,13 @@ def cutlass_include_dirs() -> tuple[Path, ...]:
     return dirs
 
 
+def evtc_include_dir() -> Path:
+    """evtc's own C++ headers (``#include <evtc/...>`` in emitted sources)."""
+    from evtc.resources import data_path
+
+    return data_path("codegen_templates", "include")
+
+
 @functools.lru_cache(maxsize=None)
 def cutlass_version() -> str:
     """CUTLASS's version from ``cutlass/version.h`` (part of the build cache key)."""
@@ -102,7 +109,7 @@ def cutlass_version() -> str:
 def compile_command(source: Path, output: Path, gencode: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
     """The nvcc command line that builds ``source`` into the shared library ``output``."""
     cmd = [str(require_nvcc()), *BASE_FLAGS, *gencode]
-    for d in cutlass_include_dirs():
+    for d in (*cutlass_include_dirs(), evtc_include_dir()):
         cmd.append(f"-I{d}")
     cmd += [*extra, "-o", str(output), str(source)]
     return cmd

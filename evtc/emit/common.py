@@ -34,13 +34,6 @@ def render(template: str, **values) -> str:
     return environment().get_template(template).render(**values)
 
 
-def read_template_file(name: str) -> str:
-    """A C++ header from ``codegen_templates/`` included verbatim in the emitted source (its
-    ``#pragma once`` dropped: the emitted file is one translation unit)."""
-    text = data_path("codegen_templates", *name.split("/")).read_text()
-    return "".join(l for l in text.splitlines(keepends=True) if l.strip() != "#pragma once")
-
-
 def c_string(text: str) -> str:
     """``text`` as a C string literal (split into lines for readability)."""
     out = []

@@ -17,8 +17,8 @@ dce             keeps only what the outputs reach               -
 legalize        per-arch rules                                  propagate
 ==============  ==============================================  ====================
 
-``dag_to_tree`` is the last pass but runs inside the planner, which first decides which output
-takes the D slot (see :mod:`evtc.passes.dag_to_tree`).
+The next stage, :mod:`evtc.lower` (the graph -> CUTLASS's visitor tree), runs inside the
+planner, which first decides which output takes the D slot.
 
 With ``verify=True`` (the default under pytest, or with ``EVTC_VERIFY=1``) the manager runs the
 IR verifier after every pass; a failure names the pass and the ones before it.

@@ -67,7 +67,7 @@ class Plan:
         delay_tma_store: D's TMA store is issued one subtile late (``DelayTmaStore``).
         c_slot: the input loaded through the collective's C slot (None: void C).
         d_slot: the output stored through the collective's D slot.
-        alias: (aux store, aux load) pairs whose store lives in the load's buffer.
+        shares: (aux store, aux load) pairs whose store lives in the load's buffer (a buffer share).
         buffers: every M x N tensor and row broadcast with its decision.
         epilogue_smem_bytes: ``sizeof(CollectiveEpilogue::SharedStorage)``, in bytes.
         mainloop_stage_bytes: bytes of one mainloop stage (A and B tiles plus its barrier pair).
@@ -90,7 +90,7 @@ class Plan:
     delay_tma_store: bool
     c_slot: str | None
     d_slot: str | None
-    alias: tuple[tuple[str, str], ...]
+    shares: tuple[tuple[str, str], ...]
     buffers: tuple[Buffer, ...]
     epilogue_smem_bytes: int
     mainloop_stage_bytes: int
@@ -128,7 +128,7 @@ class Plan:
             "delay_tma_store": self.delay_tma_store,
             "c_slot": self.c_slot,
             "d_slot": self.d_slot,
-            "alias": [list(p) for p in self.alias],
+            "shares": [list(p) for p in self.shares],
             "buffers": [b.to_json() for b in self.buffers],
             "epilogue_smem_bytes": self.epilogue_smem_bytes,
             "mainloop_stage_bytes": self.mainloop_stage_bytes,

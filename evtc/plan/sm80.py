@@ -13,7 +13,7 @@ through shared memory that is a *union* with the mainloop's (``GemmUniversal::Sh
 so the epilogue costs the mainloop no stages. Every visitor reads and writes global memory from
 registers (``epilogue/threadblock/fusion/visitor_*.hpp``): there is no collective, so C is an
 aux load and D an aux store like any other (the tree from
-:func:`~evtc.passes.dag_to_tree.dag_to_tree` with ``c_input=None``, wrapped in D's store).
+:func:`evtc.lower.lower` with ``c_input=None``, wrapped in D's store).
 The only shared memory a visitor owns is ``VisitorRowReduction``'s (CUTLASS's *row* reduction
 reduces over M into a length-N row: evtc's **column** reduction), one float per element of the
 thread map's compacted tile (:func:`row_reduction_floats`).
@@ -45,7 +45,8 @@ from evtc.dtypes import DType, f32
 from evtc.errors import PlanError
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import AuxLoad, Output, Reduction, RowBroadcast, ScalarBroadcast, Source, Store
-from evtc.passes.dag_to_tree import Topo, Tree, TreeLike, Visitor, VisitorTree, dag_to_tree
+from evtc.iterative import trampoline
+from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower, role_of
 from evtc.plan.config import GemmConfig
 from evtc.plan.plan import Buffer, Plan, format_plan
 from evtc.plan.smem import EMPTY, CType, cute_tuple, round_up, struct
@@ -231,32 +232,35 @@ def wrap_output(graph: Graph) -> Output:
     return next((s for s in stores if s.name == "D"), stores[0] if stores else graph.outputs[0])
 
 
-def output_role(o: Output) -> str:
-    if isinstance(o, Store):
-        return "aux_store"
-    return {1: "row_reduction", 0: "col_reduction", None: "scalar_reduction"}[o.dim]
-
-
 def visitor_tree(graph: Graph) -> VisitorTree:
-    """``dag_to_tree`` without a C slot, its root wrapped in the visitor of :func:`wrap_output`
+    """The lowered tree without a C slot, its root wrapped in the visitor of :func:`wrap_output`
     (on sm80 every output, D included, is stored by a visitor)."""
     top = wrap_output(graph)
-    tree = dag_to_tree(graph, top, None)  # type: ignore[arg-type]  # a Reduction when nothing is stored
-    return dataclasses.replace(tree, root=Tree(Visitor(top, output_role(top)), (tree.root,)))
+    tree = lower(graph, top, None)
+    return dataclasses.replace(tree, root=Tree(Visitor(top, role_of(top)), (tree.root,)))
 
 
-def _storage(t: TreeLike, floats: int) -> CType:
+def _storage(root: TreeLike, floats: int) -> CType:
     """``FusionCallbacks::SharedStorage`` of a tree: ``Sm90VisitorImplBase``'s ``cute::tuple`` of
     the children's storages then the node's own (``TreeVisitor2x``/``TopologicalVisitor2x``)."""
-    if isinstance(t, Topo):
-        return cute_tuple("tuple", [_storage(o, floats) for o in t.ops])
-    own = EMPTY
-    if t.op.role == "col_reduction":
-        arr = CType("AlignedArray<float>", round_up(4 * floats, 16), 16, buffer=t.op.name)
-        own = struct("VisitorRowReduction::SharedStorage", [("reduction", arr)])
-    if not t.children:
-        return own
-    return cute_tuple("tuple", [_storage(c, floats) for c in t.children] + [own])
+
+    def storage(t: TreeLike):
+        parts = []
+        if isinstance(t, Topo):
+            for o in t.ops:
+                parts.append((yield o))
+            return cute_tuple("tuple", parts)
+        own = EMPTY
+        if t.op.role is Role.COL_REDUCTION:
+            arr = CType("AlignedArray<float>", round_up(4 * floats, 16), 16, buffer=t.op.name)
+            own = struct("VisitorRowReduction::SharedStorage", [("reduction", arr)])
+        if not t.children:
+            return own
+        for c in t.children:
+            parts.append((yield c))
+        return cute_tuple("tuple", parts + [own])
+
+    return trampoline(storage, root)
 
 
 def _variants(graph: Graph, tree: VisitorTree, config: GemmConfig, element: DType, a: DType
@@ -304,7 +308,7 @@ def _buffers(graph: Graph, tree: VisitorTree, spans: dict[str, tuple[int, int]],
     seen: set[str] = set()
     for v in tree.visitors():
         n = v.node
-        role = {"row": "row_broadcast", "col": "col_broadcast"}.get(v.role, v.role)
+        role = v.role.spec.buffer
         if role not in _WHY or v.name in seen or (isinstance(n, ScalarBroadcast) and not n.by_pointer):
             continue
         seen.add(v.name)
@@ -360,7 +364,7 @@ def plan_sm80(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     return Sm80Plan(
         arch="sm80", policy="sm80", config=config, operands=(a, b),
         epilogue_tile=(tmap.rows_per_step, config.tile[1]), fragment_size=tmap.elements_per_access,
-        stages_c=0, stages_d=0, reuse_smem_c=False, delay_tma_store=False, c_slot=None, d_slot=None, alias=(),
+        stages_c=0, stages_d=0, reuse_smem_c=False, delay_tma_store=False, c_slot=None, d_slot=None, shares=(),
         buffers=_buffers(graph, tree, spans, scratch),
         epilogue_smem_bytes=max(v.epilogue_smem_bytes for v in variants),
         mainloop_stage_bytes=stage_bytes, mainloop_stages=config.stages, smem_capacity=target.smem_capacity,

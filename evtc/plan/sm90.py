@@ -30,7 +30,7 @@ only and D for the output named ``D``). The ``evtc`` policy searches, for the sa
 * row broadcasts in shared memory (stock) or register-direct (NOTE [Row broadcasts without shared
   memory]);
 * the epilogue tile's N (16, 32, 64);
-* aux store aliasing (below);
+* buffer shares: an aux store in an aux load's buffer (below);
 
 and ranks the legal candidates with the cost model of :mod:`evtc.plan.cost`. The byte counts
 come from a layout model of the C++ types (:mod:`evtc.plan.smem`) and the emitted kernel
@@ -44,10 +44,10 @@ already exploits this for C and D: the store of subtile i writes slot i % Stages
 pipeline releases that slot only after the TMA store from it completed (the release follows the
 store pipeline). Every TMA aux store commits in the same bulk group as D's store, so the same
 ordering covers an aux store placed in an aux load's slot. Stock CUTLASS can't say this (each
-visitor owns its storage), so evtc emits ``evtc::Sm90AliasedAuxStore`` (an ``Sm90AuxStore`` with
-``Stages = StagesC`` and no storage of its own) and wraps the tree in ``evtc::Sm90SmemAlias``,
+visitor owns its storage), so evtc emits ``evtc::Sm90SharedAuxStore`` (an ``Sm90AuxStore`` with
+``Stages = StagesC`` and no storage of its own) and wraps the tree in ``evtc::Sm90SmemShare``,
 which repoints the store at the load's buffer after construction
-(``codegen_templates/sm90/visitors.hpp``). Conditions, checked here and in the template: reuse
+(``codegen_templates/include/evtc/sm90_visitors.hpp``). Conditions, checked here and in the template: reuse
 is on, the load is TMA (not register-direct, not in the C slot), and both have the same element
 type, so their smem layouts and copy partitions are the same and each warp reads its block
 (ldmatrix) before writing it (stmatrix) in program order, as for C/D reuse.
@@ -56,7 +56,7 @@ type, so their smem layouts and copy partitions are the same and each warp reads
 Stock ``Sm90RowBroadcast`` copies the CTA-N slice of the row into shared memory at the start of
 each output tile and reads each subtile's part from there. A thread only needs the elements of
 its own accumulator columns, which every CTA of the tile column reads too (L1/L2 hits), so
-``evtc::Sm90RowBroadcastDirect`` (``codegen_templates/sm90/visitors.hpp``) loads them from global
+``evtc::Sm90RowBroadcastDirect`` (``codegen_templates/include/evtc/sm90_visitors.hpp``) loads them from global
 memory into registers, one subtile ahead: no shared memory, no barrier. The cost model times both
 the same (the same bytes, one exposed load latency per tile), so the register-direct row wins on
 bytes among otherwise equal candidates; where evtc keeps stock's plan (``STOCK_MARGIN``) the
@@ -66,15 +66,18 @@ stock row stays. All row broadcasts of a candidate go the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Any, Mapping
 
 from evtc.dtypes import DType
-from evtc.errors import PlanError
+from evtc.errors import ConfigError, IRVerificationError, PlanError
+from evtc.ir.axes import ReduceAxis
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import AuxLoad, Leaf, Reduction, RowBroadcast, Source, Store
-from evtc.passes.dag_to_tree import Topo, Tree, TreeLike, Visitor, VisitorTree, dag_to_tree
+from evtc.ir.nodes import AuxLoad, ColBroadcast, Leaf, Reduction, RowBroadcast, ScalarBroadcast, Source, Store
+from evtc.iterative import trampoline
+from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
 from evtc.plan.config import GemmConfig
 from evtc.plan.plan import Buffer, Plan
@@ -150,12 +153,25 @@ def mainloop_stages(capacity: int, epilogue_bytes: int, stage_bytes: int) -> int
 
 # ---- the search space ---------------------------------------------------------------------------
 
+# NOTE [Bounded search]
+# The search is exhaustive where it is small and greedy where it is not, so that planning time
+# grows polynomially with the number of tensors (a 40-input epilogue plans in well under a
+# second): every (C slot, D slot) pair while there are at most SLOT_PAIRS_EXHAUSTIVE of them, else
+# one representative per element width (a slot's bytes and its C/D reuse depend only on that);
+# every subset of register-direct aux tensors while there are at most DIRECT_EXHAUSTIVE of them,
+# else the prefixes of the tensors ordered by the shared memory they free, largest first (the
+# fewest tensors that make a plan fit), from the shortest prefix that fits (found by bisection:
+# the storage shrinks with each tensor added) and DIRECT_EXTRA longer ones.
+SLOT_PAIRS_EXHAUSTIVE = 16
+DIRECT_EXHAUSTIVE = 6
+DIRECT_EXTRA = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One point of the search: everything that changes the shared storage.
 
-    ``alias`` holds (aux store, aux load) pairs whose store writes into the load's buffer
+    ``shares`` holds (aux store, aux load) pairs whose store writes into the load's buffer
     (NOTE [Aux buffer sharing]); only with ``reuse``.
     """
 
@@ -167,7 +183,7 @@ class Candidate:
     reuse: bool
     delay: bool
     direct: frozenset[str]  # aux loads/stores and row broadcasts that go register-direct
-    alias: frozenset[tuple[str, str]] = frozenset()
+    shares: frozenset[tuple[str, str]] = frozenset()
 
     def matches(self, fixed: Mapping[str, Any]) -> bool:
         """Whether this candidate has every decision ``fixed`` asks for (see :func:`plan_sm90`)."""
@@ -178,8 +194,8 @@ class Candidate:
                 got = self.d_slot.name
             elif key == "direct":
                 got, want = self.direct, frozenset(want)
-            elif key == "alias":
-                got = bool(self.alias) if isinstance(want, bool) else self.alias
+            elif key == "share":
+                got = bool(self.shares) if isinstance(want, bool) else self.shares
                 want = want if isinstance(want, bool) else frozenset(tuple(p) for p in want)
             elif key == "epilogue_tile":
                 got, want = self.epilogue_tile, tuple(want)
@@ -190,7 +206,40 @@ class Candidate:
         return True
 
 
-FIXABLE = ("c_slot", "d_slot", "epilogue_tile", "stages_c", "stages_d", "reuse", "direct", "alias")
+FIXABLE = ("c_slot", "d_slot", "epilogue_tile", "stages_c", "stages_d", "reuse", "direct", "share")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is asked for: the values every step of the sm90 planner shares.
+
+    Attributes:
+        graph: the epilogue after passes, legalized for sm90 (it has an M x N output).
+        target: the sm90 Target (shared-memory capacity, the cost model's rates).
+        config: the validated GemmConfig.
+        a, b: operand dtypes (they size the mainloop stages).
+        policy: ``"evtc"`` or ``"cutlass"`` (stock CUTLASS's rule).
+        fixed: decisions imposed on the search (:data:`FIXABLE` keys).
+        rank: take the ``rank``-th best candidate.
+    """
+
+    graph: Graph
+    target: Target
+    config: GemmConfig
+    a: DType
+    b: DType
+    policy: str = "evtc"
+    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    rank: int = 0
+
+    @property
+    def stage_bytes(self) -> int:
+        return mainloop_stage_bytes(self.config, self.a, self.b)
+
+    @property
+    def need(self) -> int:
+        """Mainloop stages a plan must leave."""
+        return self.config.stages or MIN_MAINLOOP_STAGES
 
 
 def _bits(leaf_or_store) -> int:
@@ -205,21 +254,41 @@ def _stores(graph: Graph) -> list[Store]:
     return [o for o in graph.outputs if isinstance(o, Store)]
 
 
-def slot_choices(graph: Graph, policy: str) -> list[tuple[Leaf | None, Store]]:
-    """(C slot, D slot) pairs to consider."""
+def _by_width(items: list, keep_first=None) -> list:
+    """One item per element width, the first of each (``keep_first`` ahead of the others)."""
+    out, seen = [], set()
+    for x in sorted(items, key=lambda x: x is not keep_first) if keep_first is not None else items:
+        bits = x.dtype.bits if x is not None else None
+        if bits not in seen:
+            seen.add(bits)
+            out.append(x)
+    return out
+
+
+def slot_choices(graph: Graph, policy: str, fixed: Mapping[str, Any] = {}) -> list[tuple[Leaf | None, Store]]:
+    """(C slot, D slot) pairs to consider (NOTE [Bounded search])."""
     stores = _stores(graph)
     if not stores:
-        raise PlanError("on sm90 the collective stores D: the epilogue needs an M x N output",
-                        epilogue=graph.name)
+        raise IRVerificationError("the sm90 planner needs a graph legalized for sm90 (one with an M x N output)",
+                                  epilogue=graph.name)
     sources = [n for n in graph.used_inputs if isinstance(n, Source)]
     named_d = next((s for s in stores if s.name == "D"), stores[0])
     if policy == "cutlass":
         return [(sources[0] if sources else None, named_d)]
     c_options: list[Leaf | None] = list(sources) if sources else [None, *_aux_loads(graph)]
-    return [(c, d) for c in c_options for d in stores]
+    d_options: list[Store] = stores
+    if len(c_options) * len(d_options) > SLOT_PAIRS_EXHAUSTIVE:
+        want_c = fixed.get("c_slot", ...)
+        want_d = fixed.get("d_slot", ...)
+        keep_c = next((c for c in c_options if (c.name if c is not None else None) == want_c), None) \
+            if want_c is not ... else None
+        keep_d = next((d for d in d_options if d.name == want_d), named_d)
+        c_options = ([None] if None in c_options else []) + _by_width([c for c in c_options if c is not None], keep_c)
+        d_options = _by_width(d_options, keep_d)
+    return [(c, d) for c in c_options for d in d_options]
 
 
-def alias_pairs(graph: Graph, c_slot: Leaf | None, d_slot: Store, direct: frozenset[str]) -> frozenset[tuple[str, str]]:
+def share_pairs(graph: Graph, c_slot: Leaf | None, d_slot: Store, direct: frozenset[str]) -> frozenset[tuple[str, str]]:
     """Greedy pairing of TMA aux stores with TMA aux loads of the same element type, one store per
     load, in graph order (NOTE [Aux buffer sharing])."""
     loads = [n for n in _aux_loads(graph) if n is not c_slot and n.name not in direct]
@@ -234,28 +303,38 @@ def alias_pairs(graph: Graph, c_slot: Leaf | None, d_slot: Store, direct: frozen
     return frozenset(pairs)
 
 
-def candidates(graph: Graph, config: GemmConfig, policy: str, *, allow_direct: bool = True,
-               fixed: Mapping[str, Any] = {}) -> list[Candidate]:
-    """Every candidate the policy allows (before the capacity check); with ``allow_direct``
-    False, only those that keep every aux tensor on TMA."""
+@dataclasses.dataclass(frozen=True)
+class _Base:
+    """A candidate without its register-direct set and buffer shares."""
+
+    c_slot: Leaf | None
+    d_slot: Store
+    epilogue_tile: tuple[int, int]
+    stages_c: int
+    stages_d: int
+    reuse: bool
+    delay: bool
+
+    def with_direct(self, direct: frozenset[str], shares: frozenset[tuple[str, str]] = frozenset()) -> Candidate:
+        return Candidate(self.c_slot, self.d_slot, self.epilogue_tile, self.stages_c, self.stages_d, self.reuse,
+                         self.delay, direct, shares)
+
+
+def _bases(req: PlanRequest):
+    """Every base candidate the policy allows, in the search's order."""
+    graph, config, fixed = req.graph, req.config, req.fixed
     tm, tn, _ = config.tile
-    out: list[Candidate] = []
-    rows = frozenset(n.name for n in graph.used_inputs if isinstance(n, RowBroadcast))
-    # every row broadcast in shared memory (stock) or every one register-direct
-    row_options = [frozenset(), rows] if rows else [frozenset()]
-    for c_slot, d_slot in slot_choices(graph, policy):
+    for c_slot, d_slot in slot_choices(graph, req.policy, fixed):
         reuse_ok = c_slot is not None and _bits(c_slot) == _bits(d_slot) and _bits(d_slot) > 8
-        aux = [n.name for n in _aux_loads(graph) if n is not c_slot] + \
-              [s.name for s in _stores(graph) if s is not d_slot]
-        if policy == "cutlass":
+        if req.policy == "cutlass":
             et = config.epilogue_tile or default_epilogue_tile(config, d_slot.dtype.bits)
             epi_tiles = (tm // et[0]) * (tn // et[1])
             sc, sd = stock_stages(epi_tiles, reuse_ok)
-            if not column_reduction_fits(graph, config, et, d_slot):
-                continue
-            out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None, frozenset()))
+            if column_reduction_fits(graph, config, et, d_slot):
+                yield _Base(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None)
             continue
         tiles = [config.epilogue_tile] if config.epilogue_tile else _tile_options(config)
+        has_loads = c_slot is not None or bool(_aux_loads(graph))
         for et in tiles:
             if not column_reduction_fits(graph, config, et, d_slot):
                 continue
@@ -263,7 +342,6 @@ def candidates(graph: Graph, config: GemmConfig, policy: str, *, allow_direct: b
             # StagesD = 1 serializes the stores and StagesC = 1 the loads (measured slower, and
             # never needed for fit): searched only when asked for with `fixed`.
             sds = sorted({1, min(2, epi_tiles)}) if "stages_d" in fixed else [min(2, epi_tiles)]
-            has_loads = c_slot is not None or bool(_aux_loads(graph))
             scs = sorted({min(s, epi_tiles) for s in ((1, 2, 3, 4) if "stages_c" in fixed or not has_loads else (2, 3, 4))})
             for sd in sds:
                 for sc in scs:
@@ -277,14 +355,77 @@ def candidates(graph: Graph, config: GemmConfig, policy: str, *, allow_direct: b
                             continue
                         if c_slot is None and not _aux_loads(graph) and sc > 1:
                             continue  # nothing is loaded: StagesC only sizes the barriers
-                        for k in range(len(aux) + 1 if allow_direct else 1):
-                            for direct, row in itertools.product(itertools.combinations(aux, k), row_options):
-                                d = frozenset(direct) | row
-                                out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, d))
-                                pairs = alias_pairs(graph, c_slot, d_slot, d) if reuse else frozenset()
-                                if pairs:
-                                    out.append(Candidate(c_slot, d_slot, et, sc, sd, reuse, delay, d, pairs))
-    return out
+                        yield _Base(c_slot, d_slot, et, sc, sd, reuse, delay)
+
+
+def _aux_names(graph: Graph, base: _Base) -> list[str]:
+    """The aux loads and stores that could go register-direct, in graph order."""
+    return [n.name for n in _aux_loads(graph) if n is not base.c_slot] + \
+           [s.name for s in _stores(graph) if s is not base.d_slot]
+
+
+def _freed_order(graph: Graph, base: _Base) -> list[str]:
+    """Aux tensors by the shared memory going register-direct frees, largest first."""
+    em, en = base.epilogue_tile
+    size = {n.name: n.dtype.bytes * em * en * base.stages_c for n in _aux_loads(graph)}
+    size.update({s.name: s.dtype.bytes * em * en * base.stages_d for s in _stores(graph)})
+    names = _aux_names(graph, base)
+    return sorted(names, key=lambda x: (-size[x], names.index(x)))
+
+
+def _with_shares(req: PlanRequest, base: _Base, direct: frozenset[str]):
+    yield base.with_direct(direct)
+    pairs = share_pairs(req.graph, base.c_slot, base.d_slot, direct) if base.reuse else frozenset()
+    if pairs:
+        yield base.with_direct(direct, pairs)
+
+
+def candidates(req: PlanRequest, *, allow_direct: bool = True, storage_size=None):
+    """Every candidate of the search (NOTE [Bounded search]), before the capacity check; with
+    ``allow_direct`` False, only those that keep every aux tensor on TMA. ``storage_size(cand)``
+    (bytes) lets the greedy part bisect for the shortest register-direct prefix that fits."""
+    graph = req.graph
+    rows = frozenset(n.name for n in graph.used_inputs if isinstance(n, RowBroadcast))
+    # every row broadcast in shared memory (stock) or every one register-direct
+    row_options = [frozenset(), rows] if rows else [frozenset()]
+    for base in _bases(req):
+        if req.policy == "cutlass":
+            yield base.with_direct(frozenset())
+            continue
+        aux = _aux_names(graph, base)
+        if not allow_direct:
+            subsets = [()]
+        elif len(aux) <= DIRECT_EXHAUSTIVE:
+            subsets = [d for k in range(len(aux) + 1) for d in itertools.combinations(aux, k)]
+        else:
+            order = _freed_order(graph, base)
+            subsets = [tuple(order[:k]) for k in _prefix_lengths(req, base, order, row_options, storage_size)]
+        for direct in subsets:
+            for row in row_options:
+                yield from _with_shares(req, base, frozenset(direct) | row)
+
+
+def _prefix_lengths(req: PlanRequest, base: _Base, order: list[str], row_options, storage_size) -> list[int]:
+    """Lengths of the register-direct prefixes of ``order`` to try: from the shortest that fits
+    (bisection on the smallest storage of the prefix, which shrinks as the prefix grows)."""
+    if storage_size is None:
+        return list(range(len(order) + 1))
+    limit = req.target.smem_capacity // 128 * 128 - req.need * req.stage_bytes
+
+    def fits(k: int) -> bool:
+        direct = frozenset(order[:k]) | row_options[-1]
+        return round_up(min(storage_size(c) for c in _with_shares(req, base, direct)), 128) <= limit
+
+    lo, hi = 0, len(order)
+    if not fits(hi):
+        return [hi]  # nothing fits: the smallest, for the error message
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return list(range(lo, min(len(order), lo + DIRECT_EXTRA) + 1))
 
 
 def _tile_options(config: GemmConfig) -> list[tuple[int, int]]:
@@ -299,34 +440,101 @@ def _tile_options(config: GemmConfig) -> list[tuple[int, int]]:
 
 # ---- layout ----------------------------------------------------------------------------------------
 
+# Buffer labels in the layout model: the collective's slots and each visitor's tensor, so that an
+# output named "D" that is an aux store is never confused with the buffer of the D slot.
+SLOT_C, SLOT_D = "slot:C", "slot:D"
+
+
+def aux_label(name: str) -> str:
+    return f"aux:{name}"
+
+
+def row_label(name: str) -> str:
+    return f"row:{name}"
+
 
 def visitor_storage(v: Visitor, cand: Candidate, config: GemmConfig) -> CType:
     """``SharedStorage`` of one visitor."""
     em, en = cand.epilogue_tile
-    if v.role == "row":
+    if v.role is Role.ROW:
         if v.name in cand.direct:
             return EMPTY  # evtc::Sm90RowBroadcastDirect
         return struct("Sm90RowBroadcast::SharedStorage",
-                      [("smem", array_aligned(v.name, v.node.dtype.bytes, config.tile[1], buffer=v.name))])
-    if v.role == "aux_store" and any(st == v.name for st, _ in cand.alias):
-        return EMPTY  # evtc::Sm90AliasedAuxStore: lives in its aux load's buffer
-    if v.role in ("aux_load", "aux_store") and v.name not in cand.direct:
-        stages = cand.stages_c if v.role == "aux_load" else cand.stages_d
+                      [("smem", array_aligned(v.name, v.node.dtype.bytes, config.tile[1], buffer=row_label(v.name)))])
+    if v.node is cand.c_slot:
+        return EMPTY  # the collective's C (Sm90SrcFetch)
+    if v.role is Role.AUX_STORE and any(st == v.name for st, _ in cand.shares):
+        return EMPTY  # evtc::Sm90SharedAuxStore: lives in its aux load's buffer
+    if v.role.is_aux and v.name not in cand.direct:
+        stages = cand.stages_c if v.role is Role.AUX_LOAD else cand.stages_d
         b = v.node.dtype.bytes
-        arr = array_aligned(v.name, b, em * en * stages, alignas=swizzle_alignment(en, b), buffer=v.name)
-        return struct(f"{v.role}::SharedStorage", [("smem_aux", arr)])
+        arr = array_aligned(v.name, b, em * en * stages, alignas=swizzle_alignment(en, b), buffer=aux_label(v.name))
+        return struct(f"{v.role.value}::SharedStorage", [("smem_aux", arr)])
     return EMPTY
 
 
-def fusion_storage(t: TreeLike, cand: Candidate, config: GemmConfig) -> CType:
+_STORAGE_ROLES = frozenset({Role.ROW, Role.AUX_LOAD, Role.AUX_STORE})
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_program(root: TreeLike) -> tuple[tuple[str, Any], ...]:
+    """The tree's ``SharedStorage`` nesting as a post-order program: ``("v", visitor)`` pushes a
+    visitor's storage, ``("t", k)`` pops ``k`` and pushes their ``cute::tuple``, ``("e", None)``
+    pushes an empty class (a subtree none of whose visitors can own shared memory). Built once
+    per tree, it makes the per-candidate layout a flat loop."""
+    program: list[tuple[str, Any]] = []
+
+    def walk(t: TreeLike):
+        start = len(program)
+        if isinstance(t, Tree):
+            for c in t.children:
+                yield c
+            program.append(("v", t.op))
+            if t.children:
+                program.append(("t", len(t.children) + 1))
+        else:
+            for o in t.ops:
+                yield o
+            program.append(("t", len(t.ops)))
+        if not any(op == "v" and arg.role in _STORAGE_ROLES for op, arg in program[start:]):
+            del program[start:]
+            program.append(("e", None))
+        return None
+
+    trampoline(walk, root)
+    return tuple(program)
+
+
+def _storage_key(v: Visitor, cand: Candidate) -> tuple:
+    """What :func:`visitor_storage` depends on besides the config."""
+    stages = cand.stages_c if v.role is Role.AUX_LOAD else cand.stages_d
+    return (id(v), cand.epilogue_tile, stages, v.name in cand.direct, v.node is cand.c_slot,
+            any(st == v.name for st, _ in cand.shares))
+
+
+def fusion_storage(root: TreeLike, cand: Candidate, config: GemmConfig, memo: dict | None = None) -> CType:
     """``FusionCallbacks::SharedStorage`` of a visitor tree (``Sm90VisitorImplBase``: a
-    ``cute::tuple`` of the children's storages then the node's own)."""
-    if isinstance(t, Tree):
-        if not t.children:
-            return visitor_storage(t.op, cand, config)
-        parts = [fusion_storage(c, cand, config) for c in t.children] + [visitor_storage(t.op, cand, config)]
-        return cute_tuple("tuple", parts)
-    return cute_tuple("tuple", [fusion_storage(o, cand, config) for o in t.ops])
+    ``cute::tuple`` of the children's storages then the node's own). ``memo`` caches visitor
+    storages across the candidates of one search (one config)."""
+    stack: list[CType] = []
+    for op, arg in _layout_program(root):
+        if op == "v":
+            if memo is None:
+                stack.append(visitor_storage(arg, cand, config))
+            else:
+                key = _storage_key(arg, cand)
+                got = memo.get(key)
+                if got is None:
+                    got = memo[key] = visitor_storage(arg, cand, config)
+                stack.append(got)
+        elif op == "e":
+            stack.append(EMPTY)
+        else:
+            parts = stack[len(stack) - arg:]
+            del stack[len(stack) - arg:]
+            stack.append(cute_tuple("tuple", parts))
+    (out,) = stack
+    return out
 
 
 def collective_storage(cand: Candidate) -> CType:
@@ -335,25 +543,26 @@ def collective_storage(cand: Candidate) -> CType:
     d = cand.d_slot.dtype
     align_d = swizzle_alignment(en, d.bytes)
     d_stages = cand.stages_c if cand.reuse else cand.stages_d
-    smem_d = array_aligned("D", d.bytes, em * en * d_stages, buffer="D")
+    smem_d = array_aligned("D", d.bytes, em * en * d_stages, buffer=SLOT_D)
     if cand.c_slot is None:
-        empty_c = dataclasses.replace(EMPTY, name="smem_C")  # cute::array<T, 0>
+        empty_c = EMPTY._replace(name="smem_C")  # cute::array<T, 0>
         return union("CollectiveStorageWithoutC", [("smem_C", empty_c), ("smem_D", with_alignas(smem_d, align_d))])
     c = cand.c_slot.dtype
     align_c = swizzle_alignment(en, c.bytes)
-    smem_c = array_aligned("C", c.bytes, em * en * cand.stages_c, buffer="C")
+    smem_c = array_aligned("C", c.bytes, em * en * cand.stages_c, buffer=SLOT_C)
     if cand.reuse:
         a = max(align_c, align_d)
         return union("CollectiveStorageReuseC", [("smem_C", with_alignas(smem_c, a)), ("smem_D", with_alignas(smem_d, a))])
     return struct("CollectiveStorageWithC", [("smem_C", with_alignas(smem_c, align_c)), ("smem_D", with_alignas(smem_d, align_d))])
 
 
-def shared_storage(tree: VisitorTree, cand: Candidate, config: GemmConfig) -> CType:
+def shared_storage(tree: VisitorTree, cand: Candidate, config: GemmConfig, memo: dict | None = None) -> CType:
     """``sizeof(CollectiveEpilogue::SharedStorage)``'s model: ``{ {collective, thread} tensors;
     LoadPipeline::SharedStorage pipeline; }`` with ``PipelineTransactionAsync<StagesC>``'s two
-    arrays of 8-byte barriers."""
+    arrays of 8-byte barriers. ``tree`` may have been lowered with another C slot than
+    ``cand``'s: the C slot's leaf has no storage of its own either way."""
     tensors = struct("TensorStorage", [("collective", collective_storage(cand)),
-                                       ("thread", fusion_storage(tree.root, cand, config))])
+                                       ("thread", fusion_storage(tree.root, cand, config, memo))])
     pipeline = CType("PipelineStorage", 16 * cand.stages_c, 8)
     return struct("SharedStorage", [("tensors", tensors), ("pipeline", pipeline)])
 
@@ -366,18 +575,19 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     """Plan the sm90 epilogue of ``graph``.
 
     Args:
-        graph: the epilogue after passes.
+        graph: the epilogue after passes, legalized for sm90.
         target: the sm90 Target.
         config: GEMM configuration (its ``epilogue_tile`` and ``stages``, when set, are kept).
         a, b: operand dtypes (they size the mainloop stages).
         policy: ``"evtc"`` (search, cost model; stock CUTLASS's plan is kept unless the best
             candidate is estimated more than ``STOCK_MARGIN`` faster) or ``"cutlass"`` (stock
             CUTLASS's rule).
-        rank: take the ``rank``-th best candidate instead of the best (for the autotuner).
+        rank: take the ``rank``-th best candidate instead of the best (for the autotuner); a
+            non-negative integer.
         fixed: decisions the caller imposes (the user or the autotuner overriding the cost
             model), any of ``c_slot``, ``d_slot`` (names), ``epilogue_tile``, ``stages_c``,
             ``stages_d``, ``reuse``, ``direct`` (names of the register-direct aux tensors and row
-            broadcasts; ``[]`` keeps all of them in shared memory), ``alias``
+            broadcasts; ``[]`` keeps all of them in shared memory), ``share``
             (True/False, or the (store, load) pairs). Only candidates with all of them compete.
 
     Returns:
@@ -385,126 +595,185 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
 
     Raises:
         PlanError: no candidate leaves the mainloop 2 stages (or ``config.stages``), with the
-            smallest epilogue found and what to try.
+            smallest epilogue found and what to try; an unknown policy or fixed decision.
+        ConfigError: ``rank`` is not a non-negative integer.
     """
     if policy not in POLICIES:
         raise PlanError(f"unknown planning policy '{policy}'", hint=f"use one of {POLICIES}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ConfigError(f"plan_rank={rank!r}: the rank of a plan in the cost model's order is an integer >= 0",
+                          epilogue=graph.name)
     fixed = dict(fixed or {})
     unknown = sorted(set(fixed) - set(FIXABLE))
     if unknown:
         raise PlanError(f"unknown plan decision{'s' if len(unknown) > 1 else ''} {unknown}", epilogue=graph.name,
                         hint=f"fixable decisions: {', '.join(FIXABLE)}")
-    stage_bytes = mainloop_stage_bytes(config, a, b)
-    need = config.stages or MIN_MAINLOOP_STAGES
+    req = PlanRequest(graph, target, config, a, b, policy, fixed, rank)
     # Register-direct aux tensors need N to be a multiple of their 16-byte vector (evtc checks
     # at call time), so the planner only uses them when asked to or when nothing fits without.
     first = not fixed.get("direct")
     for allow_direct in ((False, True) if first else (True,)):
-        scored, smallest, trees = _score(graph, target, config, policy, fixed, allow_direct, a, b, stage_bytes, need)
-        if scored:
+        search = _search(req, allow_direct)
+        if search.scored:
             break
-    if not scored:
-        size = smallest[0] if smallest else 0
+    if not search.scored:
+        size = search.smallest[0] if search.smallest else 0
         raise PlanError(
-            f"no {policy} plan leaves the mainloop {need} stages at tile {config.tile}: the smallest epilogue "
-            f"takes {size} B of {target.smem_capacity} B, one mainloop stage {stage_bytes} B",
+            f"no {policy} plan leaves the mainloop {req.need} stages at tile {config.tile}: the smallest epilogue "
+            f"takes {size} B of {target.smem_capacity} B, one mainloop stage {req.stage_bytes} B",
             epilogue=graph.name,
             hint="use a smaller tile (e.g. GemmConfig(tile=(128, 128, 64))) or plan='evtc', which can send aux tensors register-direct",
         )
-    scored.sort(key=lambda s: s[:3])
-    _, _, _, cand, storage, stages, terms = scored[min(rank, len(scored) - 1)]
-    tree = trees[(id(cand.c_slot), id(cand.d_slot))]
+    best = search.scored[min(rank, len(search.scored) - 1)]
     notes: tuple[str, ...] = ()
     if policy == "evtc" and rank == 0 and not fixed:
-        stock, _, stock_trees = _score(graph, target, config, "cutlass", {}, False, a, b, stage_bytes, need)
-        if stock:
-            _, _, _, s_cand, s_storage, s_stages, s_terms = stock[0]
-            if s_stages >= stages and terms["total_us"] >= (1 - STOCK_MARGIN) * s_terms["total_us"]:
-                notes = (f"kept stock CUTLASS's decisions: the cost model's best ({terms['total_us']:.0f} us) is "
-                         f"within {STOCK_MARGIN:.1%} of them ({s_terms['total_us']:.0f} us)",)
-                cand, storage, stages, terms = s_cand, s_storage, s_stages, s_terms
-                tree = stock_trees[(id(cand.c_slot), id(cand.d_slot))]
-    return _make_plan(graph, target, config, policy, cand, storage, stages, stage_bytes, terms, tree, (a, b), notes)
+        stock = _search(dataclasses.replace(req, policy="cutlass", fixed={}), False)
+        if stock.scored:
+            s = stock.scored[0]
+            if s.stages >= best.stages and best.terms["total_us"] >= (1 - STOCK_MARGIN) * s.terms["total_us"]:
+                notes = (f"kept stock CUTLASS's decisions: the cost model's best ({best.terms['total_us']:.0f} us) is "
+                         f"within {STOCK_MARGIN:.1%} of them ({s.terms['total_us']:.0f} us)",)
+                best = s
+    return _make_plan(req, best, notes)
 
 
-def _score(graph, target, config, policy, fixed, allow_direct, a, b, stage_bytes, need):
-    """(scored candidates, smallest storage seen, visitor trees by slot pair)."""
-    trees: dict[tuple[int, int], VisitorTree] = {}
-    scored: list[tuple[float, int, int, Candidate, CType, int, dict]] = []
-    smallest: tuple[int, Candidate] | None = None
-    pool = [c for c in candidates(graph, config, policy, allow_direct=allow_direct, fixed=fixed) if c.matches(fixed)]
-    if not pool and allow_direct:
-        raise PlanError(f"no {policy} plan has the decisions {fixed}", epilogue=graph.name,
-                        hint="check the names and that the combination is legal (e.g. alias needs reuse)")
-    for k, cand in enumerate(pool):
-        key = (id(cand.c_slot), id(cand.d_slot))
+@dataclasses.dataclass(frozen=True)
+class _Scored:
+    """A candidate that fits, with its layout, mainloop stages and cost terms."""
+
+    key: tuple
+    cand: Candidate
+    storage: CType
+    stages: int
+    terms: dict
+
+
+@dataclasses.dataclass
+class _Search:
+    scored: list[_Scored]
+    smallest: tuple[int, Candidate] | None
+
+
+def _search(req: PlanRequest, allow_direct: bool) -> _Search:
+    """Score every candidate that fits, best first: estimates within 0.1 % tie, ties go to the
+    smaller epilogue, then to the earlier candidate."""
+    trees: dict[int, VisitorTree] = {}  # by id of the D slot: the C slot only changes a leaf's role
+
+    def tree_of(cand: Candidate) -> VisitorTree:
+        key = id(cand.d_slot)
         if key not in trees:
-            trees[key] = dag_to_tree(graph, cand.d_slot, cand.c_slot)
-        storage = shared_storage(trees[key], cand, config)
-        stages = mainloop_stages(target.smem_capacity, storage.size, stage_bytes)
+            trees[key] = lower(req.graph, cand.d_slot, None)
+        return trees[key]
+
+    memo: dict = {}
+
+    def storage_size(cand: Candidate) -> int:
+        return shared_storage(tree_of(cand), cand, req.config, memo).size
+
+    scored: list[_Scored] = []
+    smallest: tuple[int, Candidate] | None = None
+    matched = False
+    for k, cand in enumerate(candidates(req, allow_direct=allow_direct, storage_size=storage_size)):
+        if not cand.matches(req.fixed):
+            continue
+        matched = True
+        storage = shared_storage(tree_of(cand), cand, req.config, memo)
+        stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
         if smallest is None or storage.size < smallest[0]:
             smallest = (storage.size, cand)
-        if stages < need:
+        if stages < req.need:
             continue
-        stages = config.stages or stages
-        terms = cost_model.estimate(graph, cand, config, target, a, b, stages)
-        # estimates within 0.1 % tie; ties go to the smaller epilogue, then to the earlier candidate
+        stages = req.config.stages or stages
+        terms = cost_model.estimate(req.graph, cand, req.config, req.target, req.a, req.b, stages)
         bucket = math.floor(math.log(max(terms["total_us"], 1e-9)) / math.log(1.001))
-        scored.append((bucket, storage.size, k, cand, storage, stages, terms))
-    return scored, smallest, trees
+        scored.append(_Scored((bucket, storage.size, k), cand, storage, stages, terms))
+    if not matched and allow_direct:
+        raise PlanError(f"no {req.policy} plan has the decisions {dict(req.fixed)}", epilogue=req.graph.name,
+                        hint="check the names and that the combination is legal (e.g. share needs reuse)")
+    scored.sort(key=lambda s: s.key)
+    return _Search(scored, smallest)
 
 
-def _make_plan(graph, target, config, policy, cand: Candidate, storage: CType, stages: int,
-               stage_bytes: int, terms: dict, tree: VisitorTree, operands: tuple[DType, DType],
-               extra_notes: tuple[str, ...] = ()) -> Plan:
+_REDUCTION_WHY = {
+    ReduceAxis.ROW: "Sm90ColReduction: warp shuffles per row, per-tile partials in a float workspace, "
+                    "reduced by the last tile of each row",
+    ReduceAxis.COLUMN: "Sm90RowReduction: across warps through one stage of D's buffer, per-tile partials "
+                       "in a float workspace, reduced by the last tile of each column",
+    ReduceAxis.SCALAR: "Sm90ScalarReduction: warp shuffles, one float atomic per warp",
+}
+
+
+def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = ()) -> Plan:
+    cand, storage, config, graph = best.cand, best.storage, req.config, req.graph
+    tree = lower(graph, cand.d_slot, cand.c_slot)
     em, en = cand.epilogue_tile
     offsets = {t.buffer: off for off, t in storage.leaves() if t.buffer}
     sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
     buffers: list[Buffer] = []
     c_name = cand.c_slot.name if cand.c_slot is not None else None
+    d_name = cand.d_slot.name
     if cand.c_slot is not None:
         promoted = isinstance(cand.c_slot, AuxLoad)
         why = ("aux load promoted into the empty C slot" if promoted else "the source C") + \
               (f"; D reuses it ({cand.c_slot.dtype.bits}-bit C and D)" if cand.reuse else "")
-        buffers.append(Buffer(c_name, "C", cand.c_slot.dtype, "tma", cand.stages_c, sizes["C"], offsets["C"],
-                              (cand.d_slot.name,) if cand.reuse else (), why))
+        buffers.append(Buffer(c_name, "C", cand.c_slot.dtype, "tma", cand.stages_c, sizes[SLOT_C], offsets[SLOT_C],
+                              (d_name,) if cand.reuse else (), why))
     d_stages = cand.stages_c if cand.reuse else cand.stages_d
-    buffers.append(Buffer(cand.d_slot.name, "D", cand.d_slot.dtype, "shared" if cand.reuse else "tma", d_stages,
-                          0 if cand.reuse else sizes["D"], offsets["D"], (c_name,) if cand.reuse else (),
-                          "written into C's buffer (ReuseSmemC)" if cand.reuse else "the collective's D"))
+    d_why = "written into C's buffer (ReuseSmemC)" if cand.reuse else "the collective's D"
+    if d_name != "D" and any(s.name == "D" for s in _stores(graph)):
+        d_why += f"; '{d_name}' takes the D slot so that it can reuse C's buffer" if cand.reuse else \
+            f"; '{d_name}' takes the D slot"
+    buffers.append(Buffer(d_name, "D", cand.d_slot.dtype, "shared" if cand.reuse else "tma", d_stages,
+                          0 if cand.reuse else sizes[SLOT_D], offsets[SLOT_D], (c_name,) if cand.reuse else (), d_why))
+    shares = dict(cand.shares)
     for v in tree.visitors():
-        if v.role == "row":
+        n = v.node
+        if v.role is Role.ROW:
             if any(bb.name == v.name for bb in buffers):
                 continue
             if v.name in cand.direct:
-                buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "direct", 0, 0, -1, (),
+                buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "direct", 0, 0, -1, (),
                                       "register-direct: each thread loads its columns a subtile ahead "
                                       "(evtc::Sm90RowBroadcastDirect)"))
             else:
-                buffers.append(Buffer(v.name, "row_broadcast", v.node.dtype, "smem", 0, sizes[v.name], offsets[v.name],
+                label = row_label(v.name)
+                buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label],
                                       (), "one CTA-N row (Sm90RowBroadcast)"))
-        elif v.role == "aux_store" and any(st == v.name for st, _ in cand.alias):
-            host = next(ld for st, ld in cand.alias if st == v.name)
-            buffers.append(Buffer(v.name, v.role, v.node.dtype, "shared", cand.stages_c, 0, offsets[host], (host,),
-                                  f"written into aux load {host}'s buffer once it is read (evtc::Sm90AliasedAuxStore)"))
-        elif v.role in ("aux_load", "aux_store"):
+        elif v.role is Role.AUX_STORE and v.name in shares:
+            host = shares[v.name]
+            buffers.append(Buffer(v.name, "aux_store", n.dtype, "shared", cand.stages_c, 0, offsets[aux_label(host)],
+                                  (host,), f"written into aux load {host}'s buffer once it is read "
+                                           "(evtc::Sm90SharedAuxStore)"))
+        elif v.role.is_aux:
             if v.name in cand.direct:
-                buffers.append(Buffer(v.name, v.role, v.node.dtype, "direct", 0, 0, -1, (),
+                buffers.append(Buffer(v.name, v.role.value, n.dtype, "direct", 0, 0, -1, (),
                                       "register-direct (Stages = 0): frees its buffer for mainloop stages"))
             else:
-                st = cand.stages_c if v.role == "aux_load" else cand.stages_d
-                buffers.append(Buffer(v.name, v.role, v.node.dtype, "tma", st, sizes[v.name], offsets[v.name], (),
-                                      f"TMA, {'StagesC' if v.role == 'aux_load' else 'StagesD'} deep"))
+                st = cand.stages_c if v.role is Role.AUX_LOAD else cand.stages_d
+                label = aux_label(v.name)
+                buffers.append(Buffer(v.name, v.role.value, n.dtype, "tma", st, sizes[label], offsets[label], (),
+                                      f"TMA, {'StagesC' if v.role is Role.AUX_LOAD else 'StagesD'} deep"))
+        elif v.role is Role.COL and not any(bb.name == v.name for bb in buffers):
+            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "direct", 0, 0, -1, (),
+                                  "Sm90ColBroadcast: each thread loads its rows into registers"))
+        elif v.role is Role.SCALAR and isinstance(n, ScalarBroadcast) and n.by_pointer \
+                and not any(bb.name == v.name for bb in buffers):
+            buffers.append(Buffer(v.name, "scalar", n.dtype, "direct", 0, 0, -1, (),
+                                  "Sm90ScalarBroadcast: read once per batch"))
+        elif v.role.is_reduction:
+            buffers.append(Buffer(v.name, v.role.value, n.dtype, "workspace" if v.role is not Role.SCALAR_REDUCTION
+                                  else "direct", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
     threads = 256 if config.schedule == "cooperative" else 128
     notes = []
-    if policy == "evtc" and isinstance(cand.c_slot, AuxLoad):
+    if req.policy == "evtc" and isinstance(cand.c_slot, AuxLoad):
         notes.append(f"aux load '{c_name}' takes the C slot (the epilogue has no source C)")
-    for st, ld in sorted(cand.alias):
+    for st, ld in sorted(cand.shares):
         notes.append(f"aux store {st} shares aux load {ld}'s buffer (disjoint lifetimes within each subtile)")
     return Plan(
-        arch="sm90", policy=policy, config=config, operands=operands, epilogue_tile=(em, en), fragment_size=em * en // threads,
-        stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=cand.reuse, delay_tma_store=cand.delay,
-        c_slot=c_name, d_slot=cand.d_slot.name, alias=tuple(sorted(cand.alias)), buffers=tuple(buffers), epilogue_smem_bytes=storage.size,
-        mainloop_stage_bytes=stage_bytes, mainloop_stages=stages, smem_capacity=target.smem_capacity,
-        cost=terms, notes=tuple(notes) + extra_notes, tree=tree,
+        arch="sm90", policy=req.policy, config=config, operands=(req.a, req.b), epilogue_tile=(em, en),
+        fragment_size=em * en // threads, stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=cand.reuse,
+        delay_tma_store=cand.delay, c_slot=c_name, d_slot=d_name, shares=tuple(sorted(cand.shares)),
+        buffers=tuple(buffers), epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes,
+        mainloop_stages=best.stages, smem_capacity=req.target.smem_capacity, cost=best.terms,
+        notes=tuple(notes) + extra_notes, tree=tree,
     )

@@ -20,16 +20,15 @@ The planner builds the epilogue's shared storage from these pieces, and the emit
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 
 def round_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
-@dataclasses.dataclass(frozen=True)
-class CType:
-    """A C++ type's layout.
+class CType(NamedTuple):
+    """A C++ type's layout (a NamedTuple: the planner builds many of these per candidate).
 
     Attributes:
         name: for reports (``smem_C``, ``tuple<...>``).
@@ -48,12 +47,14 @@ class CType:
     buffer: str | None = None
 
     def leaves(self, base: int = 0) -> list[tuple[int, "CType"]]:
-        """(absolute offset, type) of every member that holds a plan buffer."""
+        """(absolute offset, type) of every member that holds a plan buffer, in member order."""
         out: list[tuple[int, CType]] = []
-        if self.buffer is not None:
-            out.append((base, self))
-        for _, off, t in self.members:
-            out.extend(t.leaves(base + off))
+        stack: list[tuple[int, CType]] = [(base, self)]
+        while stack:
+            at, t = stack.pop()
+            if t.buffer is not None:
+                out.append((at, t))
+            stack.extend((at + off, m) for _, off, m in reversed(t.members))
         return out
 
 
@@ -71,7 +72,7 @@ def struct(name: str, fields: list[tuple[str, CType]] | tuple[tuple[str, CType],
     """A struct with ``fields`` in declaration order (an ``alignas`` on a member is part of the
     member's CType)."""
     if not fields:
-        return dataclasses.replace(EMPTY, name=name)
+        return EMPTY._replace(name=name)
     off = 0
     align = 1
     members = []
@@ -91,22 +92,23 @@ def union(name: str, fields: list[tuple[str, CType]]) -> CType:
 
 def with_alignas(t: CType, alignas: int) -> CType:
     """``alignas(alignas) T member``: the member's alignment grows, its sizeof doesn't."""
-    return dataclasses.replace(t, align=max(t.align, alignas))
+    return t._replace(align=max(t.align, alignas))
 
 
 def cute_tuple(name: str, elems: list[CType]) -> CType:
     """``cute::tuple<elems...>`` with the empty-storage optimization."""
     if all(e.empty for e in elems):
-        return dataclasses.replace(EMPTY, name=name)
-
-    def eso(es: list[CType]) -> CType:
-        first, rest = es[0], es[1:]
-        rest_empty = all(r.empty for r in rest)
+        return EMPTY._replace(name=name)
+    # ESO<First, Rest...> = { First first_; ESO<Rest...> rest_; }, an empty First or an empty
+    # Rest left out; built from the back (no recursion: a tuple may have thousands of elements)
+    inner: CType | None = None  # ESO of the elements after i, when one of them is non-empty
+    for first in reversed(elems):
         if first.empty:
-            return struct("ESO", [("rest_", eso(rest))])
-        if rest_empty:
-            return struct("ESO", [("first_", first)])
-        return struct("ESO", [("first_", first), ("rest_", eso(rest))])
-
-    inner = eso(elems)
-    return dataclasses.replace(inner, name=name)
+            if inner is not None:
+                inner = struct("ESO", [("rest_", inner)])
+        elif inner is None:
+            inner = struct("ESO", [("first_", first)])
+        else:
+            inner = struct("ESO", [("first_", first), ("rest_", inner)])
+    assert inner is not None
+    return inner._replace(name=name)

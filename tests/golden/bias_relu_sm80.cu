@@ -42,218 +42,9 @@
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/epilogue/threadblock/fusion/visitors.hpp>
 
-// ---- evtc functors (codegen_templates/common/functors.hpp) ----------------------------------
-// evtc's own device functors and visitor nodes, for ops CUTLASS has no functor for.
-// Included verbatim in every emitted kernel. Each functor works on a scalar T and on
-// cutlass::Array<T, N> (what Sm90Compute / VisitorCompute pass: fragments in the compute type).
-
-#include <cutlass/cutlass.h>
-#include <cutlass/array.h>
-#include <cutlass/functional.h>
-#include <cutlass/numeric_types.h>
-#include <cuda_runtime.h>
-#include <math.h>
-
-namespace evtc {
-namespace detail {
-
-template <class Op, class T, int N>
-struct Map1 {
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& a) const {
-    cutlass::Array<T, N> r;
-    Op op;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) { r[i] = op(a[i]); }
-    return r;
-  }
-};
-
-template <class Op, class T, int N>
-struct Map2 {
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& a, cutlass::Array<T, N> const& b) const {
-    cutlass::Array<T, N> r;
-    Op op;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) { r[i] = op(a[i], b[i]); }
-    return r;
-  }
-};
-
-template <class Op, class T, int N>
-struct Map3 {
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& a, cutlass::Array<T, N> const& b,
-                                                      cutlass::Array<T, N> const& c) const {
-    cutlass::Array<T, N> r;
-    Op op;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) { r[i] = op(a[i], b[i], c[i]); }
-    return r;
-  }
-};
-
-CUTLASS_HOST_DEVICE float rsqrt(float x) {
-#if defined(__CUDA_ARCH__)
-  return ::rsqrtf(x);
-#else
-  return 1.0f / ::sqrtf(x);
-#endif
-}
-
-}  // namespace detail
-
-#define EVTC_UNARY(NAME, EXPR)                                                          \
-  template <class T> struct NAME {                                                      \
-    CUTLASS_HOST_DEVICE T operator()(T const& x_) const { float x = float(x_); return T(EXPR); } \
-  };                                                                                    \
-  template <class T, int N> struct NAME<cutlass::Array<T, N>> : detail::Map1<NAME<T>, T, N> {};
-
-#define EVTC_BINARY(NAME, EXPR)                                                         \
-  template <class T> struct NAME {                                                      \
-    CUTLASS_HOST_DEVICE T operator()(T const& a_, T const& b_) const {                  \
-      float a = float(a_), b = float(b_); return T(EXPR); }                              \
-  };                                                                                    \
-  template <class T, int N> struct NAME<cutlass::Array<T, N>> : detail::Map2<NAME<T>, T, N> {};
-
-EVTC_UNARY(Exp, ::expf(x))
-EVTC_UNARY(Log, ::logf(x))
-EVTC_UNARY(Sqrt, ::sqrtf(x))
-EVTC_UNARY(Rsqrt, detail::rsqrt(x))
-EVTC_UNARY(Abs, ::fabsf(x))
-EVTC_UNARY(Erf, ::erff(x))
-// d/dx [x * Phi(x)] = Phi(x) + x * phi(x), Phi the standard normal CDF, phi its density
-EVTC_UNARY(GeluGrad, 0.5f * (1.0f + ::erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * ::expf(-0.5f * x * x))
-
-EVTC_BINARY(Pow, ::powf(a, b))
-EVTC_BINARY(LeakyReLU, a > 0.0f ? a : a * b)
-EVTC_BINARY(Greater, a > b ? 1.0f : 0.0f)
-EVTC_BINARY(GreaterEqual, a >= b ? 1.0f : 0.0f)
-EVTC_BINARY(Less, a < b ? 1.0f : 0.0f)
-EVTC_BINARY(LessEqual, a <= b ? 1.0f : 0.0f)
-EVTC_BINARY(Equal, a == b ? 1.0f : 0.0f)
-EVTC_BINARY(NotEqual, a != b ? 1.0f : 0.0f)
-// first(a, b) = a: keeps an output that is off the path to D inside the visitor tree
-EVTC_BINARY(First, a)
-
-#undef EVTC_UNARY
-#undef EVTC_BINARY
-
-template <class T> struct Where {
-  CUTLASS_HOST_DEVICE T operator()(T const& c, T const& a, T const& b) const { return float(c) != 0.0f ? a : b; }
-};
-template <class T, int N> struct Where<cutlass::Array<T, N>> : detail::Map3<Where<T>, T, N> {};
-
-// Atomic minimum on float, the counterpart of cutlass::atomic_maximum<float> (functional.h):
-// non-negative floats order like signed ints, negative floats like reversed unsigned ints.
-template <class T> struct atomic_minimum;
-template <> struct atomic_minimum<float> {
-  CUTLASS_DEVICE float operator()(float* ptr, float value) const {
-#if defined(__CUDA_ARCH__)
-    return !::signbit(value) ? __int_as_float(atomicMin((int*)ptr, __float_as_int(value)))
-                             : __uint_as_float(atomicMax((unsigned int*)ptr, __float_as_uint(value)));
-#else
-    return value;
-#endif
-  }
-};
-
-}  // namespace evtc
-
-namespace cutlass {
-template <class T> struct is_atomic<evtc::atomic_minimum<T>> : platform::true_type {};
-}  // namespace cutlass
-
-// ---- evtc sm80 visitors and reduction helpers (codegen_templates/sm80/visitors.hpp) ---------
-// evtc's own sm80 visitor node and the reduction-output helpers of the sm80 kernels. Included
-// verbatim.
-//
-// Sm80Immediate follows the CUTLASS 2.x visitor interface of
-// cutlass/epilogue/threadblock/fusion/visitor_2x.hpp (get_callbacks -> Callbacks with
-// begin_epilogue/begin_step/begin_row/visit/end_row/end_step/end_epilogue).
-//
-// The sm80 reduction visitors (VisitorColReduction, VisitorRowReduction, VisitorScalarReduction
-// in visitor_store.hpp) only ever atomically combine partial results into their output, so the
-// output must hold the reduction's identity before the GEMM starts: fill_identity writes it.
-// Reductions whose output type is not float accumulate into a float workspace that
-// convert_reduction rounds into the output after the GEMM.
-
-#include <cstdint>
-#include <cuda_runtime.h>
-
-#include <cutlass/epilogue/threadblock/fusion/visitor_2x.hpp>
-#include <cutlass/numeric_conversion.h>
-
-namespace evtc {
-
-// A compile-time constant: returns a fragment filled with the float whose bit pattern is Bits.
-// (C++17 has no float template parameters; the bits keep the value exact.)
-template <uint32_t Bits>
-struct Sm80Immediate : cutlass::epilogue::threadblock::detail::VisitorImpl2x<> {
-  using cutlass::epilogue::threadblock::detail::VisitorImpl2x<>::VisitorImpl2x;
-
-  struct Callbacks : cutlass::epilogue::threadblock::detail::EmptyCallbacks {
-    template <class ElementAccumulator, int FragmentSize>
-    CUTLASS_DEVICE cutlass::Array<float, FragmentSize>
-    visit(int, int, int, int, cutlass::Array<ElementAccumulator, FragmentSize> const&) {
-      cutlass::Array<float, FragmentSize> r;
-      r.fill(__uint_as_float(Bits));
-      return r;
-    }
-  };
-
-  template <class ProblemShape>
-  CUTLASS_DEVICE auto get_callbacks(cutlass::gemm::GemmCoord, int, ProblemShape) {
-    return Callbacks{};
-  }
-};
-
-namespace sm80 {
-
-constexpr int kHelperThreads = 256;
-constexpr int64_t kHelperMaxBlocks = 1024;
-
-// ptr[l * batch_stride + i] = value for i < count, l < batches.
-__global__ void fill_identity_kernel(float* ptr, int64_t count, int64_t batch_stride, int batches, float value) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count * batches;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    ptr[(i / count) * batch_stride + i % count] = value;
-  }
-}
-
-// dst[l * batch_stride + i] = T(src[l * count + i]) for i < count, l < batches.
-template <class T>
-__global__ void convert_reduction_kernel(float const* src, T* dst, int64_t count, int64_t batch_stride, int batches) {
-  cutlass::NumericConverter<T, float, cutlass::FloatRoundStyle::round_to_nearest> convert;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count * batches;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    dst[(i / count) * batch_stride + i % count] = convert(src[i]);
-  }
-}
-
-inline int helper_blocks(int64_t elements) {
-  int64_t blocks = (elements + kHelperThreads - 1) / kHelperThreads;
-  return int(blocks < 1 ? 1 : (blocks > kHelperMaxBlocks ? kHelperMaxBlocks : blocks));
-}
-
-// Fills a reduction output (count elements per batch) with its identity, on stream.
-inline cudaError_t fill_identity(float* ptr, int64_t count, int64_t batch_stride, int batches, float value,
-                                 cudaStream_t stream) {
-  fill_identity_kernel<<<helper_blocks(count * batches), kHelperThreads, 0, stream>>>(
-      ptr, count, batch_stride, batches, value);
-  return cudaGetLastError();
-}
-
-// Rounds a float reduction workspace (batches x count, packed) into the output, on stream.
-template <class T>
-inline cudaError_t convert_reduction(float const* src, T* dst, int64_t count, int64_t batch_stride, int batches,
-                                     cudaStream_t stream) {
-  convert_reduction_kernel<T><<<helper_blocks(count * batches), kHelperThreads, 0, stream>>>(
-      src, dst, count, batch_stride, batches);
-  return cudaGetLastError();
-}
-
-}  // namespace sm80
-}  // namespace evtc
-
+// evtc's helper headers (codegen_templates/include/evtc in the evtc package: -I`evtc emit --print-nvcc`)
+#include <evtc/functors.hpp>         // functors for the ops CUTLASS has none for
+#include <evtc/sm80_visitors.hpp>    // evtc's visitor node and reduction helpers
 
 // ---- the C ABI: one flat struct of named arguments (mirrored by evtc/abi.py) ------------
 extern "C" {
@@ -617,28 +408,28 @@ char const kInfoJson[] =
     "ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":2,\"arch\":\"s"
     "m80\",\"ir\":\"epilogue bias_relu(acc: f32 accumulator, C: bf16 source, alpha: f32 scalar, beta: f32 sca"
     "lar, bias: f32 row):\\n  %0 = mul(C, beta) : f32\\n  %1 = multiply_add(alpha, acc, %0) : f32\\n  %2 = a"
-    "dd(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"ali"
-    "as\":[],\"arch\":\"sm80\",\"buffers\":[{\"bytes\":0,\"dtype\":\"f32\",\"mode\":\"direct\",\"name\":\"bias\",\"offset\":-1,\""
-    "role\":\"row_broadcast\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorRowBroadcast: the thread's columns, "
-    "loaded once into registers\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"direct\",\"name\":\"C\",\"offset\":-1,\"role\""
-    ":\"aux_load\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxLoad: predicated vector loads into register"
-    "s, one epilogue step at a time\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"direct\",\"name\":\"D\",\"offset\":-1,\"r"
-    "ole\":\"aux_store\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxStore: predicated vector stores from r"
-    "egisters\"}],\"c_slot\":null,\"config\":{\"cluster\":[1,1,1],\"epilogue_tile\":null,\"fast_accum\":false,\"raste"
-    "r\":\"heuristic\",\"schedule\":\"multistage\",\"scheduler\":\"persistent\",\"stages\":4,\"swizzle\":3,\"tile\":[128,1"
-    "28,32],\"warp_tile\":[64,64,32]},\"cost\":{},\"d_slot\":null,\"delay_tma_store\":false,\"epilogue_smem_bytes\""
-    ":0,\"epilogue_tile\":[16,128],\"fragment_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":1"
-    "6384,\"mainloop_stages\":4,\"notes\":[\"C and D are ordinary visitors (no collective): every tensor is ac"
-    "cessed from registers\",\"kernel variants by alignment, chosen at run time: vector, ragged_n, ragged\"]"
-    ",\"operands\":[\"bf16\",\"bf16\"],\"policy\":\"sm80\",\"reuse_smem_c\":false,\"scratch\":[],\"smem_capacity\":166912"
-    ",\"stages_c\":0,\"stages_d\":0,\"swizzle\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab\":8,\"ep"
-    "ilogue_access\":8,\"epilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias\",4],[\""
-    "D\",8]],\"why\":\"N, K, every row/batch stride and base address are multiples of the vectors\"},{\"alignme"
-    "nt_ab\":8,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":[[\"C\",1]"
-    ",[\"bias\",1],[\"D\",1]],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{\"alignm"
-    "ent_ab\":1,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[[\"C\",1],"
-    "[\"bias\",1],[\"D\",1]],\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop)\"}],\"w"
-    "arp_tile\":[64,64,32]}}";
+    "dd(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"arc"
+    "h\":\"sm80\",\"buffers\":[{\"bytes\":0,\"dtype\":\"f32\",\"mode\":\"direct\",\"name\":\"bias\",\"offset\":-1,\"role\":\"row_"
+    "broadcast\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorRowBroadcast: the thread's columns, loaded once"
+    " into registers\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"direct\",\"name\":\"C\",\"offset\":-1,\"role\":\"aux_load\""
+    ",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxLoad: predicated vector loads into registers, one epil"
+    "ogue step at a time\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"direct\",\"name\":\"D\",\"offset\":-1,\"role\":\"aux_s"
+    "tore\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxStore: predicated vector stores from registers\"}]"
+    ",\"c_slot\":null,\"config\":{\"cluster\":[1,1,1],\"epilogue_tile\":null,\"fast_accum\":false,\"raster\":\"heurist"
+    "ic\",\"schedule\":\"multistage\",\"scheduler\":\"persistent\",\"stages\":4,\"swizzle\":3,\"tile\":[128,128,32],\"war"
+    "p_tile\":[64,64,32]},\"cost\":{},\"d_slot\":null,\"delay_tma_store\":false,\"epilogue_smem_bytes\":0,\"epilogu"
+    "e_tile\":[16,128],\"fragment_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":16384,\"mainl"
+    "oop_stages\":4,\"notes\":[\"C and D are ordinary visitors (no collective): every tensor is accessed from"
+    " registers\",\"kernel variants by alignment, chosen at run time: vector, ragged_n, ragged\"],\"operands\""
+    ":[\"bf16\",\"bf16\"],\"policy\":\"sm80\",\"reuse_smem_c\":false,\"scratch\":[],\"shares\":[],\"smem_capacity\":16691"
+    "2,\"stages_c\":0,\"stages_d\":0,\"swizzle\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab\":8,\"e"
+    "pilogue_access\":8,\"epilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias\",4],["
+    "\"D\",8]],\"why\":\"N, K, every row/batch stride and base address are multiples of the vectors\"},{\"alignm"
+    "ent_ab\":8,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":[[\"C\",1"
+    "],[\"bias\",1],[\"D\",1]],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{\"align"
+    "ment_ab\":1,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[[\"C\",1]"
+    ",[\"bias\",1],[\"D\",1]],\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop)\"}],\""
+    "warp_tile\":[64,64,32]}}";
 }  // namespace
 
 EVTC_EXPORT int evtc_abi_version() { return 2; }

@@ -16,10 +16,10 @@ SHAPES = [(4096, 4096, 4096, 1), (1000, 1000, 1000, 1), (777, 1031, 512, 3)]
 
 # (epilogue, fixed plan decisions)
 VARIANTS = [
-    ("many_aux", {"alias": True}),
-    ("many_aux", {"alias": True, "stages_c": 4, "epilogue_tile": (128, 32)}),
+    ("many_aux", {"share": True}),
+    ("many_aux", {"share": True, "stages_c": 4, "epilogue_tile": (128, 32)}),
     ("many_aux", {"c_slot": None, "direct": ["Z", "Q"]}),
-    ("many_aux", {"c_slot": "Y", "reuse": True, "alias": False, "stages_c": 3}),
+    ("many_aux", {"c_slot": "Y", "reuse": True, "share": False, "stages_c": 3}),
     ("residual_scale", {"c_slot": "R1", "reuse": True, "stages_c": 2}),
     ("residual_scale", {"direct": ["R2"], "epilogue_tile": (128, 64)}),
     ("gelu_aux", {"stages_d": 1}),
@@ -72,7 +72,7 @@ def built():
     table = {}
     for name, fixed in VARIANTS:
         table[(name, str(fixed))] = evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, d=bf16, plan=dict(fixed))
-    table[("two_pairs", "alias")] = evtc.Gemm(two_pairs, plan={"alias": True})
+    table[("two_pairs", "share")] = evtc.Gemm(two_pairs, plan={"share": True})
     for name, config in ROW_DIRECT:
         table[(name, str(config))] = row_direct_gemm(name, config)
     prebuild(list(table.values()))
@@ -80,8 +80,8 @@ def built():
 
 
 def test_variants_are_really_what_they_say(built):
-    g = built[("many_aux", str({"alias": True}))]
-    assert g.plan.alias and g.plan.reuse_smem_c and all(b.bytes == 0 for b in g.plan.buffers if b.name in ("P", "Q"))
+    g = built[("many_aux", str({"share": True}))]
+    assert g.plan.shares and g.plan.reuse_smem_c and all(b.bytes == 0 for b in g.plan.buffers if b.name in ("P", "Q"))
     assert "evtc::Sm90SmemAlias" in g.source
     g = built[("many_aux", str({"c_slot": None, "direct": ["Z", "Q"]}))]
     assert {b.name for b in g.plan.buffers if b.mode == "direct"} == {"Z", "Q"}

@@ -78,10 +78,10 @@ def test_ops_lists_functors():
 
 
 def test_plan_takes_fixed_decisions_as_json():
-    r = run("plan", f"{EX}:many_aux", "--json", "--plan", '{"alias": true, "stages_c": 2, "epilogue_tile": [128, 16]}')
+    r = run("plan", f"{EX}:many_aux", "--json", "--plan", '{"share": true, "stages_c": 2, "epilogue_tile": [128, 16]}')
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)
-    assert (p["stages_c"], p["epilogue_tile"], len(p["alias"])) == (2, [128, 16], 2)
+    assert (p["stages_c"], p["epilogue_tile"], len(p["shares"])) == (2, [128, 16], 2)
     r = CliRunner().invoke(main, ["plan", f"{EX}:many_aux", "--plan", "{bad"])
     assert r.exit_code == 2 and "neither evtc, cutlass nor a JSON object" in r.output
     r = CliRunner().invoke(main, ["plan", f"{EX}:many_aux", "--plan", '{"stagesc": 2}'])

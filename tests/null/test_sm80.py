@@ -57,7 +57,7 @@ def test_plan_properties():
     assert [(v.name, v.alignment_ab, v.epilogue_access, v.stages) for v in p.variants] == [
         ("vector", 8, 8, 4), ("ragged_n", 8, 1, 4), ("ragged", 1, 1, 2)]
     assert dict(p.variants[0].vectors) == {"C": 8, "bias": 4, "D": 8}
-    # the tree's root is D's store, wrapped around the value dag_to_tree computes
+    # the tree's root is D's store, wrapped around the value the lowering computes
     assert p.tree.root.op.role == "aux_store" and p.tree.root.op.name == "D"
     js = p.to_json()
     assert js["variants"][0]["name"] == "vector" and js["thread_map_element"] == "bf16"

@@ -1,5 +1,5 @@
 // evtc's own sm90 visitor nodes (the Sm90 EVT node interface of
-// cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp). Included verbatim.
+// cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp). #included by every emitted sm90 kernel.
 #pragma once
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
@@ -34,8 +34,7 @@ struct Sm90Immediate : cutlass::epilogue::fusion::Sm90VisitorImpl<> {
 
 namespace evtc {
 
-// ---------------------------------------------------------------------------------------------
-// Shared-memory aliasing between an aux load and an aux store (evtc planner, NOTE [Aux buffer
+// One shared-memory buffer for an aux load and an aux store (evtc planner, NOTE [Aux buffer
 // sharing] in evtc/plan/sm90.py).
 //
 // Stock CUTLASS gives every TMA aux store its own StagesD-deep buffer. With ReuseSmemC, the
@@ -46,26 +45,26 @@ namespace evtc {
 // touch the same smem block in program order, as for C/D reuse), and its TMA store, committed in
 // the same bulk group as D's, completes before the slot is refilled.
 //
-// Sm90AliasedAuxStore<Store> is Store (a Sm90AuxStore with Stages == StagesC) without its own
-// shared storage; Sm90SmemAlias<Root, AliasPair<LoadPath, StorePath>...> wraps the fusion root
-// and, after constructing the tree, points each aliased store at its load's buffer. A path is the
+// Sm90SharedAuxStore<Store> is Store (a Sm90AuxStore with Stages == StagesC) without its own
+// shared storage; Sm90SmemShare<Root, SharePair<LoadPath, StorePath>...> wraps the fusion root
+// and, after constructing the tree, points each sharing store at its load's buffer. A path is the
 // sequence of indices into the nested `ops` tuples (Sm90VisitorImplBase::ops) from the root.
 // ---------------------------------------------------------------------------------------------
 
 template <class Store>
-struct Sm90AliasedAuxStore : Store {
+struct Sm90SharedAuxStore : Store {
   struct SharedStorage {};
 
-  CUTLASS_HOST_DEVICE Sm90AliasedAuxStore() {}
+  CUTLASS_HOST_DEVICE Sm90SharedAuxStore() {}
 
   CUTLASS_HOST_DEVICE
-  Sm90AliasedAuxStore(typename Store::Params const& params, SharedStorage const& shared_storage)
-      // The base only takes the address of its buffer; the alias wrapper repoints it.
+  Sm90SharedAuxStore(typename Store::Params const& params, SharedStorage const& shared_storage)
+      // The base only takes the address of its buffer; the share wrapper repoints it.
       : Store(params, *reinterpret_cast<typename Store::SharedStorage const*>(&shared_storage)) {}
 };
 
 template <class LoadPath, class StorePath>
-struct AliasPair {};
+struct SharePair {};
 
 namespace detail {
 
@@ -80,20 +79,20 @@ CUTLASS_DEVICE auto& at_path(Visitor& v, cute::seq<I, Is...>) {
 }  // namespace detail
 
 template <class Root, class... Pairs>
-struct Sm90SmemAlias : Root {
-  CUTLASS_HOST_DEVICE Sm90SmemAlias() {}
+struct Sm90SmemShare : Root {
+  CUTLASS_HOST_DEVICE Sm90SmemShare() {}
 
   CUTLASS_HOST_DEVICE
-  Sm90SmemAlias(typename Root::Params const& params, typename Root::SharedStorage const& shared_storage)
+  Sm90SmemShare(typename Root::Params const& params, typename Root::SharedStorage const& shared_storage)
       : Root(params, shared_storage) {
 #if defined(__CUDA_ARCH__)
-    (alias(Pairs{}), ...);
+    (share(Pairs{}), ...);
 #endif
   }
 
  private:
   template <class LoadPath, class StorePath>
-  CUTLASS_DEVICE void alias(AliasPair<LoadPath, StorePath>) {
+  CUTLASS_DEVICE void share(SharePair<LoadPath, StorePath>) {
     auto& load = detail::at_path(*this, LoadPath{});
     auto& store = detail::at_path(*this, StorePath{});
     using StoreElement = cute::remove_pointer_t<decltype(store.smem_aux)>;

@@ -1,6 +1,7 @@
 // evtc's own device functors and visitor nodes, for ops CUTLASS has no functor for.
-// Included verbatim in every emitted kernel. Each functor works on a scalar T and on
-// cutlass::Array<T, N> (what Sm90Compute / VisitorCompute pass: fragments in the compute type).
+// #included by every emitted kernel (codegen_templates/include is on nvcc's -I path). Each
+// functor works on a scalar T and on cutlass::Array<T, N> (what Sm90Compute / VisitorCompute
+// pass: fragments in the compute type).
 #pragma once
 
 #include <cutlass/cutlass.h>

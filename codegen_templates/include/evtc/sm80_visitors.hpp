@@ -1,5 +1,5 @@
-// evtc's own sm80 visitor node and the reduction-output helpers of the sm80 kernels. Included
-// verbatim.
+// evtc's own sm80 visitor node and the reduction-output helpers of the sm80 kernels.
+// #included by every emitted sm80 kernel.
 //
 // Sm80Immediate follows the CUTLASS 2.x visitor interface of
 // cutlass/epilogue/threadblock/fusion/visitor_2x.hpp (get_callbacks -> Callbacks with
