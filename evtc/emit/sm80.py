@@ -206,7 +206,7 @@ def emit_sm80(graph: Graph, plan: Sm80Plan, *, name: str | None = None) -> str:
         instruction_shape=_c_gemm_shape(plan.instruction_shape),
         epilogue_stages=EPILOGUE_STAGES,
         swizzle=SWIZZLE_STREAMK if cfg.scheduler == "streamk"
-        else f"cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<{plan.swizzle}>",
+        else f"cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<{plan.swizzle_width}>",
         scheduler=cfg.scheduler,
         decls=em.decls,
         root=root,

@@ -74,6 +74,30 @@ def node_table(plan: Plan) -> NodeTable:
     return NodeTable("sm90/nodes.j2", f"{FUSION}::Sm90EVT", f"{FUSION}::Sm90TopologicalVisitor", decisions)
 
 
+def buffer_probes(plan: Plan) -> list[tuple[str, str]]:
+    """(plan layout label, C++ expression of the member) of every buffer that owns shared memory
+    (see :func:`evtc.plan.sm90.shared_storage` for the labels)."""
+    from evtc.plan.sm90 import SLOT_C, SLOT_D, aux_label, row_label
+
+    probes = []
+    if plan.c_slot is not None:
+        probes.append((SLOT_C, "s.tensors.collective.smem_C"))
+    probes.append((SLOT_D, "s.tensors.collective.smem_D"))
+    owners = {b.name for b in plan.buffers if b.bytes > 0}
+    for path, t in plan.tree.walk():
+        v = t.op
+        if v.name not in owners or v.node is plan.tree.c_input:
+            continue
+        expr = "s.tensors.thread"
+        for i in path:
+            expr = f"cute::get<{i}>({expr})"
+        if v.role is Role.ROW:
+            probes.append((row_label(v.name), f"{expr}.smem"))
+        elif v.role.is_aux:
+            probes.append((aux_label(v.name), f"{expr}.smem_aux"))
+    return probes
+
+
 def _share_wrapper(plan: Plan, root_alias: str) -> tuple[str, str]:
     """The ``FusionCallbacks`` type: the tree itself, or wrapped by ``evtc::Sm90SmemShare``, which
     points each shared aux store at its aux load's buffer (NOTE [Aux buffer sharing])."""
@@ -161,4 +185,5 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
         uses_reduction=any(r.is_reduction for r in uses),
+        buffer_probes=buffer_probes(plan),
     )

@@ -2,7 +2,7 @@
 
 Input: a Graph after passes, the SM80 Target, a GemmConfig and the operand dtypes.
 Output: an :class:`Sm80Plan` (a :class:`~evtc.plan.plan.Plan` with ``arch="sm80"`` and
-``policy="sm80"``) that the sm80 emitter prints as CUTLASS 2.x visitor GEMMs.
+``policy="evtc"``: there is no stock rule to compare with on sm80) that the sm80 emitter prints as CUTLASS 2.x visitor GEMMs.
 
 # NOTE [The sm80 epilogue]
 The kernel is ``cutlass::gemm::kernel::DefaultGemmWithVisitor``
@@ -189,7 +189,8 @@ class Sm80Plan(Plan):
         instruction_shape: ``mma.sync`` shape.
         thread_map_element: the element the epilogue thread map is laid out for (D's dtype, or
             the operands' for an 8-bit D; it is also the kernel's nominal ``ElementC``).
-        swizzle: ``GemmIdentityThreadblockSwizzle<N>``'s N (ignored with stream-K).
+        swizzle_width: ``GemmIdentityThreadblockSwizzle<N>``'s N, in tiles (GemmConfig.swizzle is its
+            log2; ignored with stream-K).
         variants: the kernels in the library, in the order they are tried.
         scratch: reductions accumulated in a float workspace and converted to their dtype after
             the GEMM (the visitors' atomics work on the output type, evtc accumulates in f32).
@@ -198,7 +199,7 @@ class Sm80Plan(Plan):
     warp_tile: tuple[int, int, int] = (64, 64, 32)
     instruction_shape: tuple[int, int, int] = INSTRUCTION_SHAPE
     thread_map_element: DType = f32
-    swizzle: int = 8
+    swizzle_width: int = 8
     variants: tuple[KernelVariant, ...] = ()
     scratch: tuple[str, ...] = ()
 
@@ -208,7 +209,7 @@ class Sm80Plan(Plan):
             "warp_tile": list(self.warp_tile),
             "instruction_shape": list(self.instruction_shape),
             "thread_map_element": self.thread_map_element.name,
-            "swizzle": self.swizzle,
+            "swizzle_width": self.swizzle_width,
             "variants": [v.to_json() for v in self.variants],
             "scratch": list(self.scratch),
         })
@@ -362,7 +363,7 @@ def plan_sm80(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     if any(isinstance(o, Reduction) for o in graph.outputs):
         notes.append("reductions use float atomics; the kernel fills their outputs with the identity first")
     return Sm80Plan(
-        arch="sm80", policy="sm80", config=config, operands=(a, b),
+        arch="sm80", policy="evtc", config=config, operands=(a, b),
         epilogue_tile=(tmap.rows_per_step, config.tile[1]), fragment_size=tmap.elements_per_access,
         stages_c=0, stages_d=0, reuse_smem_c=False, delay_tma_store=False, c_slot=None, d_slot=None, shares=(),
         buffers=_buffers(graph, tree, spans, scratch),
@@ -370,5 +371,5 @@ def plan_sm80(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         mainloop_stage_bytes=stage_bytes, mainloop_stages=config.stages, smem_capacity=target.smem_capacity,
         notes=tuple(notes), tree=tree,
         warp_tile=warp_tile(config), instruction_shape=INSTRUCTION_SHAPE, thread_map_element=element,
-        swizzle=1 << config.swizzle, variants=variants, scratch=scratch,
+        swizzle_width=1 << config.swizzle, variants=variants, scratch=scratch,
     )

@@ -9,7 +9,7 @@
 //     D = store(%3) : bf16
 //
 // Plan:
-//   plan (sm80) for sm80: tile 128x128x32, cluster 1x1, multistage
+//   plan (evtc) for sm80: tile 128x128x32, cluster 1x1, multistage
 //     warp tile 64x64x32, mma 16x8x16, 4 stages, persistent, epilogue steps of 16x128
 //     buffer  role           dtype  mode    stages  bytes  offset  shares  why
 //     bias    row_broadcast  f32    direct  0       0      -       -       VisitorRowBroadcast: the thread's columns, loaded once into registers
@@ -421,15 +421,15 @@ char const kInfoJson[] =
     "e_tile\":[16,128],\"fragment_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":16384,\"mainl"
     "oop_stages\":4,\"notes\":[\"C and D are ordinary visitors (no collective): every tensor is accessed from"
     " registers\",\"kernel variants by alignment, chosen at run time: vector, ragged_n, ragged\"],\"operands\""
-    ":[\"bf16\",\"bf16\"],\"policy\":\"sm80\",\"reuse_smem_c\":false,\"scratch\":[],\"shares\":[],\"smem_capacity\":16691"
-    "2,\"stages_c\":0,\"stages_d\":0,\"swizzle\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab\":8,\"e"
-    "pilogue_access\":8,\"epilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias\",4],["
-    "\"D\",8]],\"why\":\"N, K, every row/batch stride and base address are multiples of the vectors\"},{\"alignm"
-    "ent_ab\":8,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":[[\"C\",1"
-    "],[\"bias\",1],[\"D\",1]],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{\"align"
-    "ment_ab\":1,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[[\"C\",1]"
-    ",[\"bias\",1],[\"D\",1]],\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop)\"}],\""
-    "warp_tile\":[64,64,32]}}";
+    ":[\"bf16\",\"bf16\"],\"policy\":\"evtc\",\"reuse_smem_c\":false,\"scratch\":[],\"shares\":[],\"smem_capacity\":16691"
+    "2,\"stages_c\":0,\"stages_d\":0,\"swizzle_width\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab"
+    "\":8,\"epilogue_access\":8,\"epilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias"
+    "\",4],[\"D\",8]],\"why\":\"N, K, every row/batch stride and base address are multiples of the vectors\"},{\""
+    "alignment_ab\":8,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":["
+    "[\"C\",1],[\"bias\",1],[\"D\",1]],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{"
+    "\"alignment_ab\":1,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[["
+    "\"C\",1],[\"bias\",1],[\"D\",1]],\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop"
+    ")\"}],\"warp_tile\":[64,64,32]}}";
 }  // namespace
 
 EVTC_EXPORT int evtc_abi_version() { return 2; }

@@ -80,8 +80,6 @@ using ElementD = cutlass::bfloat16_t;
 using ElementAccumulator = float;
 using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
 using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
-constexpr int AlignmentA = 8;
-constexpr int AlignmentB = 8;
 
 using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
 using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
@@ -146,6 +144,35 @@ using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveEpilogue<
 
 static_assert(sizeof(typename CollectiveEpilogue::SharedStorage) == 34304,
               "evtc's shared-memory planner disagrees with sizeof(CollectiveEpilogue::SharedStorage): please report this");
+
+// Where each buffer of the plan lies in CollectiveEpilogue::SharedStorage: {"label": [offset, bytes]}
+// (exported as evtc_buffer_layout; the compile tests compare it with the plan, buffer by buffer).
+static char const* buffer_layout_json() {
+  using Storage = typename CollectiveEpilogue::SharedStorage;
+  alignas(Storage) static unsigned char raw[sizeof(Storage)];  // never constructed: only member addresses are taken
+  static char json[256];
+  auto const& s = *reinterpret_cast<Storage const*>(raw);
+  auto at = [&](auto const& member) { return static_cast<long>(reinterpret_cast<unsigned char const*>(&member) - raw); };
+  snprintf(json, sizeof(json), "{"
+           "\"slot:C\":[%ld,%zu],"
+           "\"slot:D\":[%ld,%zu],"
+           "\"row:bias\":[%ld,%zu]"
+           "}",
+           at(s.tensors.collective.smem_C), sizeof(s.tensors.collective.smem_C),
+           at(s.tensors.collective.smem_D), sizeof(s.tensors.collective.smem_D),
+           at(cute::get<0>(cute::get<0>(s.tensors.thread)).smem), sizeof(cute::get<0>(cute::get<0>(s.tensors.thread)).smem));
+  return json;
+}
+}  // namespace evtc_kernel
+
+extern "C" __attribute__((visibility("default"))) char const* evtc_buffer_layout() {
+  return evtc_kernel::buffer_layout_json();
+}
+
+#ifndef EVTC_LAYOUT_PROBE  // a probe build (-DEVTC_LAYOUT_PROBE) stops here: types and layout only
+namespace evtc_kernel {
+constexpr int AlignmentA = 8;
+constexpr int AlignmentB = 8;
 
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -359,3 +386,4 @@ EVTC_EXPORT int evtc_run(evtc_args_t const* args, void* workspace, size_t worksp
   }
   return 0;
 }
+#endif  // EVTC_LAYOUT_PROBE

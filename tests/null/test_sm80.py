@@ -47,7 +47,7 @@ def test_plan_properties():
 
     p = sm80(E.bias_relu).plan
     assert isinstance(p, Sm80Plan)
-    assert (p.arch, p.policy, p.c_slot, p.d_slot) == ("sm80", "sm80", None, None)
+    assert (p.arch, p.policy, p.c_slot, p.d_slot) == ("sm80", "evtc", None, None)
     assert p.mainloop_stages == 4 and p.config.stages == 4
     assert p.mainloop_stage_bytes == (128 * 32 + 128 * 32) * 2
     assert p.epilogue_smem_bytes == 0
