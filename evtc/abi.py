@@ -29,7 +29,7 @@ from evtc.ir.nodes import (
     Store,
 )
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 CTYPES = {
     "int32_t": ctypes.c_int32,
@@ -69,7 +69,12 @@ def abi_fields(graph: Graph, arch: str) -> tuple[AbiField, ...]:
         # Arguments::max_swizzle_size and raster_order), so one built kernel serves every order;
         # raster_order is the index in GemmConfig's RASTER_ORDERS (RasterOrderOptions' order).
         f += [AbiField("max_swizzle_size", "int32_t", None, "scheduler"),
-              AbiField("raster_order", "int32_t", None, "scheduler")]
+              AbiField("raster_order", "int32_t", None, "scheduler"),
+              # the stream-K scheduler's (ignored by the persistent one): K splits, and the
+              # DecompositionMode / ReductionMode enumerator indices (tile_scheduler_detail.hpp)
+              AbiField("splits", "int32_t", None, "scheduler"),
+              AbiField("decomposition_mode", "int32_t", None, "scheduler"),
+              AbiField("reduction_mode", "int32_t", None, "scheduler")]
     for op in ("A", "B"):
         f += [AbiField(f"p_{op}", "const void*", op, "ptr"), AbiField(f"ld_{op}", "int64_t", op, "ld"),
               AbiField(f"bs_{op}", "int64_t", op, "batch_stride")]

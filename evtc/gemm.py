@@ -21,7 +21,7 @@ from evtc.errors import ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
-from evtc.plan.config import RASTER_ORDERS
+from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS
 from evtc.plan import plan as make_plan
 from evtc.plan.plan import Plan
 from evtc.runtime import tensors
@@ -112,10 +112,16 @@ class Gemm:
         self.graph = passes.run(traced, arch)
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
         policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
-        self.plan = make_plan(self.graph, arch, a=self.a, b=self.b, config=self.config, policy=policy,
+        # swap-AB kernels run the epilogue of the transposed problem (evtc.family.swap_ab)
+        self.kernel_graph = self.graph
+        if self.config.swap_ab:
+            from evtc.family.swap_ab import transpose
+
+            self.kernel_graph = transpose(self.graph)
+        self.plan = make_plan(self.kernel_graph, arch, a=self.a, b=self.b, config=self.config, policy=policy,
                               rank=plan_rank, fixed=fixed)
         self.config = self.plan.config  # validated: defaults that depend on the arch filled in
-        self.source = emit(self.graph, self.plan)
+        self.source = emit(self.kernel_graph, self.plan)
         self.target = target
         self._library: KernelLibrary | None = None
         # sm90's register-direct accesses are whole 16-byte vectors (the Binder checks N); sm80
@@ -123,7 +129,10 @@ class Gemm:
         self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct"
                                  and b.role in ("aux_load", "aux_store")) if self.plan.arch == "sm90" else frozenset()
         self._scheduler = {"max_swizzle_size": 1 << self.config.swizzle,
-                           "raster_order": RASTER_ORDERS.index(self.config.raster)} if arch == "sm90" else {}
+                           "raster_order": RASTER_ORDERS.index(self.config.raster),
+                           "splits": self.config.split_k,
+                           "decomposition_mode": DECOMPOSITIONS.index(self.config.decomposition),
+                           "reduction_mode": 0} if arch == "sm90" else {}
         self._binder = self._make_binder(ctypes_struct(abi_fields(self.graph, arch)))
 
     def _make_binder(self, Args) -> Binder:

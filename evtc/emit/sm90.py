@@ -26,7 +26,20 @@ from evtc.lower import Role, Visitor
 from evtc.plan.plan import Plan
 
 FUSION = "cutlass::epilogue::fusion"
-STRIDE_MN = "cute::Stride<int64_t, cute::_1, int64_t>"  # row-major M x N, batched
+STRIDE_ROW_MAJOR = "cute::Stride<int64_t, cute::_1, int64_t>"  # row-major M x N, batched
+STRIDE_COL_MAJOR = "cute::Stride<cute::_1, int64_t, int64_t>"  # column-major (swap-AB's D^T)
+
+
+def mn_stride(plan: Plan) -> str:
+    """The CuTe stride type of the kernel's M x N tensors: column-major under swap-AB."""
+    return STRIDE_COL_MAJOR if plan.config.swap_ab else STRIDE_ROW_MAJOR
+
+
+def mn_stride_args(plan: Plan, name: str) -> str:
+    """The stride initializer of M x N tensor ``name`` from its ``evtc_args_t`` fields."""
+    if plan.config.swap_ab:
+        return f"{{cute::_1{{}}, args.ld_{name}, args.bs_{name}}}"
+    return f"{{args.ld_{name}, cute::_1{{}}, args.bs_{name}}}"
 
 # (register, shuffle/smem, global) reduce functors for the non-atomic final reductions and the
 # atomic scalar reduction (Sm90ScalarReduction has only an atomic implementation)
@@ -57,8 +70,11 @@ def node_table(plan: Plan) -> NodeTable:
         n = v.node
         if v.role in (Role.AUX_LOAD, Role.AUX_STORE):
             mode, stages = plan.aux_mode(n.name)
-            return {"mode": mode, "stages": stages, "stride": STRIDE_MN, "host": shares.get(n.name),
-                    "stride_args": f"{{args.ld_{n.name}, cute::_1{{}}, args.bs_{n.name}}}"}
+            return {"mode": mode, "stages": stages, "stride": mn_stride(plan), "host": shares.get(n.name),
+                    "stride_args": mn_stride_args(plan, n.name),
+                    # register-direct accesses are predicated per vector on its first element: the
+                    # unaligned variant reads and writes one element at a time
+                    "alignment": 1 if plan.config.unaligned else None}
         if v.role is Role.ROW:
             return {"direct": plan.aux_mode(n.name)[0] == "direct"}
         if v.role is Role.IMM:
@@ -134,7 +150,10 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     cfg = plan.config
     a, b = plan.operands
     c_input = graph.input(plan.c_slot) if plan.c_slot else None
-    d_output = graph.output(plan.d_slot)
+    # the unaligned variant has void C and D: its root is D's register-direct aux store, whose
+    # element type the collective takes for its (unused) D buffer
+    d_output = graph.output(plan.d_slot) if plan.d_slot else None
+    smem_element_d = (d_output or plan.tree.d_output).dtype.cutlass
     fields = abi_fields(graph, "sm90")
     uses = {v.role for v in plan.tree.visitors()}
     info = {
@@ -156,7 +175,8 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         alignment_a=16 // a.bytes,
         alignment_b=16 // b.bytes,
         element_c=c_input.dtype.cutlass if c_input is not None else "void",
-        element_d=d_output.dtype.cutlass,
+        element_d=d_output.dtype.cutlass if d_output is not None else "void",
+        smem_element_d=smem_element_d,
         tile_shape=cxx_shape(*cfg.tile),
         cluster_shape=cxx_shape(*cfg.cluster),
         epilogue_tile=cxx_shape(*plan.epilogue_tile),
@@ -177,10 +197,12 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         mainloop_stages=plan.mainloop_stages,
         fusion_args=fusion_args,
         c_ptr=f"static_cast<ElementC const*>(args.p_{c_input.name})" if c_input is not None else "nullptr",
-        c_stride=f"StrideC{{args.ld_{c_input.name}, cute::_1{{}}, args.bs_{c_input.name}}}" if c_input is not None
-        else "StrideC{}",
-        d_ptr=f"static_cast<ElementD*>(args.p_{d_output.name})",
-        d_stride=f"StrideD{{args.ld_{d_output.name}, cute::_1{{}}, args.bs_{d_output.name}}}",
+        c_stride=f"StrideC{mn_stride_args(plan, c_input.name)}" if c_input is not None else "StrideC{}",
+        d_ptr=f"static_cast<ElementD*>(args.p_{d_output.name})" if d_output is not None else "nullptr",
+        d_stride=f"StrideD{mn_stride_args(plan, d_output.name)}" if d_output is not None else "StrideD{}",
+        stride_mn=mn_stride(plan),
+        swap_ab=cfg.swap_ab,
+        stream_k=cfg.scheduler == "streamk",
         fields=fields,
         abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),

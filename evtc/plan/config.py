@@ -28,9 +28,13 @@ SCHEDULERS = ("persistent", "streamk")
 # in the order of CUTLASS's RasterOrderOptions enumerators (tile_scheduler_detail.hpp): the
 # kernel's raster_order argument is the index
 RASTER_ORDERS = ("heuristic", "along_m", "along_n")
-# On sm90 the tile order is an argument of the persistent tile scheduler, not part of the kernel:
-# these fields don't change the emitted source (one build serves every value).
-RUNTIME_FIELDS_SM90 = ("swizzle", "raster")
+# CUTLASS's DecompositionMode enumerators, in order (tile_scheduler_detail.hpp): the stream-K
+# scheduler's decomposition_mode argument is the index
+DECOMPOSITIONS = ("heuristic", "data_parallel", "split_k", "stream_k")
+# On sm90 the tile order and (stream-K scheduler) the decomposition are arguments of the
+# persistent tile scheduler, not part of the kernel: these fields don't change the emitted source
+# (one build serves every value).
+RUNTIME_FIELDS_SM90 = ("swizzle", "raster", "split_k", "decomposition")
 # GemmConfig.swizzle when it is None, by arch and (sm90) schedule. Measured on the H100 for bias_relu at
 # 8192^3 (docs/performance.md): the cooperative 128x256 kernel ran 1.5-2 % faster with 8-tile
 # bands than with CUTLASS's default of one tile (1.003-1.020 vs 1.021-1.030 of cuBLAS's time, four
@@ -62,6 +66,18 @@ class GemmConfig:
         raster: sm90 tile order: ``"along_n"`` (consecutive tiles step along N), ``"along_m"``,
             or ``"heuristic"`` (CUTLASS's: along M when there are more tiles along N).
         fast_accum: fp8 only: accumulate without periodic promotion (faster, less accurate).
+        split_k: sm90 stream-K scheduler only: split every output tile's K loop into this many
+            parts, reduced in a workspace before the epilogue runs once per tile (so aux stores
+            and reductions are exact); 1 lets ``decomposition`` decide. A run-time argument.
+        decomposition: sm90 stream-K scheduler only: ``"heuristic"`` (CUTLASS's choice of the
+            three below from the problem), ``"data_parallel"``, ``"split_k"`` or ``"stream_k"``
+            (``DecompositionMode``, ``tile_scheduler_detail.hpp``). A run-time argument.
+        swap_ab: sm90: compute ``D^T = B A^T``: the kernel sees an N x M problem whose M x N
+            tensors are column-major, row and column broadcasts and reductions swapped
+            (:mod:`evtc.family.swap_ab`). Small-M problems fill the machine this way.
+        unaligned: sm90: every M x N tensor (C, D, aux loads and stores) is read and written
+            register-direct with per-element predicates (void C and D in the collective), so rows
+            need no 16-byte alignment: the variant for N not a multiple of 8 (16-bit) or 16 (fp8).
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -74,6 +90,10 @@ class GemmConfig:
     swizzle: int | None = None
     raster: str = "heuristic"
     fast_accum: bool = False
+    split_k: int = 1
+    decomposition: str = "heuristic"
+    swap_ab: bool = False
+    unaligned: bool = False
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -114,13 +134,20 @@ class GemmConfig:
             extra += f"_e{self.epilogue_tile[0]}x{self.epilogue_tile[1]}"
         if self.scheduler != "persistent":
             extra += f"_{self.scheduler}"
+        if self.swap_ab:
+            extra += "_swapab"
+        if self.unaligned:
+            extra += "_unaligned"
         return f"{t}_{c}_{s}{extra}"
 
     @property
     def schedule_name(self) -> str:
         """:attr:`name` with the tile order, e.g. ``128x256x64_2x1_coop_sw8_along_n``."""
         sw = "auto" if self.swizzle is None else 1 << self.swizzle
-        return f"{self.name}_sw{sw}_{self.raster}"
+        extra = f"_splitk{self.split_k}" if self.split_k > 1 else ""
+        if self.decomposition != "heuristic":
+            extra += f"_{self.decomposition}"
+        return f"{self.name}_sw{sw}_{self.raster}{extra}"
 
 
 def default_config(arch: str, a: DType, b: DType) -> GemmConfig:
@@ -189,7 +216,28 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
         if config.swizzle not in (0, 1, 2, 3):
             raise ConfigError(f"swizzle = {config.swizzle}: sm90's tile scheduler takes a swizzle of 1, 2, 4 or 8 tiles "
                               "(log2: 0 to 3; tile_scheduler_params.h)")
+        if config.scheduler == "streamk" and config.schedule != "cooperative":
+            raise ConfigError("the stream-K scheduler needs the cooperative schedule (CUTLASS's ping-pong kernel "
+                              "static_asserts it away: sm90_gemm_tma_warpspecialized_pingpong.hpp)")
+        if isinstance(config.split_k, bool) or not isinstance(config.split_k, int) or config.split_k < 1:
+            raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
+        if config.decomposition not in DECOMPOSITIONS:
+            raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")
+        if (config.split_k > 1 or config.decomposition != "heuristic") and config.scheduler != "streamk":
+            raise ConfigError(f"split_k = {config.split_k}, decomposition '{config.decomposition}': split-K and "
+                              "stream-K are decompositions of the stream-K tile scheduler",
+                              hint="add scheduler='streamk' (cooperative schedule)")
+        if config.split_k > 1 and config.decomposition not in ("heuristic", "split_k"):
+            raise ConfigError(f"split_k = {config.split_k} with decomposition '{config.decomposition}': splits are "
+                              "only taken by the heuristic and split_k decompositions (tile_scheduler_params.h)")
     elif arch == "sm80":
+        for name in ("swap_ab", "unaligned"):
+            if getattr(config, name):
+                raise ConfigError(f"{name}=True is an sm90 kernel variant",
+                                  hint="sm80 kernels pick aligned or ragged variants at run time by themselves")
+        if config.split_k != 1 or config.decomposition != "heuristic":
+            raise ConfigError("split_k / decomposition are arguments of sm90's stream-K tile scheduler",
+                              hint="on sm80 use scheduler='streamk' (ThreadblockSwizzleStreamK)")
         wm, wn, wk = config.warp_tile or (64, 64, tk)
         if tm % wm or tn % wn or wm % 16 or wn % 16 or tm % 32 or tn % 32:
             raise ConfigError(f"sm80 tile {config.tile} / warp tile {config.warp_tile} don't divide")

@@ -98,10 +98,11 @@ STOCK_MARGIN = 0.025
 
 
 def swizzle_alignment(epi_n: int, elem_bytes: int) -> int:
-    """``alignment_for_swizzle`` of the smem layout atom CUTLASS picks for a row-major (N-major)
-    epilogue buffer: ``ss_smem_selector`` takes the widest K-major GMMA atom whose row (128, 64
-    or 32 bytes) divides the subtile's N extent; ``Swizzle<B,4,3>`` aligns to ``2^(B+7)``
-    bytes (``cutlass/detail/layout.hpp``)."""
+    """``alignment_for_swizzle`` of the smem layout atom CUTLASS picks for an epilogue buffer:
+    ``ss_smem_selector`` takes the widest GMMA atom whose row (128, 64 or 32 bytes) divides the
+    subtile's contiguous extent (``epi_n``: N for a row-major buffer, M for a column-major one
+    under swap-AB, ``sm90_builder.inl``); ``Swizzle<B,4,3>`` aligns to ``2^(B+7)`` bytes
+    (``cutlass/detail/layout.hpp``)."""
     row = epi_n * elem_bytes
     for width, align in ((128, 1024), (64, 512), (32, 256)):
         if row % width == 0:
@@ -453,6 +454,11 @@ def row_label(name: str) -> str:
     return f"row:{name}"
 
 
+def contiguous_extent(cand: Candidate, config: GemmConfig) -> int:
+    """The epilogue subtile's contiguous extent: N, or M for the column-major tensors of swap-AB."""
+    return cand.epilogue_tile[0] if config.swap_ab else cand.epilogue_tile[1]
+
+
 def visitor_storage(v: Visitor, cand: Candidate, config: GemmConfig) -> CType:
     """``SharedStorage`` of one visitor."""
     em, en = cand.epilogue_tile
@@ -468,7 +474,8 @@ def visitor_storage(v: Visitor, cand: Candidate, config: GemmConfig) -> CType:
     if v.role.is_aux and v.name not in cand.direct:
         stages = cand.stages_c if v.role is Role.AUX_LOAD else cand.stages_d
         b = v.node.dtype.bytes
-        arr = array_aligned(v.name, b, em * en * stages, alignas=swizzle_alignment(en, b), buffer=aux_label(v.name))
+        arr = array_aligned(v.name, b, em * en * stages, alignas=swizzle_alignment(contiguous_extent(cand, config), b),
+                            buffer=aux_label(v.name))
         return struct(f"{v.role.value}::SharedStorage", [("smem_aux", arr)])
     return EMPTY
 
@@ -537,18 +544,19 @@ def fusion_storage(root: TreeLike, cand: Candidate, config: GemmConfig, memo: di
     return out
 
 
-def collective_storage(cand: Candidate) -> CType:
+def collective_storage(cand: Candidate, config: GemmConfig) -> CType:
     """``CollectiveEpilogue::SharedStorage::TensorStorage::collective``."""
     em, en = cand.epilogue_tile
-    d = cand.d_slot.dtype
-    align_d = swizzle_alignment(en, d.bytes)
+    contiguous = contiguous_extent(cand, config)
+    d = cand.d_slot.dtype  # with a void D (the unaligned variant): the root store's, its ElementAux
+    align_d = swizzle_alignment(contiguous, d.bytes)
     d_stages = cand.stages_c if cand.reuse else cand.stages_d
     smem_d = array_aligned("D", d.bytes, em * en * d_stages, buffer=SLOT_D)
     if cand.c_slot is None:
         empty_c = EMPTY._replace(name="smem_C")  # cute::array<T, 0>
         return union("CollectiveStorageWithoutC", [("smem_C", empty_c), ("smem_D", with_alignas(smem_d, align_d))])
     c = cand.c_slot.dtype
-    align_c = swizzle_alignment(en, c.bytes)
+    align_c = swizzle_alignment(contiguous, c.bytes)
     smem_c = array_aligned("C", c.bytes, em * en * cand.stages_c, buffer=SLOT_C)
     if cand.reuse:
         a = max(align_c, align_d)
@@ -561,7 +569,7 @@ def shared_storage(tree: VisitorTree, cand: Candidate, config: GemmConfig, memo:
     LoadPipeline::SharedStorage pipeline; }`` with ``PipelineTransactionAsync<StagesC>``'s two
     arrays of 8-byte barriers. ``tree`` may have been lowered with another C slot than
     ``cand``'s: the C slot's leaf has no storage of its own either way."""
-    tensors = struct("TensorStorage", [("collective", collective_storage(cand)),
+    tensors = struct("TensorStorage", [("collective", collective_storage(cand, config)),
                                        ("thread", fusion_storage(tree.root, cand, config, memo))])
     pipeline = CType("PipelineStorage", 16 * cand.stages_c, 8)
     return struct("SharedStorage", [("tensors", tensors), ("pipeline", pipeline)])
@@ -609,6 +617,8 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         raise PlanError(f"unknown plan decision{'s' if len(unknown) > 1 else ''} {unknown}", epilogue=graph.name,
                         hint=f"fixable decisions: {', '.join(FIXABLE)}")
     req = PlanRequest(graph, target, config, a, b, policy, fixed, rank)
+    if config.unaligned:
+        return _plan_unaligned(req)
     # Register-direct aux tensors need N to be a multiple of their 16-byte vector (evtc checks
     # at call time), so the planner only uses them when asked to or when nothing fits without.
     first = not fixed.get("direct")
@@ -776,4 +786,61 @@ def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = (
         buffers=tuple(buffers), epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes,
         mainloop_stages=best.stages, smem_capacity=req.target.smem_capacity, cost=best.terms,
         notes=tuple(notes) + extra_notes, tree=tree,
+    )
+
+
+def _plan_unaligned(req: PlanRequest) -> Plan:
+    """The plan of the unaligned variant (``GemmConfig.unaligned``): void C and void D in the
+    collective, every M x N tensor register-direct with per-element predicates, the output that
+    would take the D slot stored by an ``Sm90AuxStore<0>`` wrapped around the whole tree (its
+    ``ElementAux`` is what the collective falls back to for its buffer types,
+    ``sm90_callbacks_tma_warpspecialized.hpp`` ``get_element_aux``). The collective still holds
+    ``smem_D`` (``CollectiveStorageWithoutC``): the column reductions' scratch. Row broadcasts
+    stay stock (``Sm90RowBroadcast`` predicates each element)."""
+    graph, config = req.graph, req.config
+    if req.fixed or req.policy != "evtc":
+        raise PlanError("the unaligned variant has one plan: no fixed decisions or stock policy",
+                        epilogue=graph.name)
+    stores = _stores(graph)
+    top = next((s for s in stores if s.name == "D"), stores[0])
+    inner = lower(graph, top, None)
+    tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.AUX_STORE), (inner.root,)))
+    et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
+    tm, tn, _ = config.tile
+    epi_tiles = (tm // et[0]) * (tn // et[1])
+    direct = frozenset(n.name for n in _aux_loads(graph)) | frozenset(s.name for s in stores)
+    cand = Candidate(None, top, et, 1, min(2, epi_tiles), False, False, direct)
+    if not column_reduction_fits(graph, config, et, top):
+        raise PlanError(f"the column reductions need more than the epilogue tile {et} of '{top.name}' as scratch",
+                        epilogue=graph.name, hint="use a larger epilogue_tile")
+    storage = shared_storage(tree, cand, config)
+    stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
+    if stages < req.need:
+        raise PlanError(f"the unaligned variant leaves {stages} mainloop stages at tile {config.tile}",
+                        epilogue=graph.name, hint="use a smaller tile")
+    stages = config.stages or stages
+    offsets = {t.buffer: o for o, t in storage.leaves() if t.buffer}
+    sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
+    buffers = [Buffer(top.name, "D", top.dtype, "smem", cand.stages_d, sizes[SLOT_D], offsets[SLOT_D], (),
+                      "the collective's (void) D buffer: not stored from, the column reductions' scratch")]
+    for v in tree.visitors():
+        n = v.node
+        if v.role.is_aux:
+            buffers.append(Buffer(v.name, v.role.value, n.dtype, "direct", 0, 0, -1, (),
+                                  "register-direct, one element per access: rows need no 16-byte alignment"))
+        elif v.role is Role.ROW and not any(b.name == v.name for b in buffers):
+            label = row_label(v.name)
+            buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
+                                  "one CTA-N row (Sm90RowBroadcast, element-wise predicated)"))
+        elif v.role.is_reduction:
+            buffers.append(Buffer(v.name, v.role.value, n.dtype, "workspace" if v.role is not Role.SCALAR_REDUCTION
+                                  else "direct", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
+    threads = 256 if config.schedule == "cooperative" else 128
+    return Plan(
+        arch="sm90", policy="evtc", config=config, operands=(req.a, req.b), epilogue_tile=et,
+        fragment_size=et[0] * et[1] // threads, stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=False,
+        delay_tma_store=False, c_slot=None, d_slot=None, shares=(), buffers=tuple(buffers),
+        epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes, mainloop_stages=stages,
+        smem_capacity=req.target.smem_capacity, cost={},
+        notes=(f"unaligned variant: void C and D, '{top.name}' and every M x N tensor register-direct",), tree=tree,
     )

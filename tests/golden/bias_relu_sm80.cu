@@ -405,7 +405,7 @@ char const kInfoJson[] =
     "me\":\"s_beta\",\"tensor\":\"beta\",\"what\":\"value\"},{\"ctype\":\"const void*\",\"name\":\"p_bias\",\"tensor\":\"bias\","
     "\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"bs_bias\",\"tensor\":\"bias\",\"what\":\"batch_stride\"},{\"ctype\":\"v"
     "oid*\",\"name\":\"p_D\",\"tensor\":\"D\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_D\",\"tensor\":\"D\",\"what\":\""
-    "ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":2,\"arch\":\"s"
+    "ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":3,\"arch\":\"s"
     "m80\",\"ir\":\"epilogue bias_relu(acc: f32 accumulator, C: bf16 source, alpha: f32 scalar, beta: f32 sca"
     "lar, bias: f32 row):\\n  %0 = mul(C, beta) : f32\\n  %1 = multiply_add(alpha, acc, %0) : f32\\n  %2 = a"
     "dd(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"arc"
@@ -415,24 +415,25 @@ char const kInfoJson[] =
     ",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxLoad: predicated vector loads into registers, one epil"
     "ogue step at a time\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"direct\",\"name\":\"D\",\"offset\":-1,\"role\":\"aux_s"
     "tore\",\"shares_with\":[],\"stages\":0,\"why\":\"VisitorAuxStore: predicated vector stores from registers\"}]"
-    ",\"c_slot\":null,\"config\":{\"cluster\":[1,1,1],\"epilogue_tile\":null,\"fast_accum\":false,\"raster\":\"heurist"
-    "ic\",\"schedule\":\"multistage\",\"scheduler\":\"persistent\",\"stages\":4,\"swizzle\":3,\"tile\":[128,128,32],\"war"
-    "p_tile\":[64,64,32]},\"cost\":{},\"d_slot\":null,\"delay_tma_store\":false,\"epilogue_smem_bytes\":0,\"epilogu"
-    "e_tile\":[16,128],\"fragment_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":16384,\"mainl"
-    "oop_stages\":4,\"notes\":[\"C and D are ordinary visitors (no collective): every tensor is accessed from"
-    " registers\",\"kernel variants by alignment, chosen at run time: vector, ragged_n, ragged\"],\"operands\""
-    ":[\"bf16\",\"bf16\"],\"policy\":\"evtc\",\"reuse_smem_c\":false,\"scratch\":[],\"shares\":[],\"smem_capacity\":16691"
-    "2,\"stages_c\":0,\"stages_d\":0,\"swizzle_width\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab"
-    "\":8,\"epilogue_access\":8,\"epilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias"
-    "\",4],[\"D\",8]],\"why\":\"N, K, every row/batch stride and base address are multiples of the vectors\"},{\""
-    "alignment_ab\":8,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":["
-    "[\"C\",1],[\"bias\",1],[\"D\",1]],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{"
-    "\"alignment_ab\":1,\"epilogue_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[["
-    "\"C\",1],[\"bias\",1],[\"D\",1]],\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop"
-    ")\"}],\"warp_tile\":[64,64,32]}}";
+    ",\"c_slot\":null,\"config\":{\"cluster\":[1,1,1],\"decomposition\":\"heuristic\",\"epilogue_tile\":null,\"fast_ac"
+    "cum\":false,\"raster\":\"heuristic\",\"schedule\":\"multistage\",\"scheduler\":\"persistent\",\"split_k\":1,\"stages"
+    "\":4,\"swap_ab\":false,\"swizzle\":3,\"tile\":[128,128,32],\"unaligned\":false,\"warp_tile\":[64,64,32]},\"cost\""
+    ":{},\"d_slot\":null,\"delay_tma_store\":false,\"epilogue_smem_bytes\":0,\"epilogue_tile\":[16,128],\"fragment"
+    "_size\":8,\"instruction_shape\":[16,8,16],\"mainloop_stage_bytes\":16384,\"mainloop_stages\":4,\"notes\":[\"C "
+    "and D are ordinary visitors (no collective): every tensor is accessed from registers\",\"kernel varian"
+    "ts by alignment, chosen at run time: vector, ragged_n, ragged\"],\"operands\":[\"bf16\",\"bf16\"],\"policy\":"
+    "\"evtc\",\"reuse_smem_c\":false,\"scratch\":[],\"shares\":[],\"smem_capacity\":166912,\"stages_c\":0,\"stages_d\":"
+    "0,\"swizzle_width\":8,\"thread_map_element\":\"bf16\",\"variants\":[{\"alignment_ab\":8,\"epilogue_access\":8,\"e"
+    "pilogue_smem_bytes\":0,\"name\":\"vector\",\"stages\":4,\"vectors\":[[\"C\",8],[\"bias\",4],[\"D\",8]],\"why\":\"N, K,"
+    " every row/batch stride and base address are multiples of the vectors\"},{\"alignment_ab\":8,\"epilogue_"
+    "access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged_n\",\"stages\":4,\"vectors\":[[\"C\",1],[\"bias\",1],[\"D\",1]"
+    "],\"why\":\"K and A/B are 16-byte aligned, N or an epilogue tensor is not\"},{\"alignment_ab\":1,\"epilogue"
+    "_access\":1,\"epilogue_smem_bytes\":0,\"name\":\"ragged\",\"stages\":2,\"vectors\":[[\"C\",1],[\"bias\",1],[\"D\",1]]"
+    ",\"why\":\"anything else (one-element accesses, 2-stage MmaPipelined mainloop)\"}],\"warp_tile\":[64,64,32"
+    "]}}";
 }  // namespace
 
-EVTC_EXPORT int evtc_abi_version() { return 2; }
+EVTC_EXPORT int evtc_abi_version() { return 3; }
 
 EVTC_EXPORT size_t evtc_args_size() { return sizeof(evtc_args_t); }
 

@@ -51,6 +51,9 @@ typedef struct evtc_args_t {
   int32_t L;  // problem: dim
   int32_t max_swizzle_size;  // problem: scheduler
   int32_t raster_order;  // problem: scheduler
+  int32_t splits;  // problem: scheduler
+  int32_t decomposition_mode;  // problem: scheduler
+  int32_t reduction_mode;  // problem: scheduler
   const void* p_A;  // A: ptr
   int64_t ld_A;  // A: ld
   int64_t bs_A;  // A: batch_stride
@@ -78,7 +81,7 @@ using ElementB = cutlass::bfloat16_t;                       // N x K row-major (
 using ElementC = cutlass::bfloat16_t;
 using ElementD = cutlass::bfloat16_t;
 using ElementAccumulator = float;
-using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;
+using StrideC = cute::Stride<int64_t, cute::_1, int64_t>;  // row-major
 using StrideD = cute::Stride<int64_t, cute::_1, int64_t>;
 
 using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
@@ -122,7 +125,8 @@ constexpr int StagesD = 2;
 constexpr int FragmentSize = 16;
 constexpr bool ReuseSmemC = true;
 constexpr bool DelayTmaStore = false;
-using SmemElementC = cute::conditional_t<cute::is_void_v<ElementC>, ElementD, ElementC>;
+using SmemElementD = cutlass::bfloat16_t;  // ElementD, or (void D) the root store's ElementAux
+using SmemElementC = cute::conditional_t<cute::is_void_v<ElementC>, SmemElementD, ElementC>;
 
 using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveEpilogue<
     cutlass::epilogue::Sm90TmaWarpSpecialized<StagesC, StagesD, FragmentSize, ReuseSmemC, DelayTmaStore>,
@@ -137,8 +141,8 @@ using CollectiveEpilogue = cutlass::epilogue::collective::CollectiveEpilogue<
     decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<StrideC, SmemElementC, EpilogueTile>()),
     decltype(cutlass::epilogue::collective::detail::sm90_get_smem_load_op_for_source<StrideC, SmemElementC, EpilogueTile>()),
     cute::SM90_TMA_STORE,
-    decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<StrideD, ElementD, EpilogueTile>()),
-    decltype(cutlass::epilogue::collective::detail::sm90_get_smem_store_op_for_accumulator<StrideD, ElementD, EpilogueTile>()),
+    decltype(cutlass::epilogue::collective::detail::sm90_get_epilogue_smem_swizzle_layout_atom<StrideD, SmemElementD, EpilogueTile>()),
+    decltype(cutlass::epilogue::collective::detail::sm90_get_smem_store_op_for_accumulator<StrideD, SmemElementD, EpilogueTile>()),
     cute::Copy_Atom<cute::SM90_U32x4_STSM_N, cutlass::half_t>,
     void>;
 
@@ -241,7 +245,7 @@ static typename Gemm::Arguments make_arguments(evtc_args_t const& args, int sm_c
 // CUTLASS's can_implement also asks that the contiguous extents (N of C/D, K of A/B) be multiples
 // of the 16-byte vector, which TMA doesn't need: it bounds-checks every tile, and the strides and
 // base addresses, which it does need aligned, are checked by evtc before the call. So the check
-// runs on the problem with N and K rounded up to 16 elements; everything else is checked as is.
+// runs on the problem with those extents rounded up to 16 elements; everything else as is.
 static evtc_args_t args_for_check(evtc_args_t const& args) {
   evtc_args_t padded = args;
   padded.N = (args.N + 15) / 16 * 16;
@@ -290,36 +294,38 @@ char const kInfoJson[] =
     "sor\":null,\"what\":\"dim\"},{\"ctype\":\"int32_t\",\"name\":\"K\",\"tensor\":null,\"what\":\"dim\"},{\"ctype\":\"int32_t\""
     ",\"name\":\"L\",\"tensor\":null,\"what\":\"dim\"},{\"ctype\":\"int32_t\",\"name\":\"max_swizzle_size\",\"tensor\":null,\""
     "what\":\"scheduler\"},{\"ctype\":\"int32_t\",\"name\":\"raster_order\",\"tensor\":null,\"what\":\"scheduler\"},{\"ctyp"
-    "e\":\"const void*\",\"name\":\"p_A\",\"tensor\":\"A\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_A\",\"tensor\":\""
-    "A\",\"what\":\"ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_A\",\"tensor\":\"A\",\"what\":\"batch_stride\"},{\"ctype\":\"const"
-    " void*\",\"name\":\"p_B\",\"tensor\":\"B\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_B\",\"tensor\":\"B\",\"what\""
-    ":\"ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_B\",\"tensor\":\"B\",\"what\":\"batch_stride\"},{\"ctype\":\"const void*\",\""
-    "name\":\"p_C\",\"tensor\":\"C\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_C\",\"tensor\":\"C\",\"what\":\"ld\"},{\""
-    "ctype\":\"int64_t\",\"name\":\"bs_C\",\"tensor\":\"C\",\"what\":\"batch_stride\"},{\"ctype\":\"float\",\"name\":\"s_alpha\""
-    ",\"tensor\":\"alpha\",\"what\":\"value\"},{\"ctype\":\"float\",\"name\":\"s_beta\",\"tensor\":\"beta\",\"what\":\"value\"},{"
-    "\"ctype\":\"const void*\",\"name\":\"p_bias\",\"tensor\":\"bias\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"bs_bi"
-    "as\",\"tensor\":\"bias\",\"what\":\"batch_stride\"},{\"ctype\":\"void*\",\"name\":\"p_D\",\"tensor\":\"D\",\"what\":\"ptr\"},"
-    "{\"ctype\":\"int64_t\",\"name\":\"ld_D\",\"tensor\":\"D\",\"what\":\"ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_D\",\"tensor\""
-    ":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":2,\"arch\":\"sm90\",\"ir\":\"epilogue bias_relu(acc: f32 accumul"
-    "ator, C: bf16 source, alpha: f32 scalar, beta: f32 scalar, bias: f32 row):\\n  %0 = mul(C, beta) : f3"
-    "2\\n  %1 = multiply_add(alpha, acc, %0) : f32\\n  %2 = add(bias, %1) : f32\\n  %3 = relu(%2) : f32\\n  D"
-    " = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"arch\":\"sm90\",\"buffers\":[{\"bytes\":32768,\"dtype\":\"b"
-    "f16\",\"mode\":\"tma\",\"name\":\"C\",\"offset\":0,\"role\":\"C\",\"shares_with\":[\"D\"],\"stages\":4,\"why\":\"the source "
-    "C; D reuses it (16-bit C and D)\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"shared\",\"name\":\"D\",\"offset\":0,\"r"
-    "ole\":\"D\",\"shares_with\":[\"C\"],\"stages\":4,\"why\":\"written into C's buffer (ReuseSmemC)\"},{\"bytes\":1024,"
-    "\"dtype\":\"f32\",\"mode\":\"smem\",\"name\":\"bias\",\"offset\":32768,\"role\":\"row_broadcast\",\"shares_with\":[],\"st"
-    "ages\":0,\"why\":\"one CTA-N row (Sm90RowBroadcast)\"}],\"c_slot\":\"C\",\"config\":{\"cluster\":[2,1,1],\"epilogu"
-    "e_tile\":null,\"fast_accum\":false,\"schedule\":\"cooperative\",\"scheduler\":\"persistent\",\"stages\":null,\"til"
-    "e\":[128,256,64],\"warp_tile\":null},\"cost\":{\"compute_path_us\":895.79,\"epilogue_exposed_us_per_tile\":10"
-    ".724,\"memory_path_us\":134.92,\"mma_us_per_tile\":44.292,\"stall_fraction\":0.021921472445999377,\"total_u"
-    "s\":895.79},\"d_slot\":\"D\",\"delay_tma_store\":false,\"epilogue_smem_bytes\":34304,\"epilogue_tile\":[128,32]"
-    ",\"fragment_size\":16,\"mainloop_stage_bytes\":49168,\"mainloop_stages\":4,\"notes\":[\"kept stock CUTLASS's "
-    "decisions: the cost model's best (877 us) is within 2.5% of them (896 us)\"],\"operands\":[\"bf16\",\"bf16"
-    "\"],\"policy\":\"evtc\",\"reuse_smem_c\":true,\"shares\":[],\"smem_capacity\":232448,\"stages_c\":4,\"stages_d\":2}"
-    "}";
+    "e\":\"int32_t\",\"name\":\"splits\",\"tensor\":null,\"what\":\"scheduler\"},{\"ctype\":\"int32_t\",\"name\":\"decomposit"
+    "ion_mode\",\"tensor\":null,\"what\":\"scheduler\"},{\"ctype\":\"int32_t\",\"name\":\"reduction_mode\",\"tensor\":null"
+    ",\"what\":\"scheduler\"},{\"ctype\":\"const void*\",\"name\":\"p_A\",\"tensor\":\"A\",\"what\":\"ptr\"},{\"ctype\":\"int64_"
+    "t\",\"name\":\"ld_A\",\"tensor\":\"A\",\"what\":\"ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_A\",\"tensor\":\"A\",\"what\":\"bat"
+    "ch_stride\"},{\"ctype\":\"const void*\",\"name\":\"p_B\",\"tensor\":\"B\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\""
+    ":\"ld_B\",\"tensor\":\"B\",\"what\":\"ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_B\",\"tensor\":\"B\",\"what\":\"batch_stride"
+    "\"},{\"ctype\":\"const void*\",\"name\":\"p_C\",\"tensor\":\"C\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_C\",\""
+    "tensor\":\"C\",\"what\":\"ld\"},{\"ctype\":\"int64_t\",\"name\":\"bs_C\",\"tensor\":\"C\",\"what\":\"batch_stride\"},{\"ctyp"
+    "e\":\"float\",\"name\":\"s_alpha\",\"tensor\":\"alpha\",\"what\":\"value\"},{\"ctype\":\"float\",\"name\":\"s_beta\",\"tenso"
+    "r\":\"beta\",\"what\":\"value\"},{\"ctype\":\"const void*\",\"name\":\"p_bias\",\"tensor\":\"bias\",\"what\":\"ptr\"},{\"cty"
+    "pe\":\"int64_t\",\"name\":\"bs_bias\",\"tensor\":\"bias\",\"what\":\"batch_stride\"},{\"ctype\":\"void*\",\"name\":\"p_D\","
+    "\"tensor\":\"D\",\"what\":\"ptr\"},{\"ctype\":\"int64_t\",\"name\":\"ld_D\",\"tensor\":\"D\",\"what\":\"ld\"},{\"ctype\":\"int6"
+    "4_t\",\"name\":\"bs_D\",\"tensor\":\"D\",\"what\":\"batch_stride\"}],\"abi_version\":3,\"arch\":\"sm90\",\"ir\":\"epilogue"
+    " bias_relu(acc: f32 accumulator, C: bf16 source, alpha: f32 scalar, beta: f32 scalar, bias: f32 row)"
+    ":\\n  %0 = mul(C, beta) : f32\\n  %1 = multiply_add(alpha, acc, %0) : f32\\n  %2 = add(bias, %1) : f32\\"
+    "n  %3 = relu(%2) : f32\\n  D = store(%3) : bf16\\n\",\"name\":\"bias_relu\",\"plan\":{\"arch\":\"sm90\",\"buffers\""
+    ":[{\"bytes\":32768,\"dtype\":\"bf16\",\"mode\":\"tma\",\"name\":\"C\",\"offset\":0,\"role\":\"C\",\"shares_with\":[\"D\"],\"s"
+    "tages\":4,\"why\":\"the source C; D reuses it (16-bit C and D)\"},{\"bytes\":0,\"dtype\":\"bf16\",\"mode\":\"share"
+    "d\",\"name\":\"D\",\"offset\":0,\"role\":\"D\",\"shares_with\":[\"C\"],\"stages\":4,\"why\":\"written into C's buffer (R"
+    "euseSmemC)\"},{\"bytes\":1024,\"dtype\":\"f32\",\"mode\":\"smem\",\"name\":\"bias\",\"offset\":32768,\"role\":\"row_broa"
+    "dcast\",\"shares_with\":[],\"stages\":0,\"why\":\"one CTA-N row (Sm90RowBroadcast)\"}],\"c_slot\":\"C\",\"config\":"
+    "{\"cluster\":[2,1,1],\"epilogue_tile\":null,\"fast_accum\":false,\"schedule\":\"cooperative\",\"scheduler\":\"per"
+    "sistent\",\"stages\":null,\"swap_ab\":false,\"tile\":[128,256,64],\"unaligned\":false,\"warp_tile\":null},\"cost"
+    "\":{\"compute_path_us\":895.79,\"epilogue_exposed_us_per_tile\":10.724,\"memory_path_us\":134.92,\"mma_us_pe"
+    "r_tile\":44.292,\"stall_fraction\":0.021921472445999377,\"total_us\":895.79},\"d_slot\":\"D\",\"delay_tma_stor"
+    "e\":false,\"epilogue_smem_bytes\":34304,\"epilogue_tile\":[128,32],\"fragment_size\":16,\"mainloop_stage_byt"
+    "es\":49168,\"mainloop_stages\":4,\"notes\":[\"kept stock CUTLASS's decisions: the cost model's best (877 u"
+    "s) is within 2.5% of them (896 us)\"],\"operands\":[\"bf16\",\"bf16\"],\"policy\":\"evtc\",\"reuse_smem_c\":true,"
+    "\"shares\":[],\"smem_capacity\":232448,\"stages_c\":4,\"stages_d\":2}}";
 }  // namespace
 
-EVTC_EXPORT int evtc_abi_version() { return 2; }
+EVTC_EXPORT int evtc_abi_version() { return 3; }
 
 EVTC_EXPORT size_t evtc_args_size() { return sizeof(evtc_args_t); }
 

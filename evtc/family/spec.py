@@ -1,0 +1,146 @@
+"""The kernels of a family and the choice of one per problem.
+
+Input: the operand dtypes and an arch (the family), a :class:`Problem` (the choice). Output:
+:class:`KernelSpec` s: each one emitted kernel (its compile-time :class:`GemmConfig` fields)
+plus the run-time scheduler arguments a call passes it (split-K, the decomposition, the tile
+order).
+
+# NOTE [The default sm90 family]
+One epilogue is built as a few kernels, chosen so that every problem shape has one that fills
+the H100's 132 SMs (docs/performance.md has the measurements behind each):
+
+* ``large``: cooperative 128x256x64, cluster 2x1, persistent: big problems (many tiles, the
+  mainloop's arithmetic intensity matters most);
+* ``streamk``: cooperative 128x128x64, cluster 1x1, the stream-K scheduler: problems with few
+  output tiles or long K loops, run as split-K (a fixed number of splits per tile) or stream-K
+  (CUTLASS's balanced K ranges); the partial accumulators are reduced before the epilogue
+  runs once per tile, so aux stores and reductions are exact;
+* ``swap``: swap-AB (``D^T = B A^T``) with a 128x32x64 cooperative stream-K tile: decode-sized M
+  (<= 32) puts the long N on the tile's M and splits K to fill the machine;
+* ``swap64``: the same with a 128x64 tile for 32 < M <= 64.
+
+Built on demand, never by default: ``unaligned`` (the large tile with every M x N tensor
+register-direct, for rows not 16-byte aligned) and, for A or B rows not 16-byte aligned (K not a
+multiple of 8 in 16-bit), an sm80 kernel with one-element mainloop accesses, which runs on Hopper
+through the driver's PTX JIT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from evtc.dtypes import DType
+from evtc.plan.config import GemmConfig, default_config
+
+__all__ = ["KernelSpec", "Problem", "choose", "default_family", "on_demand"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What the choice of a kernel depends on.
+
+    Attributes:
+        M, N, K, L: the GEMM's extents (L batches).
+        aligned_mn: every M x N tensor (C, D, aux loads and stores) has 16-byte aligned rows.
+        aligned_k: A and B have 16-byte aligned rows (TMA).
+        sm_count: multiprocessors of the device.
+    """
+
+    M: int
+    N: int
+    K: int
+    L: int = 1
+    aligned_mn: bool = True
+    aligned_k: bool = True
+    sm_count: int = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One kernel of a family and how a call runs it.
+
+    Attributes:
+        name: the family member (``large``, ``streamk``, ``swap``...).
+        config: the kernel's configuration with the run-time fields a call uses (``split_k``,
+            ``decomposition``): kernels are identified by :meth:`GemmConfig.kernel_json`, so specs
+            that differ only in run-time fields share one build.
+        arch: the arch the kernel is built for (``sm80`` for the unaligned-K fallback of sm90).
+    """
+
+    name: str
+    config: GemmConfig
+    arch: str
+
+    def with_runtime(self, **changes) -> "KernelSpec":
+        return dataclasses.replace(self, config=self.config.replace(**changes))
+
+
+def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
+    """The kernels built for every epilogue by default (NOTE [The default sm90 family])."""
+    base = default_config(arch, a, b)
+    if arch != "sm90":
+        return (KernelSpec("large", base, arch),)
+    k = base.tile[2]
+    return (
+        KernelSpec("large", base, arch),
+        KernelSpec("streamk", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
+        KernelSpec("swap", GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True), arch),
+        KernelSpec("swap64", GemmConfig(tile=(128, 64, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True), arch),
+    )
+
+
+def on_demand(arch: str, a: DType, b: DType, name: str) -> KernelSpec:
+    """A family member built only when a problem needs it: ``unaligned`` or ``unaligned_k``."""
+    base = default_config(arch, a, b)
+    if name == "unaligned":
+        return KernelSpec(name, base.replace(unaligned=True), arch)
+    if name == "unaligned_k":
+        return KernelSpec(name, default_config("sm80", a, b), "sm80")
+    raise KeyError(name)
+
+
+def _tiles(M: int, N: int, L: int, tile: tuple[int, int, int]) -> int:
+    return math.ceil(M / tile[0]) * math.ceil(N / tile[1]) * L
+
+
+def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = 4, max_splits: int = 16) -> int:
+    """K splits that fill the machine: enough that tiles x splits reaches the SM count, each split
+    at least ``min_k_tiles`` K tiles long (shorter ones spend more on the reduction than they
+    save), at most ``max_splits``."""
+    if tiles >= sm_count:
+        return 1
+    want = math.ceil(sm_count / tiles)
+    return max(1, min(want, k_tiles // min_k_tiles, max_splits))
+
+
+def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType) -> KernelSpec:
+    """The kernel for problem ``p``, by a heuristic that is good without tuning (measured on the
+    H100: docs/performance.md); a tuned choice, when the tuner stored one, takes precedence in
+    :class:`evtc.Gemm`.
+
+    Rules, in order: rows that TMA can't read go to the on-demand unaligned kernels; small M to
+    swap-AB with split-K; problems that leave SMs idle with the large tile, or have long K loops,
+    to the stream-K kernel with split-K; everything else to the large kernel.
+    """
+    if arch != "sm90" or "large" not in family:
+        return next(iter(family.values()))
+    if not p.aligned_k:
+        return family.get("unaligned_k") or on_demand(arch, a, b, "unaligned_k")
+    if not p.aligned_mn:
+        return family.get("unaligned") or on_demand(arch, a, b, "unaligned")
+    large = family["large"]
+    if p.M <= 64 and p.N >= 256 and "swap" in family:
+        spec = family["swap" if p.M <= 32 or "swap64" not in family else "swap64"]
+        tiles = _tiles(p.N, p.M, p.L, spec.config.tile)
+        k_tiles = math.ceil(p.K / spec.config.tile[2])
+        splits = split_count(tiles, k_tiles, p.sm_count)
+        return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "data_parallel")
+    tiles = _tiles(p.M, p.N, p.L, large.config.tile)
+    if "streamk" in family and (tiles < p.sm_count // 2 or p.K >= 4 * max(p.M, p.N)):
+        spec = family["streamk"]
+        tiles = _tiles(p.M, p.N, p.L, spec.config.tile)
+        k_tiles = math.ceil(p.K / spec.config.tile[2])
+        splits = split_count(tiles, k_tiles, p.sm_count)
+        return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "heuristic")
+    return large
