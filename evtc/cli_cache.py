@@ -74,7 +74,7 @@ def _age(t: float) -> str:
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, soft_wrap=True)
 
 
 class _CacheGroup(click.Group):
