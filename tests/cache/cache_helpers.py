@@ -55,17 +55,40 @@ def copy_prebuilt(prebuilt: Path, dest: Path) -> None:
     shutil.copytree(prebuilt, dest, symlinks=True)
 
 
-def fake_nvcc(tmp_path: Path, body: str, name: str = "nvcc") -> Path:
-    """An executable ``nvcc`` whose ``--version`` answers like nvcc and which otherwise runs
-    ``body`` (sh)."""
+def fake_nvcc(tmp_path: Path, body: str, name: str = "nvcc", real_version: bool = False) -> Path:
+    """An executable ``nvcc`` whose ``--version`` answers like nvcc (release 99.0, or the real
+    nvcc's with ``real_version``: the same toolchain id) and which otherwise runs ``body`` (sh)."""
     d = tmp_path / "fakebin"
     d.mkdir(exist_ok=True)
     p = d / name
+    version = (f'exec {REAL_NVCC} --version' if real_version else
+               'echo "Cuda compilation tools, release 99.0"; echo "Build cuda_99.0.fake"; exit 0')
     p.write_text("#!/bin/sh\n"
-                 'if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 99.0"; '
-                 'echo "Build cuda_99.0.fake"; exit 0; fi\n' + body + "\n")
+                 f'if [ "$1" = "--version" ]; then {version}; fi\n' + body + "\n")
     p.chmod(p.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return p
 
 
 PYTHON = sys.executable
+
+
+def copying_nvcc(tmp_path: Path, library: Path, real_version: bool = True) -> Path:
+    """A stand-in nvcc that "builds" by copying ``library`` to its ``-o`` output in a few
+    milliseconds (for tests of the cache around a build, not of nvcc); its ``--version`` is the
+    real nvcc's (the same toolchain id) unless ``real_version`` is False (release 99.0)."""
+    return fake_nvcc(tmp_path, textwrap.dedent(f"""\
+        out=""
+        while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+        echo "copying nvcc: {library} -> $out"
+        cp "{library}" "$out"
+        """), name="nvcc-copy", real_version=real_version)
+
+
+def prebuilt_library(prebuilt: Path, tag: str) -> Path:
+    """The ``kernel.so`` of the prebuilt kernel ``tag``."""
+    import json
+
+    for meta in prebuilt.rglob("meta.json"):
+        if json.loads(meta.read_text())["name"] == tag:
+            return meta.parent / "kernel.so"
+    raise AssertionError(f"no prebuilt kernel {tag}")

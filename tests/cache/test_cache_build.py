@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cache_helpers import REAL_NVCC, copy_prebuilt, fake_nvcc, loaded_tag, needs_nvcc, tiny_source
+from cache_helpers import (REAL_NVCC, copy_prebuilt, copying_nvcc, fake_nvcc, loaded_tag, needs_nvcc,
+                           prebuilt_library, tiny_source)
 from evtc.compiler import BuildJob, CacheError, build, build_many, fingerprint, kernel_key, key_material, lookup, nvcc
 from evtc.compiler import store
 from evtc.compiler.progress import BuildProgress
@@ -144,6 +145,32 @@ def test_header_hash_survives_processes_through_the_snapshot(cache_env, monkeypa
     assert fingerprint.tree_hash(inc, memo) != h0 and len(calls) == 1
 
 
+def test_folder_snapshot_of_the_wheel_sees_added_and_replaced_headers(monkeypatch, tmp_path):
+    """watch_files=False (the nvidia-cutlass wheel): the stored folder list is stat'ed, no
+    listing; a header added or replaced (rename over it, as pip does) is seen."""
+    inc = fake_cutlass(tmp_path / "cutlass") / "include"
+    memo = tmp_path / "memo"
+    h0 = fingerprint.tree_hash(inc, memo, watch_files=False)
+    stored = json.loads(next(memo.iterdir()).read_text())
+    assert stored["folders"] == [".", "cutlass"]
+    calls = []
+    real = fingerprint.tree_hash_uncached
+    monkeypatch.setattr(fingerprint, "tree_hash_uncached", lambda r: calls.append(r) or real(r))
+    monkeypatch.setattr(fingerprint, "_walk", lambda r: pytest.fail("a stored hash was checked with a listing"))
+    fingerprint.clear()
+    assert fingerprint.tree_hash(inc, memo, watch_files=False) == h0 and calls == []
+    monkeypatch.undo()
+    monkeypatch.setattr(fingerprint, "tree_hash_uncached", lambda r: calls.append(r) or real(r))
+    time.sleep(0.01)
+    new = inc / "cutlass" / "cutlass.h.new"
+    new.write_text("#pragma once // replaced\n")
+    os.replace(new, inc / "cutlass" / "cutlass.h")
+    fingerprint.clear()
+    h1 = fingerprint.tree_hash(inc, memo, watch_files=False)
+    assert h1 != h0 and len(calls) == 1
+    assert h1 == fingerprint.tree_hash_uncached(inc)
+
+
 def test_toolchain_records_host_compiler(monkeypatch):
     if REAL_NVCC is None:
         pytest.skip("needs nvcc")
@@ -263,28 +290,40 @@ def test_lock_wait_is_bounded(cache_env, monkeypatch):
     assert "waited 1 s for the build lock" in str(result["err"]) and "locked" in str(result["err"])
 
 
-COUNTING_NVCC = f"""echo "$$ $(date +%s.%N)" >> "$EVTC_TEST_NVCC_LOG"
-sleep 2
-exec {REAL_NVCC} "$@"
-"""
-
 CHILD = textwrap.dedent("""
-    import json, sys
+    import json, os, sys, time
+    from pathlib import Path
     from evtc.compiler import build
+    barrier = Path(sys.argv[2])
+    (barrier / str(os.getpid())).touch()
+    deadline = time.time() + 120
+    while len(list(barrier.iterdir())) < 2 and time.time() < deadline:  # start together
+        time.sleep(0.01)
+    t0 = time.time()
     a = build(open(sys.argv[1]).read(), "sm80", name="twice")
-    print(json.dumps({"cached": a.cached, "library": str(a.library)}))
+    print(json.dumps({"cached": a.cached, "library": str(a.library), "start": t0, "end": time.time()}))
 """)
 
 
-@needs_nvcc
-def test_two_processes_build_one_kernel_once(cache_env, tmp_path):
-    """One process compiles; the other waits on the lock and loads the result."""
+def test_two_processes_build_one_kernel_once(cache_env, tmp_path, prebuilt):
+    """One process compiles; the other waits on the lock and loads the result. The compiler
+    logs each run, takes 2 s (so the two overlap) and copies kernel a's prebuilt library."""
     log = tmp_path / "nvcc.log"
-    fake = fake_nvcc(tmp_path, COUNTING_NVCC)
+    lib = prebuilt_library(prebuilt, "a")
+    fake = fake_nvcc(tmp_path, textwrap.dedent(f"""\
+        echo "start $(date +%s.%N)" >> {log}
+        sleep 2
+        out=""
+        while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+        cp {lib} "$out"
+        echo "end $(date +%s.%N)" >> {log}
+        """), real_version=True)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
     src = tmp_path / "k.cu"
-    src.write_text(tiny_source(f"twice-{os.getpid()}"))
-    env = dict(os.environ, EVTC_NVCC=str(fake), EVTC_TEST_NVCC_LOG=str(log), PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(src)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+    src.write_text(tiny_source("a"))
+    env = dict(os.environ, EVTC_NVCC=str(fake), PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(src), str(barrier)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
@@ -292,16 +331,19 @@ def test_two_processes_build_one_kernel_once(cache_env, tmp_path):
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert sorted(r["cached"] for r in results) == [False, True]
     assert results[0]["library"] == results[1]["library"]
-    assert len(log.read_text().splitlines()) == 1  # nvcc ran once
-    assert loaded_tag(results[0]["library"]) == f"twice-{os.getpid()}"
+    runs = dict(line.split() for line in log.read_text().splitlines())
+    assert len(runs) == 2  # the compiler ran once: one start, one end
+    waiter = next(r for r in results if r["cached"])
+    assert waiter["start"] < float(runs["end"]) < waiter["end"]  # it asked while the build ran, and waited
+    assert loaded_tag(results[0]["library"]) == "a"
 
 
 def test_strict_toolchain_mode_rebuilds_foreign_builds(cache_env, prebuilt, monkeypatch, tmp_path):
     if REAL_NVCC is None:
         pytest.skip("needs nvcc")
     copy_prebuilt(prebuilt, cache_env)
-    # pretend the local toolchain is another one: a wrapper that reports another release
-    fake = fake_nvcc(tmp_path, f'exec {REAL_NVCC} "$@"')
+    # pretend the local toolchain is another one: an nvcc that reports another release
+    fake = copying_nvcc(tmp_path, prebuilt_library(prebuilt, "a"), real_version=False)
     monkeypatch.setenv("EVTC_NVCC", str(fake))
     a = build(tiny_source("a"), "sm80", name="a")
     assert a.cached  # prefer (default): another toolchain's build is fine

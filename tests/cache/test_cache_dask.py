@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from cache_helpers import copy_prebuilt, loaded_tag, needs_nvcc, tiny_source
+from cache_helpers import copy_prebuilt, copying_nvcc, loaded_tag, needs_nvcc, prebuilt_library, tiny_source
 from evtc.compiler import BuildJob, build_many, lookup
 from evtc.compiler import cache as cache_mod
 from evtc.errors import BuildError
@@ -58,8 +58,9 @@ def test_process_pool_executor_and_a_failed_remote_build(cache_env, prebuilt):
     assert loaded_tag(res[2].verified_library_path()) == "pp"
 
 
-def test_a_worker_with_other_headers_is_refused(cache_env, monkeypatch):
+def test_a_worker_with_other_headers_is_refused(cache_env, monkeypatch, prebuilt, tmp_path):
     """The worker's key material differs (other CUTLASS headers): its library is not installed."""
+    monkeypatch.setenv("EVTC_NVCC", str(copying_nvcc(tmp_path, prebuilt_library(prebuilt, "a"))))
     real = cache_mod.compile_remote
 
     def other_headers(job, timeout=None):
@@ -75,7 +76,8 @@ def test_a_worker_with_other_headers_is_refused(cache_env, monkeypatch):
     assert lookup(tiny_source("wrong"), "sm80", name="wrong") is None
 
 
-def test_a_corrupted_transfer_is_refused(cache_env, monkeypatch):
+def test_a_corrupted_transfer_is_refused(cache_env, monkeypatch, prebuilt, tmp_path):
+    monkeypatch.setenv("EVTC_NVCC", str(copying_nvcc(tmp_path, prebuilt_library(prebuilt, "a"))))
     real = cache_mod.compile_remote
 
     def corrupt(job, timeout=None):

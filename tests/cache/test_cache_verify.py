@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_helpers import copy_prebuilt, loaded_tag, needs_nvcc, tiny_source
+from cache_helpers import copy_prebuilt, copying_nvcc, loaded_tag, needs_nvcc, prebuilt_library, tiny_source
 from evtc.compiler import CacheError, CacheWarning, build, lookup, verified_library_path
 from evtc.compiler import store
 
@@ -68,7 +68,14 @@ def test_good_entry_loads_the_right_kernel(cache, no_dlopen):
     assert meta["key"] == a.key and len(a.key) == 64
 
 
-def test_truncated_library_is_refused_then_rebuilt(cache, no_dlopen):
+@pytest.fixture
+def fast_rebuild(prebuilt, tmp_path, monkeypatch):
+    """Rebuilds of kernel a copy its prebuilt library instead of running nvcc (seconds saved;
+    real builds are tested in test_cache_build.py)."""
+    monkeypatch.setenv("EVTC_NVCC", str(copying_nvcc(tmp_path, prebuilt_library(prebuilt, "a"))))
+
+
+def test_truncated_library_is_refused_then_rebuilt(cache, no_dlopen, fast_rebuild):
     a = art("a")
     size = a.library.stat().st_size
     with open(a.library, "r+b") as f:
@@ -112,7 +119,7 @@ def test_entry_of_another_kernel_is_refused(cache, no_dlopen):
     assert no_dlopen == []
 
 
-def test_entry_without_library_is_rebuilt_not_errno_39(cache):
+def test_entry_without_library_is_rebuilt_not_errno_39(cache, fast_rebuild):
     a = art("a")
     a.library.unlink()
     refused_lookup("a", "kernel.so is missing")
@@ -179,17 +186,17 @@ def test_private_cache_under_umask_000(cache_env):
     assert stat.S_IMODE(os.stat(cache_env / "kernels" / "ab").st_mode) == 0o700
 
 
-@needs_nvcc
-def test_built_entry_is_private_under_umask_000(cache_env):
+def test_built_entry_is_private_under_umask_000(cache_env, fast_rebuild):
     old = os.umask(0)
     try:
-        a = build(tiny_source("umask"), "sm80", name="umask")
+        a = build(tiny_source("a"), "sm80", name="a")
     finally:
         os.umask(old)
+    assert not a.cached
     for p in [cache_env, *cache_env.rglob("*")]:
         mode = stat.S_IMODE(p.lstat().st_mode)
         assert mode & 0o077 == 0, f"{p} has mode {mode:o}"
-    assert loaded_tag(a.verified_library_path()) == "umask"
+    assert loaded_tag(a.verified_library_path()) == "a"
 
 
 def test_open_cache_dir_of_ours_is_tightened(cache):
@@ -271,7 +278,7 @@ def test_shared_cache_allows_group_and_verifies(cache, monkeypatch, no_dlopen):
         store.cache_root()
 
 
-def test_signed_cache_refuses_unsigned_entries(cache, tmp_path, monkeypatch):
+def test_signed_cache_refuses_unsigned_entries(cache, tmp_path, monkeypatch, fast_rebuild):
     secret = tmp_path / "secret"
     secret.write_text("0123456789abcdef0123456789abcdef")
     secret.chmod(0o600)
