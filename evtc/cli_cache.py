@@ -63,6 +63,10 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _count(n: int) -> str:
+    return f"{n} kernel" + ("" if n == 1 else "s")
+
+
 def _age(t: float) -> str:
     s = max(0.0, time.time() - t)
     for unit, div in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -136,7 +140,7 @@ def list_cmd(as_json, no_verify):
     con = _console()
     mode = oct(os.stat(root.path).st_mode & 0o7777)[2:] if root.path.is_dir() else "missing"
     kind = "shared" if root.shared else "private"
-    con.print(f"[bold]kernel cache[/bold] {root.path} ({kind}, mode {mode}): {len(entries)} kernels, "
+    con.print(f"[bold]kernel cache[/bold] {root.path} ({kind}, mode {mode}): {_count(len(entries))}, "
               f"{_size(sum(e.bytes for e in entries))}")
     if not entries:
         return
@@ -181,8 +185,8 @@ def prune(everything, older, max_size, bad, dry_run):
         con.print(f"{verb} {e.key[:12]} {e.name} ({e.arch}, {_size(e.bytes)}): {why}")
     for p in s.other:
         con.print(f"{verb} {p}")
-    con.print(f"[bold]{verb} {len(s.removed)} kernels[/bold] and {len(s.other)} other items, {_size(s.freed_bytes)}; "
-              f"{s.kept} kernels kept")
+    con.print(f"[bold]{verb} {_count(len(s.removed))}[/bold] and {len(s.other)} other items, {_size(s.freed_bytes)}; "
+              f"{_count(s.kept)} kept")
 
 
 @cache.command()
@@ -200,7 +204,7 @@ def export(file, keys, no_sources):
         con.print(f"[red]left out[/red] {e.key[:12]} {e.name}: {why}")
     for k in s.missing:
         con.print(f"[yellow]not in the cache[/yellow]: {k}")
-    con.print(f"[bold]exported {len(s.exported)} kernels[/bold] into {file} ({_size(Path(file).stat().st_size)})"
+    con.print(f"[bold]exported {_count(len(s.exported))}[/bold] into {file} ({_size(Path(file).stat().st_size)})"
               + (f"; {len(s.refused)} refused" if s.refused else "") + (f"; {len(s.missing)} missing" if s.missing else ""))
     if s.missing or s.refused:
         sys.exit(1)

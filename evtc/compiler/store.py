@@ -889,7 +889,8 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
 
     Args:
         root: the cache.
-        everything: remove every entry, failed build, lock and leftover.
+        everything: remove every entry, failed build and leftover (lock files stay: deleting
+            one that another process waits on would let two builds of a key run at once).
         older_than_s: remove entries not used for this many seconds.
         max_bytes: then remove least recently used entries until the entries take at most this.
         bad: remove entries that fail verification, failed builds, the quarantine and leftovers
