@@ -26,7 +26,8 @@ def pack(jobs, output: Path | str, include_sources: bool = False):
         The :class:`evtc.compiler.store.ExportSummary` plus the names of the jobs not built yet.
     """
     from evtc.compiler import kernel_key
-    from evtc.compiler.store import cache_root, export_entries
+    from evtc.compiler.archive import export_entries
+    from evtc.compiler.store import cache_root
 
     keys = {kernel_key(src, arch=arch): name for src, arch, name in jobs}
     summary = export_entries(cache_root(), output, keys=sorted(keys), include_sources=include_sources)

@@ -195,7 +195,7 @@ def prune(everything, older, max_size, bad, dry_run):
 @click.option("--no-sources", is_flag=True, help="leave out kernel.cu and build.log")
 def export(file, keys, no_sources):
     """Write verified kernels into an archive FILE (.tar.xz, .tar.gz or .tar) for `evtc cache import`."""
-    from evtc.compiler.store import export_entries
+    from evtc.compiler.archive import export_entries
 
     root = _root()
     s = export_entries(root, Path(file), keys=list(keys) or None, include_sources=not no_sources)
@@ -215,7 +215,7 @@ def export(file, keys, no_sources):
 def import_cmd(files):
     """Add the kernels of archives written by `evtc cache export`, each checked first (format, ABI
     version, key, SHA-256 of the library). Exits with 1 if any entry was refused."""
-    from evtc.compiler.store import import_entries
+    from evtc.compiler.archive import import_entries
 
     root = _root(create=True)
     con = _console()

@@ -5,7 +5,8 @@ Input: a ``.cu`` text, an arch name and nvcc flags. Output: an
 
 Modules: :mod:`~evtc.compiler.nvcc` (the toolchain and the one nvcc command line),
 :mod:`~evtc.compiler.cache` (keys, build, lookup, build_many), :mod:`~evtc.compiler.store`
-(verified entries, export, import, prune), :mod:`~evtc.compiler.fingerprint` (header hashes),
+(verified entries, list, prune), :mod:`~evtc.compiler.archive` (export, import),
+:mod:`~evtc.compiler.fingerprint` (header hashes),
 :mod:`~evtc.compiler.progress` (the progress bar). See docs/compiler.md.
 """
 

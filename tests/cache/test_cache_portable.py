@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from cache_helpers import copy_prebuilt, loaded_tag, needs_nvcc, tiny_source
 from evtc.compiler import CacheError, CacheWarning, build, lookup, nvcc
+from evtc.compiler import archive as cache_archive
 from evtc.compiler import store
 
 pytestmark = needs_nvcc
@@ -61,7 +62,7 @@ NO_NVCC_CHILD = textwrap.dedent("""
 def test_machine_without_nvcc_imports_and_loads(cache, tmp_path):
     """Another process, with nvcc nowhere to be found, imports an archive and loads from it."""
     archive = tmp_path / "k.tar.xz"
-    store.export_entries(store.cache_root(), archive)
+    cache_archive.export_entries(store.cache_root(), archive)
     src = tmp_path / "a.cu"
     src.write_text(tiny_source("a"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA", "EVTC_", "NVCC"))}
@@ -79,7 +80,7 @@ def test_export_import_round_trip(cache, tmp_path, monkeypatch):
     root = store.cache_root()
     a, b = lookup(tiny_source("a"), "sm80", name="a"), lookup(tiny_source("b"), "sm80", name="b")
     archive = tmp_path / "out" / "kernels.tar.xz"
-    s = store.export_entries(root, archive)
+    s = cache_archive.export_entries(root, archive)
     assert sorted(e.name for e in s.exported) == ["a", "b"] and not s.refused and not s.missing
     with tarfile.open(archive) as tar:
         names = tar.getnames()
@@ -87,7 +88,7 @@ def test_export_import_round_trip(cache, tmp_path, monkeypatch):
     assert f"kernels/{a.key[:2]}/{a.key}/{a.toolchain_id}/kernel.so" in names
     monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "other"))
     other = store.cache_root()
-    s = store.import_entries(other, archive)
+    s = cache_archive.import_entries(other, archive)
     assert sorted(n for _, _, n in s.imported) == ["a", "b"] and not s.refused and not s.present
     for old in (a, b):
         new = lookup(tiny_source(old.name), "sm80", name=old.name)
@@ -95,19 +96,19 @@ def test_export_import_round_trip(cache, tmp_path, monkeypatch):
         assert new.source.read_text() == tiny_source(old.name)
         assert loaded_tag(new.verified_library_path()) == old.name
         assert new.meta["created"] == old.meta["created"]
-    s = store.import_entries(other, archive)
+    s = cache_archive.import_entries(other, archive)
     assert len(s.present) == 2 and not s.imported
 
 
 def test_export_selected_keys(cache, tmp_path):
     a = lookup(tiny_source("a"), "sm80", name="a")
-    s = store.export_entries(store.cache_root(), tmp_path / "a.tar.gz", keys=[a.key[:10], "deadbeef00"],
+    s = cache_archive.export_entries(store.cache_root(), tmp_path / "a.tar.gz", keys=[a.key[:10], "deadbeef00"],
                              include_sources=False)
     assert [e.name for e in s.exported] == ["a"] and s.missing == ["deadbeef00"]
     with tarfile.open(tmp_path / "a.tar.gz") as tar:
         assert not any(n.endswith(("kernel.cu", "build.log")) for n in tar.getnames())
     with pytest.raises(CacheError, match="not a cache key"):
-        store.export_entries(store.cache_root(), tmp_path / "x.tar", keys=["abc"])
+        cache_archive.export_entries(store.cache_root(), tmp_path / "x.tar", keys=["abc"])
 
 
 def _rewrite(archive: Path, out: Path, edit) -> None:
@@ -127,13 +128,13 @@ def _rewrite(archive: Path, out: Path, edit) -> None:
 @pytest.fixture
 def archive(cache, tmp_path):
     p = tmp_path / "good.tar"
-    store.export_entries(store.cache_root(), p)
+    cache_archive.export_entries(store.cache_root(), p)
     return p
 
 
 def _import_fresh(tmp_path, monkeypatch, archive):
     monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "fresh"))
-    return store.import_entries(store.cache_root(), archive)
+    return cache_archive.import_entries(store.cache_root(), archive)
 
 
 def test_import_refuses_a_tampered_library(archive, tmp_path, monkeypatch):
@@ -283,7 +284,7 @@ def test_cli_import_reports_refused_entries_and_exits_1(cache, tmp_path):
     from evtc.cli import main
 
     good = tmp_path / "good.tar"
-    store.export_entries(store.cache_root(), good)
+    cache_archive.export_entries(store.cache_root(), good)
     bad = tmp_path / "bad.tar"
     _rewrite(good, bad, lambda m, d: (m, d[:-1] + b"\1") if m.name.endswith("kernel.so") else (m, d))
     r = CliRunner().invoke(main, ["cache", "--dir", str(tmp_path / "c"), "import", str(bad)])
