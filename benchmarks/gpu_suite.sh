@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU tests and benchmarks on the GPU machine in one call, writing logs and JSON to $OUT
-# (or ./gpu-out). Kernels built elsewhere travel as a tarball (benchmarks/pack_cache.py):
+# (or ./gpu-out). Kernels built elsewhere travel as `evtc cache export` archives
+# (benchmarks/pack_cache.py), which this script adds with `evtc cache import` (each entry checked):
 #
 #   python benchmarks/prebuild.py tests explore bias_relu planner:many_aux plan_vs_stock:differing
 #   python benchmarks/pack_cache.py tests explore bias_relu planner:many_aux plan_vs_stock:differing -o .carry/k.tar.xz
@@ -14,7 +15,7 @@
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
-for t in .carry/*.tar.xz; do [ -e "$t" ] && tar -xJf "$t" -C "$EVTC_CACHE_DIR"; done
+for t in .carry/*.tar.xz; do [ -e "$t" ] && python3 -m evtc cache import "$t"; done
 export EVTC_BUILD_JOBS=${EVTC_BUILD_JOBS:-16}
 rc=0
 for stage in "$@"; do

@@ -1,44 +1,54 @@
-"""Pack the cached kernels of prebuild groups into one xz tarball, to carry to the GPU machine
-(whose device time is short) instead of building them there.
+"""Pack the cached kernels of prebuild groups into one archive, to carry to the GPU machine
+(whose device time is short) instead of building them there: a thin wrapper over
+``evtc cache export`` that selects the kernels by prebuild group.
 
     python benchmarks/pack_cache.py tests bias_relu -o .carry/k1.tar.xz
-    # on the GPU machine:  mkdir -p $EVTC_CACHE_DIR && tar -xJf .carry/k1.tar.xz -C $EVTC_CACHE_DIR
+    # on the GPU machine (benchmarks/gpu_suite.sh does this for .carry/*.tar.xz):
+    evtc cache import .carry/k1.tar.xz
 
-Only ``kernel.so`` and ``meta.json`` of each entry travel (a library is about 3 MB, 0.7 MB packed).
-Kernels of a group that are not built yet are listed and left out.
+The archive is ``evtc cache export``'s (manifest, ``meta.json`` and ``kernel.so`` of each entry;
+a library is about 3 MB, 0.7 MB packed); ``evtc cache import`` checks every entry (format, ABI
+version, key, SHA-256) before adding it. Kernels of a group that are not built yet are listed
+and left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import tarfile
+from pathlib import Path
 
-import prebuild
 
-from evtc.compiler.cache import cache_dir, cache_key
+def pack(jobs, output: Path | str, include_sources: bool = False):
+    """Export the cached kernels of ``jobs`` ((source, arch, name) each) into ``output``.
+
+    Returns:
+        The :class:`evtc.compiler.store.ExportSummary` plus the names of the jobs not built yet.
+    """
+    from evtc.compiler import kernel_key
+    from evtc.compiler.archive import export_entries
+    from evtc.compiler.store import cache_root
+
+    keys = {kernel_key(src, arch=arch): name for src, arch, name in jobs}
+    summary = export_entries(cache_root(), output, keys=sorted(keys), include_sources=include_sources)
+    return summary, [keys[k] for k in summary.missing]
 
 
 def main() -> None:
+    import prebuild
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("groups", nargs="+", help=f"prebuild groups ({', '.join(sorted(prebuild.GROUPS))}), GROUP:ARG too")
     ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--sources", action="store_true", help="also carry kernel.cu and build.log")
     args = ap.parse_args()
-    gemms = {g.source: g for g in prebuild.gemms_of(args.groups)}
-    root, packed, missing = cache_dir(), 0, []
-    with tarfile.open(args.output, "w:xz") as tar:
-        for g in gemms.values():
-            key = cache_key(g.source, g.target)
-            entry = root / key[:2] / key
-            if not (entry / "kernel.so").exists():
-                missing.append(repr(g))
-                continue
-            for f in ("kernel.so", "meta.json"):
-                tar.add(entry / f, arcname=f"{key[:2]}/{key}/{f}")
-            packed += 1
-    print(f"packed {packed} kernels into {args.output}; {len(missing)} not built yet", file=sys.stderr)
-    for m in missing:
-        print(f"  missing: {m}", file=sys.stderr)
+    gemms = prebuild.gemms_of(args.groups)
+    summary, missing = pack([(g.source, g.arch, g.name) for g in gemms], args.output, args.sources)
+    print(f"packed {len(summary.exported)} kernels into {args.output}; {len(missing)} not built yet", file=sys.stderr)
+    for name in missing:
+        print(f"  missing: {name}", file=sys.stderr)
+    for info, why in summary.refused:
+        print(f"  refused: {info.name} {info.key[:12]}: {why}", file=sys.stderr)
 
 
 if __name__ == "__main__":

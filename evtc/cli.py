@@ -349,5 +349,8 @@ def _require_gpu() -> None:
         raise NoDeviceError("no CUDA GPU is visible")
 
 
+from evtc.cli_cache import cache as _cache_commands  # noqa: E402  (the `evtc cache` group)
+main.add_command(_cache_commands)
+
 if __name__ == "__main__":
     main()

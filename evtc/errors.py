@@ -194,6 +194,15 @@ class BuildError(EvtcError):
     anchor = "build"
 
 
+class CacheError(EvtcError):
+    """The kernel cache can't be used: its directory can't be created or written, belongs to
+    another user or is writable by others, a cached kernel failed verification when loaded, a
+    build lock was held too long, or an imported archive is not an evtc cache export. The
+    message names the directory, entry or file and the cause."""
+
+    anchor = "cache"
+
+
 class ArgumentError(EvtcError, TypeError):
     """A runtime argument (tensor or scalar) is missing, extra, or has the wrong shape, dtype,
     stride, alignment or device. The message names the argument."""

@@ -148,9 +148,9 @@ class Gemm:
             BuildError: nvcc failed (the source and log are kept and named).
             NoDeviceError: no nvcc.
         """
-        art = cache.build(self.source, self.target, name=self.name, timeout=timeout)
+        art = cache.build(self.source, arch=self.arch, name=self.name, timeout=timeout)
         if self._library is None or self._library.path != art.library:
-            self._library = KernelLibrary(art.library)
+            self._library = KernelLibrary(art.verified_library_path())
             self._binder = self._make_binder(self._library.Args)
         self.artifact = art
         return art

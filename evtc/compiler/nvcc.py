@@ -1,26 +1,54 @@
-"""nvcc: finding it, the CUTLASS include paths, and compiling one source to a shared library.
+"""nvcc: the toolchain, the one nvcc command line per arch, and a bounded compile.
 
-Input: a ``.cu`` file and a Target. Output: a ``.so`` file, or a :class:`BuildError` that names
-the kept source and the compiler's log.
+Input: a ``.cu`` file and an arch name (``"sm90"``, ``"sm80"``). Output: a shared library, or a
+:class:`~evtc.errors.BuildError` that names the kept source and the compiler's log.
 
-The CUTLASS headers come from the ``nvidia-cutlass`` wheel (``cutlass_library/source/include``
-and ``source/tools/util/include``); ``CUTLASS_PATH`` (a CUTLASS checkout) overrides them.
-nvcc is ``$CUDA_HOME/bin/nvcc``, else the first ``nvcc`` on ``PATH``, else
-``/usr/local/cuda/bin/nvcc``.
+The flags are this module's (:data:`BASE_FLAGS`, :data:`ARCH_FLAGS`), never the planner's:
+:func:`nvcc_command` is the single place that says how evtc compiles a kernel; ``evtc emit
+--print-nvcc`` prints it and a CI test compares the README's line with it.
+
+Include directories, in search order:
+
+1. evtc's own C++ headers, ``codegen_templates/include`` (shipped in the wheel as
+   ``evtc/_data/codegen_templates/include``; emitted sources ``#include <evtc/...hpp>``);
+2. the CUTLASS headers of the ``nvidia-cutlass`` wheel (``cutlass_library/source/include`` and
+   ``source/tools/util/include``), or of a CUTLASS checkout named by ``CUTLASS_PATH``.
+
+nvcc is ``$EVTC_NVCC`` (a path; ``EVTC_NVCC=none`` means "there is none"), else
+``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), else the first ``nvcc`` on ``PATH``, else
+``/usr/local/cuda/bin/nvcc``. nvcc runs in its own process group with a time limit
+(``EVTC_NVCC_TIMEOUT``, default 600 s); on timeout the whole group (nvcc, cicc, ptxas, the host
+compiler) is killed, so nothing outlives the build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import importlib.util
+import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
+from typing import Sequence
 
 from evtc.errors import BuildError, NoDeviceError
 
-BASE_FLAGS = (
+__all__ = [
+    "ARCH_FLAGS", "BASE_FLAGS", "DEFAULT_TIMEOUT_S", "Toolchain", "arch_flags", "compile_shared", "cutlass_include_dirs",
+    "cutlass_version", "default_timeout", "env_flags", "evtc_include_dir", "find_nvcc", "include_dirs", "nvcc_command",
+    "nvcc_version", "require_nvcc", "toolchain",
+]
+
+#: Flags of every evtc build, in order. ``-DNDEBUG`` matters: without it the library keeps
+#: ``__assertfail`` and ptxas serializes wgmma across the call (warning C7510).
+BASE_FLAGS: tuple[str, ...] = (
     "-std=c++17",
     "-O3",
     "-DNDEBUG",
@@ -31,12 +59,62 @@ BASE_FLAGS = (
     "-lineinfo",
 )
 
+#: Per-arch code generation. sm90 needs the arch-specific ``sm_90a`` target for WGMMA, TMA
+#: multicast and ``setmaxnreg`` (PTX ISA, "Architecture-specific features"); sm80 embeds
+#: ``compute_80`` PTX beside the ``sm_80`` cubin so the driver can JIT it for newer GPUs.
+ARCH_FLAGS: dict[str, tuple[str, ...]] = {
+    "sm90": ("-gencode=arch=compute_90a,code=sm_90a",),
+    "sm80": ("-gencode=arch=compute_80,code=[sm_80,compute_80]",),
+}
 
-@functools.lru_cache(maxsize=None)
+#: Seconds before a build is killed when neither the caller nor ``EVTC_NVCC_TIMEOUT`` says.
+DEFAULT_TIMEOUT_S = 600.0
+
+#: Environment variables nvcc itself reads as extra flags (CUDA Compiler Driver manual,
+#: "NVCC_PREPEND_FLAGS and NVCC_APPEND_FLAGS"); they change the binary, so they are key material.
+ENV_FLAG_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+
+
+def arch_flags(arch: str) -> tuple[str, ...]:
+    """The ``-gencode`` flags of ``arch``.
+
+    Raises:
+        BuildError: ``arch`` is not one evtc builds for.
+    """
+    try:
+        return ARCH_FLAGS[arch]
+    except KeyError:
+        raise BuildError(f"no nvcc flags for arch '{arch}'", hint=f"evtc builds for {', '.join(ARCH_FLAGS)}") from None
+
+
+def default_timeout() -> float:
+    """The build time limit in seconds: ``$EVTC_NVCC_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S`.
+
+    Raises:
+        BuildError: ``EVTC_NVCC_TIMEOUT`` is not a positive number.
+    """
+    text = os.environ.get("EVTC_NVCC_TIMEOUT")
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise BuildError(f"EVTC_NVCC_TIMEOUT={text!r} is not a positive number of seconds", anchor="build")
+    return value
+
+
 def find_nvcc() -> Path | None:
-    """Path of nvcc, or None if there is none."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    """Path of nvcc (see the module docstring for the search order), or None if there is none."""
+    explicit = os.environ.get("EVTC_NVCC")
+    if explicit is not None:
+        if explicit.strip().lower() in ("", "none"):
+            return None
+        p = Path(explicit)
+        return p if p.is_file() and os.access(p, os.X_OK) else None
     candidates = []
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home:
         candidates.append(Path(home) / "bin" / "nvcc")
     which = shutil.which("nvcc")
@@ -50,90 +128,295 @@ def find_nvcc() -> Path | None:
 
 
 def require_nvcc() -> Path:
+    """Path of nvcc.
+
+    Raises:
+        NoDeviceError: there is none (anchor ``no-nvcc``).
+    """
     nvcc = find_nvcc()
     if nvcc is None:
-        raise NoDeviceError("nvcc was not found", hint="install the CUDA toolkit or set CUDA_HOME", anchor="no-nvcc")
+        raise NoDeviceError("nvcc was not found", anchor="no-nvcc",
+                            hint="install the CUDA toolkit or set CUDA_HOME (or EVTC_NVCC); kernels built elsewhere "
+                                 "can be brought here with `evtc cache export`/`evtc cache import`")
     return nvcc
 
 
 @functools.lru_cache(maxsize=None)
+def _nvcc_release(path: str, mtime_ns: int) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"can't run {path} --version: {e}") from None
+    m = re.search(r"Build (\S+)", out)
+    return m.group(1) if m else (out.strip().splitlines() or ["unknown"])[-1]
+
+
 def nvcc_version() -> str:
     """nvcc's release line, e.g. ``cuda_13.0.r13.0/compiler.36424714_0``; ``none`` without nvcc."""
     nvcc = find_nvcc()
     if nvcc is None:
         return "none"
-    out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"Build (\S+)", out)
-    return m.group(1) if m else out.strip().splitlines()[-1]
+    return _nvcc_release(str(nvcc), nvcc.stat().st_mtime_ns)
 
+
+# --------------------------------------------------------------------------------------------
+# Include directories
+# --------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def cutlass_include_dirs() -> tuple[Path, ...]:
-    """The CUTLASS include directories (see the module docstring).
-
-    Raises:
-        BuildError: neither ``CUTLASS_PATH`` nor the ``nvidia-cutlass`` wheel is available.
-    """
-    root = os.environ.get("CUTLASS_PATH")
-    if root:
-        base = Path(root)
+def _cutlass_dirs(cutlass_path: str | None) -> tuple[Path, ...]:
+    if cutlass_path:
+        base = Path(cutlass_path)
         dirs = (base / "include", base / "tools" / "util" / "include")
     else:
-        try:
-            import cutlass_library  # type: ignore[import-not-found]
-        except ImportError:
+        # find the package without importing it (its import costs about 60 ms)
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is None or not spec.submodule_search_locations:
             raise BuildError("the CUTLASS headers were not found",
-                             hint="pip install nvidia-cutlass==4.2.0.0, or set CUTLASS_PATH to a CUTLASS checkout") from None
-        base = Path(cutlass_library.__file__).resolve().parent / "source"
+                             hint="pip install nvidia-cutlass==4.2.0.0, or set CUTLASS_PATH to a CUTLASS checkout")
+        base = Path(list(spec.submodule_search_locations)[0]).resolve() / "source"
         dirs = (base / "include", base / "tools" / "util" / "include")
     if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
         raise BuildError(f"no cutlass/cutlass.h under {dirs[0]}", hint="check CUTLASS_PATH or the nvidia-cutlass install")
     return dirs
 
 
-def evtc_include_dir() -> Path:
-    """evtc's own C++ headers (``#include <evtc/...>`` in emitted sources)."""
+def cutlass_include_dirs() -> tuple[Path, ...]:
+    """The CUTLASS include directories (see the module docstring).
+
+    Raises:
+        BuildError: neither ``CUTLASS_PATH`` nor the ``nvidia-cutlass`` wheel is available.
+    """
+    return _cutlass_dirs(os.environ.get("CUTLASS_PATH") or None)
+
+
+def evtc_include_dir() -> Path | None:
+    """evtc's own header directory (``codegen_templates/include``), or None in a tree that has
+    none yet."""
     from evtc.resources import data_path
 
-    return data_path("codegen_templates", "include")
+    try:
+        return data_path("codegen_templates", "include")
+    except FileNotFoundError:
+        return None
+
+
+def include_dirs() -> tuple[Path, ...]:
+    """Every ``-I`` directory of a build, in search order (evtc's headers, then CUTLASS's)."""
+    own = evtc_include_dir()
+    return ((own,) if own is not None else ()) + cutlass_include_dirs()
 
 
 @functools.lru_cache(maxsize=None)
-def cutlass_version() -> str:
-    """CUTLASS's version from ``cutlass/version.h`` (part of the build cache key)."""
-    text = (cutlass_include_dirs()[0] / "cutlass" / "version.h").read_text()
+def _cutlass_version(include: Path) -> str:
+    text = (include / "cutlass" / "version.h").read_text()
     parts = [re.search(rf"#define CUTLASS_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
     return ".".join(p.group(1) if p else "?" for p in parts)
 
 
-def compile_command(source: Path, output: Path, gencode: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[str]:
-    """The nvcc command line that builds ``source`` into the shared library ``output``."""
-    cmd = [str(require_nvcc()), *BASE_FLAGS, *gencode]
-    for d in (*cutlass_include_dirs(), evtc_include_dir()):
-        cmd.append(f"-I{d}")
-    cmd += [*extra, "-o", str(output), str(source)]
+def cutlass_version() -> str:
+    """CUTLASS's version from ``cutlass/version.h`` (shown in ``evtc cache list``; the key hashes
+    the headers' contents instead)."""
+    return _cutlass_version(cutlass_include_dirs()[0])
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------------------------
+
+def env_flags() -> dict[str, str]:
+    """``NVCC_PREPEND_FLAGS`` and ``NVCC_APPEND_FLAGS`` as nvcc will see them ("" when unset)."""
+    return {v: os.environ.get(v, "") for v in ENV_FLAG_VARS}
+
+
+def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path = "k.so", *,
+                 extra_flags: Sequence[str] = (), includes: bool = True, nvcc: str | Path = "nvcc") -> list[str]:
+    """The exact nvcc command line that builds ``source`` into the shared library ``output``.
+
+    This is the one definition of how evtc compiles: the builder runs it (with ``nvcc`` set to
+    the found compiler) and ``evtc emit --print-nvcc`` prints it for a standalone ``.cu``.
+
+    Args:
+        arch: ``"sm90"`` or ``"sm80"``.
+        source: the ``.cu`` file.
+        output: the ``.so`` to write.
+        extra_flags: more nvcc flags, after evtc's (part of the cache key).
+        includes: add the ``-I`` flags of :func:`include_dirs` (machine-specific paths); without
+            them the line is the same on every machine (``$(evtc emit --print-includes)`` gives
+            them).
+        nvcc: the program (default ``nvcc``, as a user types it).
+
+    Returns:
+        ``[nvcc, *BASE_FLAGS, *ARCH_FLAGS[arch], -I..., *extra_flags, "-o", output, source]``.
+
+    Raises:
+        BuildError: unknown arch, or (with ``includes``) no CUTLASS headers.
+
+    Example::
+
+        >>> " ".join(nvcc_command("sm90", includes=False))
+        'nvcc -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -Xcompiler=-fPIC -Xcompiler=-fvisibility=hidden -shared -lineinfo -gencode=arch=compute_90a,code=sm_90a -o k.so k.cu'
+    """
+    cmd = [str(nvcc), *BASE_FLAGS, *arch_flags(arch)]
+    if includes:
+        cmd += [f"-I{d}" for d in include_dirs()]
+    cmd += [*extra_flags, "-o", str(output), str(source)]
     return cmd
 
 
-def compile_shared(source: Path, output: Path, gencode: tuple[str, ...], log: Path,
-                   extra: tuple[str, ...] = (), timeout: float | None = None) -> None:
-    """Compile ``source`` into ``output``, writing nvcc's output to ``log``.
+def compile_command(source: Path, output: Path, gencode: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """Deprecated: :func:`nvcc_command` with ``-gencode`` flags given by hand (kept for old
+    callers; evtc itself no longer uses it)."""
+    cmd = [str(require_nvcc()), *BASE_FLAGS, *gencode]
+    cmd += [f"-I{d}" for d in include_dirs()]
+    return cmd + [*extra, "-o", str(output), str(source)]
+
+
+# --------------------------------------------------------------------------------------------
+# The toolchain (recorded in each cache entry; not needed to look one up)
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Toolchain:
+    """What compiled a kernel, beyond its flags: recorded in the cache entry.
+
+    Attributes:
+        nvcc: nvcc's release line (:func:`nvcc_version`).
+        host_compiler: the first line of the host compiler's ``--version``.
+        ccbin: the host compiler nvcc runs (``-ccbin``/``NVCC_CCBIN``, else ``gcc`` on PATH).
+    """
+
+    nvcc: str
+    host_compiler: str
+    ccbin: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def id(self) -> str:
+        """16 hex digits naming the toolchain (the entry's folder under its key)."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _ccbin(flags: Sequence[str]) -> str:
+    flags = list(flags)
+    for i, f in enumerate(flags):
+        for opt in ("-ccbin", "--compiler-bindir"):
+            if f == opt and i + 1 < len(flags):
+                return flags[i + 1]
+            if f.startswith(opt + "="):
+                return f.split("=", 1)[1]
+    return os.environ.get("NVCC_CCBIN") or "gcc"
+
+
+@functools.lru_cache(maxsize=None)
+def _host_compiler_version(ccbin: str, path_env: str) -> str:
+    exe = ccbin
+    if os.path.isdir(exe):
+        exe = os.path.join(exe, "gcc")
+    found = shutil.which(exe, path=path_env)
+    if found is None:
+        return f"{ccbin}: not found"
+    try:
+        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{found}: {e}"
+    return (out.strip().splitlines() or [found])[0]
+
+
+def toolchain(extra_flags: Sequence[str] = ()) -> Toolchain:
+    """The toolchain a build with ``extra_flags`` would use here (runs ``nvcc --version`` and the
+    host compiler's ``--version`` once per process).
 
     Raises:
-        BuildError: nvcc failed or timed out; the message names ``source`` and ``log`` (both
-            kept) and quotes the first error line.
         NoDeviceError: there is no nvcc.
     """
-    cmd = compile_command(source, output, gencode, extra)
+    nvcc = require_nvcc()
+    env = env_flags()
+    all_flags = [*shlex.split(env["NVCC_PREPEND_FLAGS"]), *extra_flags, *shlex.split(env["NVCC_APPEND_FLAGS"])]
+    ccbin = _ccbin(all_flags)
+    return Toolchain(_nvcc_release(str(nvcc), nvcc.stat().st_mtime_ns),
+                     _host_compiler_version(ccbin, os.environ.get("PATH", "")), ccbin)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling
+# --------------------------------------------------------------------------------------------
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group of ``proc`` (nvcc and everything it started), then SIGKILL
+    whatever is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # nvcc is gone; its children may not be: SIGKILL the group in any case
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_flags: Sequence[str] = (),
+                   timeout: float | None = None, nvcc: Path | None = None) -> list[str]:
+    """Compile ``source`` into ``output``, writing the command and nvcc's output to ``log``.
+
+    nvcc runs in a new session (its own process group); on timeout or interrupt the whole group
+    is killed (SIGTERM, then SIGKILL after 5 s).
+
+    Args:
+        source: the ``.cu`` file.
+        output: the ``.so`` to write.
+        arch: ``"sm90"`` or ``"sm80"``.
+        log: where the command line and nvcc's output go.
+        extra_flags: more nvcc flags.
+        timeout: seconds before the build is killed (default :func:`default_timeout`).
+        nvcc: the compiler (default :func:`require_nvcc`).
+
+    Returns:
+        The command line that ran.
+
+    Raises:
+        BuildError: nvcc failed or timed out; the message quotes the first error line and the
+            hint names ``source`` and ``log``.
+        NoDeviceError: there is no nvcc.
+    """
+    timeout = default_timeout() if timeout is None else timeout
+    cmd = nvcc_command(arch, source, output, extra_flags=extra_flags, nvcc=nvcc or require_nvcc())
+    kept = f"the source and the full log are kept:\n    source: {source}\n    log:    {log}"
+    t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as e:
+        log.write_text(shlex.join(cmd) + f"\n\ncan't start nvcc: {e}\n")
+        raise BuildError(f"can't start nvcc: {e}", hint=kept) from None
+    try:
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        log.write_text(" ".join(cmd) + f"\n\ntimed out after {timeout} s\n")
-        raise BuildError(f"nvcc timed out after {timeout} s", hint=f"source: {source}\n  log: {log}") from None
-    log.write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
+        _kill_group(proc)
+        out = proc.communicate()[0] if proc.stdout and not proc.stdout.closed else b""
+        log.write_text(shlex.join(cmd) + "\n\n" + out.decode(errors="replace")
+                       + f"\n\nkilled after {timeout:g} s (EVTC_NVCC_TIMEOUT)\n")
+        raise BuildError(f"nvcc timed out after {timeout:g} s building {source.name}; it and its children were killed",
+                         hint=kept + "\n  raise the limit with build(timeout=...) or EVTC_NVCC_TIMEOUT") from None
+    except BaseException:  # KeyboardInterrupt: leave no compiler running
+        _kill_group(proc, grace_s=1.0)
+        raise
+    text = out.decode(errors="replace")
+    log.write_text(shlex.join(cmd) + "\n\n" + text + f"\n# {time.perf_counter() - t0:.1f} s\n")
     if proc.returncode != 0 or not output.exists():
-        first = next((l for l in (proc.stderr + proc.stdout).splitlines() if "error" in l), "")
+        first = next((line for line in text.splitlines() if "error" in line), "")
         raise BuildError(
             f"nvcc failed ({proc.returncode}) building {source.name}" + (f": {first.strip()[:300]}" if first else ""),
-            hint=f"the source and the full log are kept:\n    source: {source}\n    log:    {log}",
+            hint=kept,
         )
+    return cmd
