@@ -298,7 +298,7 @@ class Binder:
             raise self.error(f"argument '{name}' must be contiguous along its last dimension (stride {v.strides[-1]})",
                              hint="pass a .contiguous() tensor")
         eb = dtype.bytes
-        if len(v.shape) >= 2 and v.shape[-2] > 1:
+        if rows_16b and len(v.shape) >= 2 and v.shape[-2] > 1:  # a matrix (A, B, M x N): its rows
             ld = v.strides[-2]
             if ld == 0:
                 raise self.error(f"argument '{name}' has a row stride of 0 (every row is the same memory, "
