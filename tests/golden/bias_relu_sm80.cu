@@ -589,7 +589,8 @@ class Gemm {
 // ---- launching (codegen_templates/common/c_abi.j2) ----------------------------------------------
 template <int... I>
 static bool setup_variants(std::integer_sequence<int, I...>) {
-  return ((VariantAt<I>::Operator::maximum_active_blocks() >= 0) && ...);
+  // (the 2.x adapter's own maximum_active_blocks(int) passes its int on as a CudaHostAdapter*)
+  return ((VariantAt<I>::Operator::UnderlyingOperator::maximum_active_blocks() >= 0) && ...);
 }
 
 // Once per device (and host thread): CUTLASS 2.x's GemmUniversalBase keeps the multiprocessor
