@@ -415,6 +415,15 @@ def memset_async(ptr: int, pattern: int, element_bytes: int, count: int, stream:
 
     if count <= 0:
         return
+    try:
+        _memset(cu, ok, ptr, pattern, element_bytes, count, stream, device)
+    except LaunchError:
+        raise
+    except Exception as e:  # no driver library, a binding that changed
+        raise LaunchError(f"can't fill an output through the CUDA driver: {e}") from None
+
+
+def _memset(cu, ok, ptr: int, pattern: int, element_bytes: int, count: int, stream: int, device: int) -> None:
     ok(cu.cuInit(0))
     dev = ok(cu.cuDeviceGet(device))
     ctx = ok(cu.cuDevicePrimaryCtxRetain(dev))
