@@ -11,7 +11,6 @@ or on :meth:`Gemm.build` and is cached on disk.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,7 +18,7 @@ from evtc import dtypes, passes
 from evtc.compiler import cache
 from evtc.dtypes import DType
 from evtc.abi import abi_fields, ctypes_struct
-from evtc.errors import ConfigError, EvtcError, api_boundary, filter_traceback
+from evtc.errors import ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
@@ -165,6 +164,7 @@ class Gemm:
 
     # ---- running ----------------------------------------------------------------------------------
 
+    @api_boundary
     def __call__(self, A: Any, B: Any, *, out: Any = None, stream: Any = None, **kwargs: Any):
         """Run ``D = epilogue(A @ B.T, **kwargs)`` on the caller's current stream.
 
@@ -193,18 +193,11 @@ class Gemm:
             ArgumentError: a missing, extra or malformed argument (named).
             LaunchError: CUDA reported an error.
         """
-        # api_boundary's filtering inline: the wrapper's extra call and **kwargs copies cost
-        # more than the rest of a cached call's Python work
-        try:
-            launcher = self._launcher
-            if launcher is None:
-                library = self.library  # builds (and makes the Binder of the loaded ABI) on first use
-                launcher = self._launcher = Launcher(self._binder, library, self.name)
-            return launcher(A, B, kwargs, out, stream)
-        except EvtcError as err:
-            if os.environ.get("EVTC_TRACEBACK", "") == "full":
-                raise
-            raise err.with_traceback(filter_traceback(err.__traceback__)) from None
+        launcher = self._launcher
+        if launcher is None:
+            library = self.library  # builds (and makes the Binder of the loaded ABI) on first use
+            launcher = self._launcher = Launcher(self._binder, library, self.name)
+        return launcher(A, B, kwargs, out, stream)
 
     def __repr__(self) -> str:
         return f"<evtc.Gemm {self.name} {self.arch} a={self.a} b={self.b} tile={self.config.name} plan={self.plan.policy}>"

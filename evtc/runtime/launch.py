@@ -392,7 +392,7 @@ def _identity_bits(f) -> tuple[int, int]:
         return int(np.array(f.value, dtype=np.float16).view(np.uint16)), 2
     if dt.name == "bf16":
         return struct.unpack("<I", struct.pack("<f", f.value))[0] >> 16, 2
-    # fp8: zero, or +-inf saturated to the largest finite value's sign-matching NaN-free code
+    # fp8: 0, or +-inf as e5m2's infinity and as e4m3's largest finite value (e4m3 has no infinity)
     bits32 = struct.unpack("<I", struct.pack("<f", f.value))[0]
     if f.value == 0:
         return 0, 1

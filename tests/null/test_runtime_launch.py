@@ -461,3 +461,20 @@ def test_sm80_binder_accepts_element_aligned_vectors():
     kw["C"] = Fake((64, 30), strides=(32, 1))
     run(A, B, kw, Fake((64, 30), strides=(32, 1)))
     assert len(lib.calls) == 1
+
+
+def test_gemm_call_errors_show_no_evtc_frames():
+    """Gemm.__call__'s errors leave evtc with the user's frames only (api_boundary)."""
+    import traceback
+
+    run, lib, g = launcher(lin)
+    g._launcher = run
+    A, B, kw = lin_args()
+    D = Fake((64, 32))
+    assert g(A, B, out=D, **kw) is D
+    with pytest.raises(evtc.ArgumentError, match="argument 'alpha'") as ei:
+        g(A, B, out=D, **{**kw, "alpha": 1e40})
+    frames = [f.filename for f in traceback.extract_tb(ei.value.__traceback__)]
+    assert not any("/evtc/runtime/" in f or f.endswith("evtc/gemm.py") for f in frames), frames
+    assert frames[0].endswith("test_runtime_launch.py")
+    assert ei.value.__cause__ is None
