@@ -268,6 +268,10 @@ class Binder:
         self.unused_names = tuple(n for n in self.names if n not in self.used)
         self.n_kwargs = len(self.names)
         self.single = len(graph.outputs) == 1
+        #: the names a call must pass besides the tensors (scalars, unused inputs)
+        self.other_names = self.unused_names + self.scalar_names
+        #: the pointers of the outputs evtc allocates, before it does
+        self.no_outputs = [0] * len(self.output_names)
 
     def error(self, msg: str, hint: str | None = None) -> ArgumentError:
         return ArgumentError(msg, epilogue=self.graph.name, hint=hint)

@@ -286,12 +286,8 @@ class Launcher:
         if len(kwargs) != b.n_kwargs:
             return None, None
         try:
-            objs = [A, B]
-            for n in b.tensor_names:
-                objs.append(kwargs[n])
-            for n in b.unused_names:
-                kwargs[n]
-            for n in b.scalar_names:
+            objs = [A, B] + [kwargs[n] for n in b.tensor_names]
+            for n in b.other_names:  # present, so that no unknown name took their place
                 kwargs[n]
         except KeyError:
             return None, None
@@ -299,13 +295,10 @@ class Launcher:
             form = 0
         elif type(out) is dict:
             form = 2
-            got = 0
-            for n in b.output_names:
-                x = out.get(n)
-                got += x is not None
-                objs.append(x)
-            if got != len(out):
+            outs = [out.get(n) for n in b.output_names]
+            if len(out) != len(outs) - outs.count(None):
                 return None, None
+            objs += outs
         elif b.single:
             form = 1
             objs.append(out)
@@ -319,11 +312,13 @@ class Launcher:
                 keys.append(None)
                 ptrs.append(0)
                 continue
-            probe = probes.get(type(x)) or tensors.probe_for(type(x))
+            probe = probes.get(type(x))
             if probe is None:
-                if not hasattr(x, "__cuda_array_interface__"):  # an instance attribute, not the class's
-                    return None, None
-                probe = tensors.cai_probe
+                probe = tensors.probe_for(type(x))
+                if probe is None:
+                    if not hasattr(x, "__cuda_array_interface__"):  # an instance attribute, not the class's
+                        return None, None
+                    probe = tensors.cai_probe
             try:
                 k, p = probe(x)
             except Exception:
@@ -331,7 +326,7 @@ class Launcher:
             keys.append(k)
             ptrs.append(p)
         if form == 0:
-            ptrs.extend([0] * len(b.output_names))
+            ptrs += b.no_outputs
         return tuple(keys), ptrs
 
     def _buffer(self):
