@@ -2,10 +2,10 @@
 # Run the GPU tests and benchmarks on the GPU machine in one call, writing logs and JSON to $OUT
 # (or ./gpu-out). Kernels built elsewhere travel as a tarball (benchmarks/pack_cache.py):
 #
-#   python benchmarks/prebuild.py tests explore bias_relu planner:many_aux plan_vs_stock:differing
-#   python benchmarks/pack_cache.py tests explore bias_relu planner:many_aux plan_vs_stock:differing -o .carry/k.tar.xz
+#   python benchmarks/prebuild.py tests explore bias_relu planner:many_aux plan_vs_stock:differing runtime host
+#   python benchmarks/pack_cache.py tests explore bias_relu planner:many_aux plan_vs_stock:differing runtime host -o .carry/k.tar.xz
 #   # on the GPU machine, from the project root:
-#   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock
+#   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock runtime host
 #
 # Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests, random epilogues
 # excepted), random (those too), sm80 (sm80:EXPR: pytest -k EXPR), explore, bias_relu

@@ -315,14 +315,15 @@ def stream_handle(stream: Any, device: int | None = None, epilogue: str | None =
     stream_device = None
     cls = type(stream)
     try:
-        if hasattr(stream, "__cuda_stream__"):
-            handle = int(stream.__cuda_stream__()[1])
-        elif hasattr(stream, "cuda_stream"):  # torch.cuda.Stream / ExternalStream
+        # the frameworks' own attributes first: they also say the stream's device
+        if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream / ExternalStream
             handle = int(stream.cuda_stream)
             stream_device = getattr(stream, "device_index", None)
         elif cls.__module__.startswith("cupy") and hasattr(stream, "ptr"):
             handle = int(stream.ptr)
             stream_device = getattr(stream, "device_id", None)
+        elif hasattr(stream, "__cuda_stream__"):  # CUDA Python's stream protocol: (version, handle)
+            handle = int(stream.__cuda_stream__()[1])
         elif cls.__module__.startswith("cuda.") and cls.__name__ in ("CUstream", "cudaStream_t"):
             handle = int(stream)
         else:
