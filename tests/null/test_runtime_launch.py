@@ -478,3 +478,19 @@ def test_gemm_call_errors_show_no_evtc_frames():
     assert not any("/evtc/runtime/" in f or f.endswith("evtc/gemm.py") for f in frames), frames
     assert frames[0].endswith("test_runtime_launch.py")
     assert ei.value.__cause__ is None
+
+
+def test_prebuild_groups_of_the_runtime_tests_and_bench_host():
+    """benchmarks/prebuild.py's groups ``runtime`` and ``host`` name the kernels that
+    tests/gpu/test_runtime_checks.py, test_graphs.py and benchmarks/bench_host.py build."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import prebuild
+
+    gemms = prebuild.gemms_of(["runtime", "host"])
+    names = sorted((g.name, g.arch, g.a.name) for g in gemms)
+    assert names == [("bias_relu", "sm90", "bf16"), ("bias_relu", "sm90", "f16"), ("many_aux", "sm90", "bf16"),
+                     ("row_stats", "sm90", "bf16"), ("stats", "sm80", "bf16"), ("stats", "sm90", "bf16")]
