@@ -4,7 +4,6 @@ float64 references (evtc.testing)."""
 
 import math
 
-import numpy as np
 import pytest
 
 import evtc
