@@ -3,15 +3,17 @@
 # (or ./gpu-out). Kernels built elsewhere travel as `evtc cache export` archives
 # (benchmarks/pack_cache.py), which this script adds with `evtc cache import` (each entry checked):
 #
-#   python benchmarks/prebuild.py tests explore bias_relu planner:many_aux plan_vs_stock:differing
-#   python benchmarks/pack_cache.py tests explore bias_relu planner:many_aux plan_vs_stock:differing -o .carry/k.tar.xz
+#   python benchmarks/prebuild.py tests explore bias_relu planner:many_aux plan_vs_stock:differing runtime host
+#   python benchmarks/pack_cache.py tests explore bias_relu planner:many_aux plan_vs_stock:differing runtime host -o .carry/k.tar.xz
 #   # on the GPU machine, from the project root:
-#   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock
+#   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock runtime host
 #
 # Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests, random epilogues
 # excepted), random (those too), sm80 (sm80:EXPR: pytest -k EXPR), explore, bias_relu
 # (bias_relu:JSON: a GemmConfig instead of the default; a repeated stage writes name.2.json...),
-# planner (many_aux), plan_vs_stock (the plans that differ from stock's).
+# planner (many_aux), plan_vs_stock (the plans that differ from stock's), runtime (the run-time checks
+# and CUDA-graph GPU tests; prebuild group runtime), host (host time per call, bench_host.py;
+# prebuild group host).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
@@ -37,6 +39,9 @@ for stage in "$@"; do
     planner)        python3 benchmarks/bench_planner.py --only many_aux --json "$out/planner.json" 2>&1 | tee "$out/planner.log" | tail -6 ;;
     plan_vs_stock)  python3 benchmarks/bench_plan_vs_stock.py --differing --json "$out/plan_vs_stock.json" 2>&1 \
                       | tee "$out/plan_vs_stock.log" | tail -8 ;;
+    runtime)        EVTC_ERROR_REPORT=$out/errors_runtime.json python3 -m pytest -q -m gpu tests/gpu/test_runtime_checks.py \
+                      tests/gpu/test_graphs.py 2>&1 | tee "$out/runtime.log" | tail -8 ;;
+    host)           python3 benchmarks/bench_host.py --profile --json "$out/host.json" 2>&1 | tee "$out/host.log" | tail -22 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1

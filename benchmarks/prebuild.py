@@ -1,7 +1,7 @@
 """Build, in parallel, every kernel the GPU tests and the named benchmarks need (run this first
 on the GPU machine: its 16 cores build in about the time one build takes here).
 
-    python benchmarks/prebuild.py tests random explore bias_relu planner:many_aux plan_vs_stock:differing
+    python benchmarks/prebuild.py tests random explore bias_relu planner:many_aux plan_vs_stock:differing runtime host
 
 A group takes an argument after a colon: ``planner:NAME`` builds only that epilogue's kernels
 of bench_planner.py (its ``--only NAME``), ``plan_vs_stock:differing`` only the epilogues whose
@@ -86,7 +86,22 @@ def sm80_gemms(only=None):
                                                  for e in T.random_epilogues()]
 
 
-GROUPS = {"sm80": sm80_gemms, "tests": test_gemms, "random": random_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
+def runtime_gemms():
+    """The runtime GPU tests' kernels (tests/gpu/test_runtime_checks.py, test_graphs.py)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import runtime_kernels
+
+    return list(runtime_kernels.gemms().values())
+
+
+def host_gemms():
+    """bench_host.py's kernels."""
+    import bench_host
+
+    return list(bench_host.gemms().values())
+
+
+GROUPS = {"runtime": runtime_gemms, "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms, "random": random_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
 
 

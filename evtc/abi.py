@@ -1,9 +1,18 @@
-"""The C ABI of an emitted kernel: one flat struct of named arguments.
+"""The C ABI of an emitted kernel: flat structs of named arguments.
 
-Input: a Graph. Output: the ordered list of :class:`AbiField` that both the emitted C struct
-(``evtc_args_t``) and the Python ctypes mirror (:mod:`evtc.runtime.launch`) are made from,
-so the two can't disagree. The kernel's info call returns the same list as JSON, and the
-runtime checks it on load.
+Input: a Graph. Output: the ordered list of :class:`AbiField` that both the emitted C structs
+(``evtc_args_t``, ``evtc_call_t``; ``codegen_templates/common/c_abi_struct.j2``) and the Python
+mirrors (:func:`ctypes_struct`, :class:`CallLayout`) are made from, so the two can't disagree.
+The kernel's info call returns the same list as JSON, and the runtime checks it on load.
+
+Two structs:
+
+* ``evtc_args_t``: every field, for ``evtc_prepare`` / ``evtc_run`` (once per problem
+  signature);
+* ``evtc_call_t``: one launch of a prepared problem (``evtc_launch``): a header (``handle``,
+  ``workspace``, ``workspace_bytes``, ``stream``), then the pointer fields, then the by-value
+  scalar fields, each group in ``evtc_args_t``'s order (:func:`call_fields`). The runtime packs
+  it with one ``struct.Struct.pack_into`` into a preallocated buffer (:class:`CallLayout`).
 
 Layout: problem size, (sm90) the tile scheduler's run-time arguments, A, B, then every input
 the epilogue uses (signature order), then every output (return order). Field names carry a
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import struct
 
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
@@ -102,3 +112,61 @@ def abi_fields(graph: Graph, arch: str) -> tuple[AbiField, ...]:
 def ctypes_struct(fields: tuple[AbiField, ...]) -> type[ctypes.Structure]:
     """A ctypes Structure with the same layout as the emitted ``evtc_args_t``."""
     return type("evtc_args_t", (ctypes.Structure,), {"_fields_": [(x.name, CTYPES[x.ctype]) for x in fields]})
+
+
+#: ``evtc_call_t``'s header, before the pointer and scalar fields (name, C type).
+CALL_HEADER = (("handle", "int64_t"), ("workspace", "void*"), ("workspace_bytes", "uint64_t"), ("stream", "void*"))
+
+_STRUCT_CODES = {"int32_t": "i", "int64_t": "q", "uint64_t": "Q", "float": "f", "const void*": "Q", "void*": "Q"}
+_CTYPES_ALL = {**CTYPES, "uint64_t": ctypes.c_uint64}
+
+
+def call_fields(fields: tuple[AbiField, ...]) -> tuple[AbiField, ...]:
+    """The per-call fields of ``evtc_call_t`` after its header: every pointer, then every
+    by-value scalar, each in ``fields``' order."""
+    return tuple(f for f in fields if f.what == "ptr") + tuple(f for f in fields if f.what == "value")
+
+
+def struct_format(members: list[tuple[str, str]]) -> tuple[str, int]:
+    """A ``struct`` format (standard sizes, explicit padding) with the layout the C compiler
+    gives ``members`` (name, C type) on x86-64/aarch64 Linux, and its size in bytes. The offsets
+    come from ctypes, which follows the platform's C ABI."""
+    cls = type("_layout", (ctypes.Structure,), {"_fields_": [(n, _CTYPES_ALL[t]) for n, t in members]})
+    fmt, at = "<", 0
+    for name, ctype in members:
+        off = getattr(cls, name).offset
+        if off > at:
+            fmt += f"{off - at}x"
+        fmt += _STRUCT_CODES[ctype]
+        at = off + struct.calcsize("<" + _STRUCT_CODES[ctype])
+    size = ctypes.sizeof(cls)
+    if size > at:
+        fmt += f"{size - at}x"
+    return fmt, size
+
+
+@dataclasses.dataclass(frozen=True)
+class CallLayout:
+    """The byte layout of ``evtc_call_t`` for one kernel.
+
+    Attributes:
+        pointers: names of the pointer fields, in order (``p_A``, ``p_B``, inputs, outputs).
+        scalars: names of the by-value scalar fields, in order.
+        packer: packs ``(handle, workspace, workspace_bytes, stream, *pointers, *scalars)``
+            (pointers as unsigned ints, scalars as f32; a scalar beyond f32's range raises
+            ``OverflowError``, a negative pointer ``struct.error``).
+        size: ``sizeof(evtc_call_t)`` in bytes.
+    """
+
+    pointers: tuple[str, ...]
+    scalars: tuple[str, ...]
+    packer: struct.Struct
+    size: int
+
+    @classmethod
+    def of(cls, fields: tuple[AbiField, ...]) -> "CallLayout":
+        per_call = call_fields(fields)
+        members = list(CALL_HEADER) + [(f.name, f.ctype) for f in per_call]
+        fmt, size = struct_format(members)
+        return cls(tuple(f.name for f in per_call if f.what == "ptr"),
+                   tuple(f.name for f in per_call if f.what == "value"), struct.Struct(fmt), size)

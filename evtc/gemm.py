@@ -11,6 +11,7 @@ or on :meth:`Gemm.build` and is cached on disk.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Mapping
 
 from evtc import dtypes, passes
@@ -24,9 +25,9 @@ from evtc.plan import GemmConfig, default_config, get_target
 from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS
 from evtc.plan import plan as make_plan
 from evtc.plan.plan import Plan
-from evtc.runtime import tensors
+from evtc.ir.printer import print_graph
 from evtc.runtime.bind import Binder
-from evtc.runtime.launch import KernelLibrary
+from evtc.runtime.launch import KernelLibrary, Launcher
 
 
 def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> Graph:
@@ -124,6 +125,7 @@ class Gemm:
         self.source = emit(self.kernel_graph, self.plan)
         self.target = target
         self._library: KernelLibrary | None = None
+        self._library_key: str | None = None
         # sm90's register-direct accesses are whole 16-byte vectors (the Binder checks N); sm80
         # picks its access width at run time, so it has no such rule.
         self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct"
@@ -136,7 +138,8 @@ class Gemm:
         self._binder = self._make_binder(ctypes_struct(abi_fields(self.graph, arch)))
 
     def _make_binder(self, Args) -> Binder:
-        return Binder(self.graph, self.a, self.b, Args, self._direct, self._scheduler)
+        self._launcher: Launcher | None = None
+        return Binder(self.graph, self.a, self.b, Args, self._direct, self._scheduler, arch=self.arch)
 
     # ---- building -------------------------------------------------------------------------------
 
@@ -149,9 +152,13 @@ class Gemm:
             NoDeviceError: no nvcc.
         """
         art = cache.build(self.source, arch=self.arch, name=self.name, timeout=timeout)
-        if self._library is None or self._library.path != art.library:
-            self._library = KernelLibrary(art.verified_library_path())
-            self._binder = self._make_binder(self._library.Args)
+        if self._library is None or self._library_key != art.key:
+            library = KernelLibrary(art.verified_library_path())
+            library.verify(fields=abi_fields(self.kernel_graph, self.arch), ir=print_graph(self.kernel_graph),
+                           name=self.name, arch=self.arch)
+            self._library = library
+            self._library_key = art.key
+            self._binder = self._make_binder(library.Args)
         self.artifact = art
         return art
 
@@ -176,8 +183,10 @@ class Gemm:
             A: (M, K) or (L, M, K) device tensor of dtype ``a``.
             B: (N, K) or (L, N, K) device tensor of dtype ``b``.
             out: preallocated output (a tensor for a single-output epilogue, else a dict).
-            stream: a CUDA stream (torch/cupy stream or raw handle); default: the current
-                stream of A's framework.
+            stream: a CUDA stream: a torch or cupy stream object (``torch.cuda.ExternalStream``
+                for a raw handle you own), or 0/1/2 (the default, legacy and per-thread
+                streams); default: the current stream of A's framework on A's device. The kernel
+                runs on A's device whatever the current device is.
             **kwargs: the epilogue's parameters by name: tensors, and Python numbers for
                 scalars.
 
@@ -186,21 +195,20 @@ class Gemm:
             order the epilogue returned them. Reductions are (L, M) / (L, N) / (L,) (without
             L for unbatched problems).
 
+        Zero sizes behave like torch (empty outputs for M, N or L = 0, the epilogue of a zero
+        accumulator for K = 0), outputs may be exactly an M x N input (in place, ``out=C``), and
+        the call can be captured in a CUDA graph (``torch.cuda.graph``): see
+        :mod:`evtc.runtime.bind` for every rule.
+
         Raises:
             ArgumentError: a missing, extra or malformed argument (named).
             LaunchError: CUDA reported an error.
         """
-        lib = self.library
-        args, outputs, keep, va = self._binder.bind(A, B, kwargs, out)
-        ws_bytes = lib.workspace_size(args, va.device)
-        ws_obj, ws_ptr = tensors.empty_bytes(va, ws_bytes)
-        keep.append(ws_obj)
-        handle = tensors.stream_handle(stream) if stream is not None else tensors.current_stream(va)
-        lib.run(args, ws_ptr, ws_bytes, handle, va.device, epilogue=self.name)
-        self._keepalive = keep  # the launch is asynchronous; hold the buffers until the next call
-        if len(outputs) == 1 and "D" in outputs:
-            return outputs["D"]
-        return outputs
+        launcher = self._launcher
+        if launcher is None:
+            library = self.library  # builds (and makes the Binder of the loaded ABI) on first use
+            launcher = self._launcher = Launcher(self._binder, library, self.name)
+        return launcher(A, B, kwargs, out, stream)
 
     def __repr__(self) -> str:
         return f"<evtc.Gemm {self.name} {self.arch} a={self.a} b={self.b} tile={self.config.name} plan={self.plan.policy}>"

@@ -1,11 +1,17 @@
-"""Argument checking and packing: user tensors -> the kernel's flat argument struct.
+"""Argument checking: user tensors -> a checked problem signature and the kernel's arguments.
 
 Input: the Graph, the operand dtypes, A, B and the epilogue's keyword arguments. Output: a
-filled ``evtc_args_t`` (ctypes), the output tensors (allocated or given with ``out=``), and the
-objects that must stay alive until the launch is enqueued.
+:class:`Signature` (everything about the call that doesn't depend on the pointers' or the
+scalars' values: sizes, strides, the outputs to allocate, the per-call pointer checks), and,
+through :meth:`Binder.bind`, a filled ``evtc_args_t`` (ctypes).
+
+A signature is checked once and cached by :mod:`evtc.runtime.launch` under a key made of each
+tensor's shape, strides, dtype and device (:func:`evtc.runtime.tensors.probe_for`); what does
+depend on the pointers (null pointers, alignment, overlap of outputs with other tensors) and on
+the scalars (finite in their dtype) is checked on every call, cheaply, from the signature.
 
 Every check names the argument and says what was expected (CUTLASS's own ``can_implement`` is
-only a yes/no). The rules:
+only a yes/no). The rules (docs/errors.md#arguments lists the messages):
 
 * A is (M, K) or (L, M, K), B is (N, K) or (L, N, K) (row-major, last stride 1); a 2-D operand
   is shared by every batch;
@@ -13,21 +19,45 @@ only a yes/no). The rules:
   allocated (L, M, N) when A or B is batched, else (M, N);
 * TMA needs every M x N (and A, B) row to start at a 16-byte boundary: the base address, the
   row stride and the batch stride, in bytes, are multiples of 16 (``cute::make_tma_copy``,
-  CUDA driver ``cuTensorMapEncodeTiled``). evtc pads the rows of the outputs it allocates;
-  for inputs it asks for a padded allocation;
+  CUDA driver ``cuTensorMapEncodeTiled``), and each stride is below 2^40 bytes. evtc pads the
+  rows of the outputs it allocates; for inputs it asks for a padded allocation;
 * row broadcasts are (N,) or (L, N), column broadcasts (M,) or (L, M), device scalars () /
-  (1,) / (L,), all with unit stride along the vector;
-* by-value scalars are Python numbers;
+  (1,) / (L,), all with unit stride along the vector; their base address is a multiple of the
+  element size: the CUTLASS visitors that read them (``Sm90RowBroadcast``,
+  ``Sm90ColBroadcast``, ``Sm90ScalarBroadcast`` in ``sm90_visitor_load_tma_warpspecialized.hpp``,
+  evtc's ``Sm90RowBroadcastDirect``) load one element at a time, and the sm80 visitors'
+  vector accesses are chosen at run time by the kernel variant (``evtc/plan/sm80.py``); the
+  reductions (``sm90_visitor_store_tma_warpspecialized.hpp``: element stores, atomics in the
+  output type; ``cuMemsetD16/D32Async`` for their identity) need the same;
+* no stride is negative, and the row stride of a tensor with more than one row is not 0 (an
+  expanded tensor): TMA takes unsigned strides;
+* M, N, K and L fit in int32 (CUTLASS's problem shape is ``cute::Shape<int, int, int, int>``;
+  ``cutlass::gemm::GemmCoord`` on sm80); strides in int64;
+* no pointer of a tensor with elements is null;
+* outputs don't overlap themselves (e.g. a batch stride of 0 over L > 1), each other, A, B or a
+  vector; an output may be *exactly* an M x N input (same address, shape, strides and dtype):
+  in-place ``D = C`` is supported, since every element of C (or of an aux load) is loaded by the
+  thread block that then stores the same element of D, and loaded before it is stored;
+* by-value scalars are Python numbers, finite in their dtype (``alpha=1e40`` would be inf in
+  the f32 epilogue);
 * every tensor is on A's device and has the dtype the epilogue declared.
+
+Zero sizes behave like torch: M, N or L = 0 gives empty outputs (reductions over an empty
+extent hold the reduction's identity: 0 for sum, -inf for max, +inf for min) without a launch;
+K = 0 runs the epilogue on a zero accumulator (the kernel reads a zero-filled scratch A and B of
+one 16-byte vector per row).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import math
 import numbers
 from typing import Any, Mapping
 
-from evtc.dtypes import DType
+from evtc.abi import AbiField, abi_fields, call_fields
+from evtc.dtypes import DType, f32
 from evtc.errors import ArgumentError
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
@@ -44,10 +74,161 @@ from evtc.runtime import tensors
 from evtc.runtime.tensors import TensorView
 
 ALIGN = 16
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+#: cuTensorMapEncodeTiled: every global stride is below 2^40 bytes
+TMA_STRIDE_LIMIT = 1 << 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One pointer of ``evtc_call_t`` as a signature sees it.
+
+    Attributes:
+        name: the argument's name in messages (``A``, ``C``, ``out['D']``).
+        field: the ABI field (``p_A``...).
+        output: True for an output.
+        given: False for an output evtc allocates.
+        mask: ``pointer & mask`` must be 0 (alignment), checked with ``needed``.
+        needed: the pointer is dereferenced (the tensor has elements and the call launches or
+            fills it): it must not be null.
+        span: (lo, hi) bytes touched relative to the pointer.
+        rows: (row stride, row bytes, batch stride, batches) in bytes, for M x N tensors (the
+            side-by-side test of :func:`_disjoint`), else None.
+        layout: (shape, strides, dtype name), for the exact in-place alias test.
+        inplace: an M x N input or an aux store (may be an exact alias of each other).
+    """
+
+    name: str
+    field: str
+    output: bool
+    given: bool
+    mask: int
+    needed: bool
+    span: tuple[int, int]
+    rows: tuple[int, int, int, int] | None
+    layout: tuple
+    inplace: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Alloc:
+    """An output evtc allocates: its name, shape, strides (elements, rows padded to 16 bytes),
+    dtype and index in the pointer list."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: DType
+    index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Fill:
+    """A reduction output filled with its identity (M or N = 0): index in the pointer list,
+    elements per batch, batches, batch stride (elements), dtype, value."""
+
+    index: int
+    count: int
+    batches: int
+    batch_stride: int
+    dtype: DType
+    value: float
+
+
+@dataclasses.dataclass
+class Signature:
+    """A checked call, minus the pointers' and scalars' values.
+
+    Attributes:
+        M, N, K, L: problem size (K as the user gave it).
+        batched: outputs carry the L dimension.
+        device: CUDA ordinal of every tensor.
+        framework: A's framework (outputs are allocated with it).
+        mode: ``launch``, ``empty`` (M, N or L = 0: nothing to compute) or ``k0`` (K = 0: the
+            epilogue of a zero accumulator).
+        operands: the pointers of ``evtc_call_t``, in order.
+        values: every non-pointer, non-scalar field of ``evtc_args_t`` (name -> value).
+        checks: (index, mask) of each pointer to check per call (non-null, aligned).
+        overlaps: (i, j, exact_ok) pairs of given tensors to check for overlap per call.
+        allocs: outputs evtc allocates.
+        fills: reduction outputs to fill with their identity (mode ``empty``).
+        kpad: K of the zero scratch A and B (mode ``k0``), elements.
+        handle, workspace: the prepared problem in the library and its workspace bytes
+            (set by :mod:`evtc.runtime.launch`).
+    """
+
+    M: int
+    N: int
+    K: int
+    L: int
+    batched: bool
+    device: int
+    framework: str
+    mode: str
+    operands: tuple[Operand, ...]
+    values: dict[str, int]
+    checks: tuple[tuple[int, int], ...]
+    overlaps: tuple[tuple[int, int, bool], ...]
+    allocs: tuple[Alloc, ...]
+    fills: tuple[Fill, ...]
+    kpad: int = 0
+    handle: int = -1
+    workspace: int = 0
+    allocators: tuple = ()
+    spans: tuple = ()
+
+    def __post_init__(self) -> None:
+        #: ``overlaps`` with the byte spans inlined, for the per-call test
+        self.spans = tuple((i, j, *self.operands[i].span, *self.operands[j].span, ok) for i, j, ok in self.overlaps)
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...], eb: int) -> tuple[int, int]:
+    if not shape:
+        return 0, eb
+    if any(s == 0 for s in shape):
+        return 0, 0
+    return 0, sum((s - 1) * st for s, st in zip(shape, strides)) * eb + eb  # strides are >= 0 (checked)
+
+
+def self_overlapping(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True unless the strided layout is provably one-to-one: the dimensions of extent > 1,
+    sorted by stride, each step over all the earlier ones (the usual sufficient test)."""
+    dims = sorted((abs(st), s) for s, st in zip(shape, strides) if s > 1)
+    reach = 0
+    for st, s in dims:
+        if st <= reach:
+            return True
+        reach += (s - 1) * st
+    return False
+
+
+def _disjoint(pa: int, a: Operand, pb: int, b: Operand) -> bool:
+    """Two M x N tensors whose byte ranges intersect but that lie side by side (same row
+    stride, columns of one within the gap of the other in every row), e.g. two column blocks
+    of one buffer."""
+    if a.rows is None or b.rows is None:
+        return False
+    ra, wa, ba, la = a.rows
+    rb, wb, bb, lb = b.rows
+    if ra != rb or ra <= 0:
+        return False
+    if (la > 1 and ba % ra) or (lb > 1 and bb % rb):
+        return False
+    d = (pb - pa) % ra
+    return wa <= d and d + wb <= ra
+
+
+def _quoted(name: str) -> str:
+    return name if name.startswith("out[") else f"'{name}'"
 
 
 class Binder:
-    """Checks and packs the arguments of one Gemm.
+    """Checks the arguments of one Gemm and builds their :class:`Signature`.
 
     Args:
         graph: the epilogue after passes.
@@ -57,26 +238,49 @@ class Binder:
             vectors predicated per vector, so N must be a multiple of a vector's elements.
         scheduler: the sm90 tile scheduler's run-time arguments, name -> value
             (``max_swizzle_size``, ``raster_order``; see :mod:`evtc.abi`).
+        arch: ``sm90`` or ``sm80`` (default: sm90 if ``Args`` has scheduler fields).
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure],
-                 direct: frozenset[str] = frozenset(), scheduler: Mapping[str, int] | None = None) -> None:
+                 direct: frozenset[str] = frozenset(), scheduler: Mapping[str, int] | None = None,
+                 arch: str | None = None) -> None:
         self.graph = graph
         self.direct = direct
         self.scheduler = dict(scheduler or {})
         self.a = a
         self.b = b
         self.Args = Args
+        names = {n for n, _ in Args._fields_}
+        self.arch = arch or ("sm90" if "max_swizzle_size" in names else "sm80")
+        self.fields: tuple[AbiField, ...] = abi_fields(graph, self.arch)
         self.names = [i.name for i in graph.inputs if not isinstance(i, Accumulator)]
         self.used = {i.name for i in graph.used_inputs}
+        self.leaves = {i.name: i for i in graph.used_inputs if not isinstance(i, Accumulator)}
+        self.outputs = {o.name: o for o in graph.outputs}
+        per_call = call_fields(self.fields)
+        pointer_owners = [f.tensor for f in per_call if f.what == "ptr"]
+        #: used tensor inputs in the ABI's pointer order (after A and B, before the outputs)
+        self.tensor_names = tuple(n for n in pointer_owners[2:] if n in self.leaves)
+        #: by-value scalars in the ABI's order
+        self.scalar_names = tuple(f.tensor for f in per_call if f.what == "value")
+        self.scalar_limits = tuple(self.leaves[n].dtype.max for n in self.scalar_names)
+        self.output_names = tuple(o.name for o in graph.outputs)
+        self.unused_names = tuple(n for n in self.names if n not in self.used)
+        self.n_kwargs = len(self.names)
+        self.single = len(graph.outputs) == 1
+        #: the names a call must pass besides the tensors (scalars, unused inputs)
+        self.other_names = self.unused_names + self.scalar_names
+        #: the pointers of the outputs evtc allocates, before it does
+        self.no_outputs = [0] * len(self.output_names)
 
     def error(self, msg: str, hint: str | None = None) -> ArgumentError:
         return ArgumentError(msg, epilogue=self.graph.name, hint=hint)
 
-    # ---- checks -----------------------------------------------------------------------------------
+    # ---- checks of one tensor ---------------------------------------------------------------------
 
     def _check(self, v: TensorView, name: str, dtype: DType, shapes: list[tuple[int, ...]], device: int,
-               rows_16b: bool) -> None:
+               rows_16b: bool, *, tma: bool = False, output: bool = False) -> None:
+        """Dtype, device, shape, strides and (for the base address) alignment of one tensor."""
         if v.dtype is not dtype:
             raise self.error(f"argument '{name}' has dtype {v.dtype_name}, the epilogue declares {dtype.name}",
                              hint=f"convert it with .to({dtype.torch})" if dtype.torch else None)
@@ -87,11 +291,31 @@ class Binder:
         if v.shape not in shapes:
             want = " or ".join(str(tuple(s)) for s in shapes)
             raise self.error(f"argument '{name}' has shape {tuple(v.shape)}, expected {want}")
+        if any(s == 0 for s in v.shape):
+            return  # no elements: nothing is read or written
+        if any(st < 0 for st in v.strides):
+            raise self.error(f"argument '{name}' has a negative stride {tuple(v.strides)}",
+                             hint="pass a .contiguous() copy (TMA and the visitors take unsigned strides)")
+        if any(st > INT64_MAX for st in v.strides):
+            raise self.error(f"argument '{name}' has a stride beyond int64 {tuple(v.strides)}")
         if v.shape and v.shape[-1] > 1 and v.strides[-1] != 1:
             raise self.error(f"argument '{name}' must be contiguous along its last dimension (stride {v.strides[-1]})",
                              hint="pass a .contiguous() tensor")
+        eb = dtype.bytes
+        if rows_16b and len(v.shape) >= 2 and v.shape[-2] > 1:  # a matrix (A, B, M x N): its rows
+            ld = v.strides[-2]
+            if ld == 0:
+                raise self.error(f"argument '{name}' has a row stride of 0 (every row is the same memory, "
+                                 "an expanded tensor)",
+                                 hint="pass a .contiguous() copy; a value per column is a RowVector input")
+            if ld < v.shape[-1]:
+                raise self.error(f"argument '{name}' has a row stride of {ld} elements, less than its "
+                                 f"{v.shape[-1]} columns: its rows overlap", hint="pass a .contiguous() copy")
+        if output and self_overlapping(v.shape, v.strides):
+            raise self.error(f"output '{name}' overlaps itself (shape {tuple(v.shape)}, strides {tuple(v.strides)}): "
+                             "several results would be written to the same memory",
+                             hint="pass a tensor with distinct memory for every element, e.g. torch.empty(...)")
         if rows_16b:
-            eb = dtype.bytes
             if v.ptr % ALIGN:
                 raise self.error(f"argument '{name}' starts at an address that is not 16-byte aligned",
                                  hint="TMA needs 16-byte aligned tensors; pass a fresh allocation, not an offset view")
@@ -108,14 +332,22 @@ class Binder:
                 )
             if len(v.shape) == 3 and v.shape[0] > 1 and (v.strides[0] * eb) % ALIGN:
                 raise self.error(f"argument '{name}' has a batch stride of {v.strides[0] * eb} bytes; TMA needs a multiple of 16")
+            if tma:
+                for st in v.strides[:-1]:
+                    if st * eb >= TMA_STRIDE_LIMIT:
+                        raise self.error(f"argument '{name}' has a stride of {st * eb} bytes; TMA needs less than 2^40")
+        elif v.ptr % eb:
+            raise self.error(f"argument '{name}' starts at an address that is not a multiple of its element size "
+                             f"({eb} bytes)", hint="pass a fresh allocation or a .clone(), not a byte-offset view")
 
-    # ---- binding --------------------------------------------------------------------------------
+    # ---- the signature ---------------------------------------------------------------------------
 
-    def bind(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None):
-        """Check everything and fill the struct.
+    def signature(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None) -> tuple[Signature, list[int]]:
+        """Check everything about a call and build its :class:`Signature`.
 
         Returns:
-            (args struct, outputs dict name -> tensor, keepalive list, A's TensorView)
+            (signature, the pointers of the given tensors in ``evtc_call_t`` order, 0 for the
+            outputs to allocate).
 
         Raises:
             ArgumentError: the first problem, naming the argument.
@@ -146,100 +378,242 @@ class Binder:
         if La != Lb and 1 not in (La, Lb):
             raise self.error(f"A has batch {La} and B has batch {Lb}")
         L = max(La, Lb)
-        for name in sorted(self.direct):
-            dt = next(x.dtype for x in (*g.inputs, *g.outputs) if x.name == name)
-            if N % (ALIGN // dt.bytes):
-                raise self.error(
-                    f"N = {N} is not a multiple of {ALIGN // dt.bytes}, which the register-direct access of '{name}' needs",
-                    hint="pad N, or build with plan='cutlass' (TMA for every aux tensor)",
-                )
+        for what, x in (("M", M), ("N", N), ("K", K), ("L", L)):
+            if x > INT32_MAX:
+                raise self.error(f"{what} = {x} does not fit in int32, the type of CUTLASS's problem shape "
+                                 "(cute::Shape<int, int, int, int>)", hint="split the problem into smaller GEMMs")
+        mode = "empty" if 0 in (M, N, L) else ("k0" if K == 0 else "launch")
+        if mode == "launch":
+            for name in sorted(self.direct):
+                dt = next(x.dtype for x in (*g.inputs, *g.outputs) if x.name == name)
+                if N % (ALIGN // dt.bytes):
+                    raise self.error(
+                        f"N = {N} is not a multiple of {ALIGN // dt.bytes}, which the register-direct access of "
+                        f"'{name}' needs", hint="pad N, or build with plan='cutlass' (TMA for every aux tensor)")
         batched = len(va.shape) == 3 or len(vb.shape) == 3
-        self._check(va, "A", self.a, [(M, K), (L, M, K)] if La == L else [(M, K)], dev, True)
-        self._check(vb, "B", self.b, [(N, K), (L, N, K)] if Lb == L else [(N, K)], dev, True)
+        tma = self.arch == "sm90"
+        self._check(va, "A", self.a, [(M, K), (L, M, K)] if La == L else [(M, K)], dev, True, tma=tma)
+        self._check(vb, "B", self.b, [(N, K), (L, N, K)] if Lb == L else [(N, K)], dev, True, tma=tma)
 
-        args = self.Args()
-        keep: list[Any] = [A, B]
-        args.M, args.N, args.K, args.L = M, N, K, L
-        for field, value in self.scheduler.items():
-            setattr(args, field, value)
+        values: dict[str, int] = {"M": M, "N": N, "K": K, "L": L, **self.scheduler}
+        ops: list[Operand] = []
+        ptrs: list[int] = []
+        launches = mode != "empty"
+
+        def add(v: TensorView | None, name: str, field: str, dtype: DType, *, output: bool, mask: int,
+                mxn: bool, inplace: bool) -> None:
+            eb = dtype.bytes
+            if v is None:  # an output evtc allocates
+                ops.append(Operand(name, field, True, False, mask, False, (0, 0), None, (), inplace))
+                ptrs.append(0)
+                return
+            has = all(s > 0 for s in v.shape)
+            rows = None
+            if mxn and has:
+                bs = v.strides[0] * eb if len(v.shape) == 3 else 0
+                lcount = v.shape[0] if len(v.shape) == 3 else 1
+                rows = ((v.strides[-2] if v.shape[-2] > 1 else v.shape[-1]) * eb, v.shape[-1] * eb, bs, lcount)
+            ops.append(Operand(name, field, output, True, mask, has and (launches or output), _span(v.shape, v.strides, eb),
+                               rows, (tuple(v.shape), tuple(v.strides), v.dtype_name), inplace))
+            ptrs.append(v.ptr)
+
+        # A and B (replaced by a zero scratch when K = 0)
         for op, v in (("A", va), ("B", vb)):
-            setattr(args, f"p_{op}", v.ptr)
-            setattr(args, f"ld_{op}", v.strides[-2] if v.shape[-2] > 1 else v.shape[-1])
-            setattr(args, f"bs_{op}", v.strides[0] if len(v.shape) == 3 and v.shape[0] > 1 else 0)
+            eb = v.dtype.bytes
+            per = ALIGN // eb
+            values[f"ld_{op}"] = v.strides[-2] if v.shape[-2] > 1 else _round_up(max(K, 1), per)
+            values[f"bs_{op}"] = v.strides[0] if len(v.shape) == 3 and v.shape[0] > 1 else 0
+            add(v, op, f"p_{op}", v.dtype, output=False, mask=ALIGN - 1, mxn=False, inplace=False)
+        kpad = 0
+        if mode == "k0":
+            kpad = ALIGN // self.a.bytes
+            values.update(K=kpad, ld_A=kpad, ld_B=kpad, bs_A=0, bs_B=0)
+            for i in (0, 1):
+                ops[i] = dataclasses.replace(ops[i], needed=False, span=(0, 0))
 
-        for leaf in g.used_inputs:
-            n = leaf.name
-            if isinstance(leaf, Accumulator):
-                continue
+        scalars = {}
+        for n in self.tensor_names + self.scalar_names:
+            leaf = self.leaves[n]
             x = kwargs[n]
             if isinstance(leaf, ScalarBroadcast) and not leaf.by_pointer:
-                if not isinstance(x, numbers.Real) or isinstance(x, bool):
-                    raise self.error(f"argument '{n}' must be a Python number (it is a by-value scalar), got {type(x).__name__}",
-                                     hint="declare it evtc.DeviceScalar[f32] to pass a device tensor instead")
-                setattr(args, f"s_{n}", float(x))
+                scalars[n] = self.scalar_value(n, x)
                 continue
             v = tensors.view(x, n, g.name)
-            keep.append(x)
+            eb = leaf.dtype.bytes
             if isinstance(leaf, (Source, AuxLoad)):
-                self._check(v, n, leaf.dtype, [(M, N), (L, M, N)], dev, True)
-                args_ld = v.strides[-2] if M > 1 else N
-                setattr(args, f"p_{n}", v.ptr)
-                setattr(args, f"ld_{n}", args_ld)
-                setattr(args, f"bs_{n}", v.strides[0] if len(v.shape) == 3 and L > 1 else 0)
+                self._check(v, n, leaf.dtype, [(M, N), (L, M, N)], dev, True, tma=tma)
+                values[f"ld_{n}"] = v.strides[-2] if M > 1 else _round_up(N, ALIGN // eb)
+                values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 3 and L > 1 else 0
+                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=ALIGN - 1, mxn=True, inplace=True)
             elif isinstance(leaf, (RowBroadcast, ColBroadcast)):
                 ext = N if isinstance(leaf, RowBroadcast) else M
                 self._check(v, n, leaf.dtype, [(ext,), (L, ext)], dev, False)
-                setattr(args, f"p_{n}", v.ptr)
-                setattr(args, f"bs_{n}", v.strides[0] if len(v.shape) == 2 and L > 1 else 0)
+                values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 2 and L > 1 else 0
+                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=eb - 1, mxn=False, inplace=False)
             else:  # device scalar
                 self._check(v, n, leaf.dtype, [(), (1,), (L,)], dev, False)
-                setattr(args, f"p_{n}", v.ptr)
-                setattr(args, f"bs_{n}", 1 if v.shape == (L,) and L > 1 else 0)
+                values[f"bs_{n}"] = v.strides[0] if v.shape == (L,) and L > 1 else 0
+                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=eb - 1, mxn=False, inplace=False)
 
-        outputs = self._outputs(out, va, M, N, L, batched, dev)
+        given = self._given_outputs(out)
+        allocs: list[Alloc] = []
+        fills: list[Fill] = []
         for o in g.outputs:
-            obj, v = outputs[o.name]
-            keep.append(obj)
-            setattr(args, f"p_{o.name}", v.ptr)
-            if isinstance(o, Store):
-                setattr(args, f"ld_{o.name}", v.strides[-2] if M > 1 else N)
-                setattr(args, f"bs_{o.name}", v.strides[0] if len(v.shape) == 3 and L > 1 else 0)
-            else:
-                setattr(args, f"bs_{o.name}", v.strides[0] if len(v.shape) >= 1 and batched and v.shape and L > 1 else 0)
-        return args, {k: obj for k, (obj, _) in outputs.items()}, keep, va
-
-    def _outputs(self, out, va: TensorView, M: int, N: int, L: int, batched: bool, dev: int):
-        g = self.graph
-        given: dict[str, Any] = {}
-        if out is not None:
-            if isinstance(out, Mapping):
-                given = dict(out)
-            elif len(g.outputs) == 1:
-                given = {g.outputs[0].name: out}
-            else:
-                raise self.error("out= must be a dict of output name -> tensor for an epilogue with several outputs",
-                                 hint=f"outputs: {', '.join(o.name for o in g.outputs)}")
-            unknown = sorted(set(given) - {o.name for o in g.outputs})
-            if unknown:
-                raise self.error(f"out= names unknown output{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
-                                 hint=f"outputs: {', '.join(o.name for o in g.outputs)}")
-        result: dict[str, tuple[Any, TensorView]] = {}
-        for o in g.outputs:
+            n = o.name
+            eb = o.dtype.bytes
+            label = f"out['{n}']"
             if isinstance(o, Store):
                 shape = (L, M, N) if batched else (M, N)
-                rows16 = True
+                padded = _round_up(N, ALIGN // eb)
+                strides = (M * padded, padded, 1) if batched else (padded, 1)
             else:
                 ext = {1: (M,), 0: (N,), None: ()}[o.dim]
                 shape = ((L,) + ext) if batched else ext
-                rows16 = False
-            if o.name in given:
-                v = tensors.view(given[o.name], f"out['{o.name}']", g.name)
-                self._check(v, f"out['{o.name}']", o.dtype, [shape], dev, rows16)
-                result[o.name] = (given[o.name], v)
+                strides = (ext[0], 1) if (batched and ext) else ((1,) if batched or ext else ())
+            index = len(ops)
+            if n in given:
+                v = tensors.view(given[n], label, g.name)
+                self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True)
+                add(v, label, f"p_{n}", o.dtype, output=True, mask=(ALIGN - 1) if isinstance(o, Store) else eb - 1,
+                    mxn=isinstance(o, Store), inplace=isinstance(o, Store))
+                shape, strides = tuple(v.shape), tuple(v.strides)
             else:
-                alloc_shape = shape if shape else (1,)
-                obj, v = tensors.empty(va, alloc_shape, o.dtype)
-                if not shape:
-                    obj = obj[0] if va.framework in ("torch", "cupy") else obj
-                result[o.name] = (obj, v)
-        return result
+                allocs.append(Alloc(n, shape, strides, o.dtype, index))
+                add(None, label, f"p_{n}", o.dtype, output=True, mask=0, mxn=False, inplace=False)
+            if isinstance(o, Store):
+                values[f"ld_{n}"] = strides[-2] if M > 1 else _round_up(N, ALIGN // eb)
+                values[f"bs_{n}"] = strides[0] if len(shape) == 3 and L > 1 else 0
+            else:
+                values[f"bs_{n}"] = strides[0] if batched and shape and L > 1 else 0
+                count = math.prod(shape[1:] if batched else shape)
+                if mode == "empty" and L > 0 and count > 0:
+                    fills.append(Fill(index, count, L if batched else 1, strides[0] if batched and len(shape) > 1 else count,
+                                      o.dtype, o.op.identity))
+                    if n in given:
+                        ops[index] = dataclasses.replace(ops[index], needed=True)
+
+        checks = tuple((i, op.mask) for i, op in enumerate(ops) if op.given and op.needed)
+        overlaps = []
+        for i, oi in enumerate(ops):
+            if not (oi.output and oi.given and oi.needed):
+                continue
+            for j, oj in enumerate(ops):
+                if j == i or not (oj.given and oj.needed) or (oj.output and j < i):
+                    continue
+                exact_ok = (not oj.output and oi.inplace and oj.inplace and oi.layout == oj.layout)
+                overlaps.append((i, j, exact_ok))
+        sig = Signature(M, N, K, L, batched, dev, va.framework, mode, tuple(ops), values, checks, tuple(overlaps),
+                        tuple(allocs), tuple(fills), kpad)
+        # the pointer-dependent checks, on this call's pointers
+        self.check_pointers(sig, ptrs)
+        return sig, ptrs
+
+    def _given_outputs(self, out: Any) -> dict[str, Any]:
+        g = self.graph
+        if out is None:
+            return {}
+        if isinstance(out, Mapping):
+            given = {k: v for k, v in out.items() if v is not None}
+        elif self.single:
+            given = {g.outputs[0].name: out}
+        else:
+            raise self.error("out= must be a dict of output name -> tensor for an epilogue with several outputs",
+                             hint=f"outputs: {', '.join(o.name for o in g.outputs)}")
+        unknown = sorted(set(given) - set(self.output_names))
+        if unknown:
+            raise self.error(f"out= names unknown output{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+                             hint=f"outputs: {', '.join(self.output_names)}")
+        return given
+
+    # ---- per-call checks (pointers and scalars) ---------------------------------------------------
+
+    def scalar_value(self, name: str, x: Any) -> float:
+        """A by-value scalar as a float, checked: a real number (not a bool), finite and within
+        the range of its dtype (f32 for the epilogue's scalars unless declared otherwise).
+
+        Raises:
+            ArgumentError: naming the argument.
+        """
+        leaf = self.leaves[name]
+        if not isinstance(x, numbers.Real) or isinstance(x, bool):
+            raise self.error(f"argument '{name}' must be a Python number (it is a by-value scalar), got {type(x).__name__}",
+                             hint="declare it evtc.DeviceScalar[f32] to pass a device tensor instead")
+        try:
+            v = float(x)
+        except (OverflowError, ValueError, TypeError):
+            v = math.inf
+        if not math.isfinite(v) or abs(v) > leaf.dtype.max:
+            raise self.error(f"argument '{name}' = {x!r} is not a finite {leaf.dtype.name} (the epilogue computes in "
+                             f"{leaf.dtype.name}, whose largest value is {leaf.dtype.max:.6g})",
+                             hint="pass a finite value within the dtype's range")
+        return v
+
+    def check_pointers(self, sig: Signature, ptrs: list[int]) -> None:
+        """Null pointers, alignment and overlap on this call's pointers.
+
+        Raises:
+            ArgumentError: naming the argument.
+        """
+        for i, mask in sig.checks:
+            p = ptrs[i]
+            if not p or p & mask:
+                self.pointer_error(sig, i, p)
+        for i, j, exact_ok in sig.overlaps:
+            self.check_overlap(sig, ptrs, i, j, exact_ok)
+
+    def pointer_error(self, sig: Signature, i: int, p: int) -> None:
+        op = sig.operands[i]
+        if not p:
+            raise self.error(f"argument '{op.name}' is a null pointer", hint="pass an allocated tensor")
+        if op.mask == ALIGN - 1:
+            raise self.error(f"argument '{op.name}' starts at an address that is not 16-byte aligned",
+                             hint="TMA needs 16-byte aligned tensors; pass a fresh allocation, not an offset view")
+        raise self.error(f"argument '{op.name}' starts at an address that is not a multiple of its element size "
+                         f"({op.mask + 1} bytes)", hint="pass a fresh allocation or a .clone(), not a byte-offset view")
+
+    def check_overlap(self, sig: Signature, ptrs: list[int], i: int, j: int, exact_ok: bool) -> None:
+        a, b = sig.operands[i], sig.operands[j]
+        pa, pb = ptrs[i], ptrs[j]
+        if not (pa + a.span[0] < pb + b.span[1] and pb + b.span[0] < pa + a.span[1]):
+            return
+        if exact_ok and pa == pb:
+            return
+        if _disjoint(pa, a, pb, b):
+            return
+        what = "output" if b.output else "input"
+        hint = ("an output may be exactly an M x N input (in place, e.g. out=C), but not part of one"
+                if b.inplace and a.inplace and not b.output else "pass a separate tensor for each output")
+        if b.name in ("A", "B"):
+            hint = "the mainloop reads A and B while the epilogue writes: pass a separate output tensor"
+        raise self.error(f"output {_quoted(a.name)} overlaps {what} {_quoted(b.name)} in memory", hint=hint)
+
+    # ---- the full arguments (prepare, and the tests) ------------------------------------------
+
+    def fill_args(self, sig: Signature, ptrs: list[int], scalars: Mapping[str, float]):
+        """A ctypes ``evtc_args_t`` with the signature's values, ``ptrs`` and ``scalars``."""
+        args = self.Args()
+        for field, value in sig.values.items():
+            setattr(args, field, value)
+        for op, p in zip(sig.operands, ptrs):
+            setattr(args, op.field, p)
+        for n, v in scalars.items():
+            setattr(args, f"s_{n}", v)
+        return args
+
+    def bind(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None):
+        """Check everything and fill the struct (the full path, without a library: outputs
+        that evtc would allocate are left null).
+
+        Returns:
+            (args struct, outputs dict name -> given tensor or None, keepalive list, A's
+            TensorView)
+
+        Raises:
+            ArgumentError: the first problem, naming the argument.
+        """
+        sig, ptrs = self.signature(A, B, kwargs, out)
+        scalars = {n: self.scalar_value(n, kwargs[n]) for n in self.scalar_names}
+        given = self._given_outputs(out)
+        args = self.fill_args(sig, ptrs, scalars)
+        outputs = {o: given.get(o) for o in self.output_names}
+        return args, outputs, [A, B, *kwargs.values(), *given.values()], tensors.view(A, "A", self.graph.name)

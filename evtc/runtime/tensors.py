@@ -215,24 +215,223 @@ class _CudaFree:
             pass
 
 
+# ---- the per-call fast path: one cheap key per tensor -------------------------------------------
+
+
+def _torch_probe(t) -> tuple[tuple, int]:
+    # Everything a TensorView holds but the pointer; get_device() is -1 for host memory.
+    return (t.shape, t.stride(), t.dtype, t.get_device()), t.data_ptr()
+
+
+def cai_probe(obj) -> tuple[tuple, int]:
+    cai = obj.__cuda_array_interface__
+    device = getattr(getattr(obj, "device", None), "id", 0)
+    return (tuple(cai["shape"]), cai.get("strides"), cai["typestr"], device), int(cai["data"][0])
+
+
+_PROBES: dict[type, Any] = {}
+
+
+def probe_for(cls: type):
+    """The fast prober of tensors of type ``cls``: ``probe(x) -> (key, pointer)``, where ``key``
+    determines everything :func:`view` returns but the pointer (shape, strides, dtype, device),
+    so a cached check of one key holds for every tensor with that key. None for types without
+    one (DLPack-only objects): their calls take the full path."""
+    try:
+        return _PROBES[cls]
+    except KeyError:
+        pass
+    if cls.__module__.startswith("torch") and hasattr(cls, "data_ptr"):
+        probe = _torch_probe
+    elif hasattr(cls, "__cuda_array_interface__"):
+        probe = cai_probe
+    else:
+        probe = None
+    _PROBES[cls] = probe
+    return probe
+
+
+# ---- streams ------------------------------------------------------------------------------------
+
+#: Raw handles accepted as ints: the legacy default stream (0), ``cudaStreamLegacy`` (1) and
+#: ``cudaStreamPerThread`` (2), which the CUDA runtime defines as constants. Any other int is
+#: refused: the driver dereferences a stream handle without validating it (a bogus one crashes
+#: the process), and no driver query fails cleanly on one.
+SPECIAL_STREAMS = (0, 1, 2)
+
+
+def current_stream_getter(framework: str):
+    """``get(device) -> int``: the framework's current raw stream on a device, cheaply (torch:
+    ``torch._C._cuda_getCurrentRawStream``; cupy: its current stream; others: 0)."""
+    if framework == "torch":
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw
+        return lambda device: int(torch.cuda.current_stream(device).cuda_stream)
+    if framework == "cupy":
+        cupy = sys.modules["cupy"]
+
+        def get(device: int) -> int:
+            with cupy.cuda.Device(device):
+                return int(cupy.cuda.get_current_stream().ptr)
+
+        return get
+    return lambda device: 0
+
+
 def current_stream(like: TensorView) -> int:
     """The caller's current CUDA stream for ``like``'s framework and device (0 otherwise)."""
-    if like.framework == "torch":
-        torch = sys.modules["torch"]
-        return int(torch.cuda.current_stream(like.device).cuda_stream)
-    if like.framework == "cupy":
-        cupy = sys.modules["cupy"]
-        return int(cupy.cuda.get_current_stream().ptr)
-    return 0
+    return current_stream_getter(like.framework)(like.device)
 
 
-def stream_handle(stream: Any) -> int:
-    """A raw ``cudaStream_t`` from an int, a torch/cupy stream or anything with ``cuda_stream``/``ptr``."""
+def stream_handle(stream: Any, device: int | None = None, epilogue: str | None = None) -> int:
+    """A raw ``cudaStream_t`` from a stream object, checked.
+
+    Accepted: torch streams (``torch.cuda.Stream``, ``torch.cuda.ExternalStream``), cupy streams,
+    objects with CUDA Python's ``__cuda_stream__`` protocol or a ``cuda_stream`` attribute,
+    ``cuda.bindings`` ``CUstream``/``cudaStream_t`` objects, and the ints 0, 1 and 2
+    (:data:`SPECIAL_STREAMS`). A stream object that says its device must be on ``device``.
+
+    Raises:
+        ArgumentError: any other int (a raw handle evtc can't validate: wrap it in
+            ``torch.cuda.ExternalStream``), a stream on another device, or an object that is not
+            a stream; the message names the argument ``stream``.
+    """
+    def bad(msg: str, hint: str | None = None) -> ArgumentError:
+        return ArgumentError(msg, epilogue=epilogue, hint=hint)
+
     if stream is None:
         return 0
+    if isinstance(stream, bool):
+        raise bad("argument 'stream' is a bool, not a CUDA stream")
     if isinstance(stream, int):
-        return stream
-    for attr in ("cuda_stream", "ptr", "handle"):
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    raise ArgumentError(f"can't use {stream!r} as a CUDA stream", hint="pass an int handle or a torch/cupy stream")
+        if stream in SPECIAL_STREAMS:
+            return stream
+        raise bad(f"argument 'stream' is the raw handle {stream:#x}: evtc accepts only stream objects and the "
+                  "special handles 0, 1 (cudaStreamLegacy) and 2 (cudaStreamPerThread)",
+                  hint="pass a torch.cuda.Stream or cupy stream; for a handle you own, torch.cuda.ExternalStream(handle) "
+                       "(a bogus raw handle would crash the process inside the CUDA driver)")
+    stream_device = None
+    cls = type(stream)
+    try:
+        # the frameworks' own attributes first: they also say the stream's device
+        if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream / ExternalStream
+            handle = int(stream.cuda_stream)
+            stream_device = getattr(stream, "device_index", None)
+        elif cls.__module__.startswith("cupy") and hasattr(stream, "ptr"):
+            handle = int(stream.ptr)
+            stream_device = getattr(stream, "device_id", None)
+        elif hasattr(stream, "__cuda_stream__"):  # CUDA Python's stream protocol: (version, handle)
+            handle = int(stream.__cuda_stream__()[1])
+        elif cls.__module__.startswith("cuda.") and cls.__name__ in ("CUstream", "cudaStream_t"):
+            handle = int(stream)
+        else:
+            raise bad(f"argument 'stream' is a {cls.__name__}, not a CUDA stream",
+                      hint="pass a torch.cuda.Stream, a cupy stream, or 0 for the default stream")
+    except ArgumentError:
+        raise
+    except Exception as e:
+        raise bad(f"argument 'stream' could not be read as a CUDA stream: {e}") from None
+    if stream_device is not None and device is not None and int(stream_device) != device:
+        raise bad(f"argument 'stream' is a stream of cuda:{stream_device}, the tensors are on cuda:{device}",
+                  hint=f"pass a stream of cuda:{device}")
+    return handle
+
+
+# ---- allocation on the fast path ---------------------------------------------------------------
+
+
+def strided_allocator(framework: str, device: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType):
+    """``make() -> (object, pointer)``: a new uninitialised tensor of ``shape`` and ``strides``
+    (elements) on ``device``, from the framework's allocator (so it is stream-ordered and can be
+    captured in a CUDA graph). For torch, one ``torch.empty_strided`` call."""
+    if framework == "torch":
+        torch = sys.modules["torch"]
+        tdt = getattr(torch, dtype.torch)
+        dev = torch.device("cuda", device)
+        empty_strided = torch.empty_strided
+
+        def make():
+            t = empty_strided(shape, strides, dtype=tdt, device=dev)
+            return t, t.data_ptr()
+
+        return make
+    if framework == "cupy":
+        cupy = sys.modules["cupy"]
+        if dtype.torch not in ("float32", "float16"):
+            raise ArgumentError(f"cupy has no {dtype} arrays", hint="pass out= tensors, or use torch")
+        span = 1 + sum((s - 1) * st for s, st in zip(shape, strides)) if all(shape) else 0
+        itemsize = dtype.bytes
+
+        def make():
+            with cupy.cuda.Device(device):
+                mem = cupy.cuda.alloc(max(1, span) * itemsize)
+                arr = cupy.ndarray(shape, dtype=dtype.torch, memptr=mem,
+                                   strides=tuple(st * itemsize for st in strides))
+            return arr, int(arr.data.ptr)
+
+        return make
+    raise ArgumentError("evtc can only allocate outputs with torch or cupy",
+                        hint="pass preallocated outputs with out={'name': tensor, ...}")
+
+
+def bytes_allocator(framework: str, device: int):
+    """``make(nbytes) -> (object, pointer)``: a device buffer (workspace, scratch) from the
+    framework's allocator; other frameworks fall back to ``cudaMalloc`` (which synchronises and
+    can't be captured in a CUDA graph)."""
+    if framework == "torch":
+        torch = sys.modules["torch"]
+        dev = torch.device("cuda", device)
+        empty, u8 = torch.empty, torch.uint8
+
+        def make(nbytes: int):
+            t = empty((nbytes,), dtype=u8, device=dev)
+            return t, t.data_ptr()
+
+        return make
+    like = TensorView(None, 0, (), (), None, "", device, framework)
+    return lambda nbytes: empty_bytes(like, nbytes)
+
+
+# ---- device memory fills through the driver (rare paths: zero sizes, K = 0) ---------------------
+
+
+def memset_async(ptr: int, pattern: int, element_bytes: int, count: int, stream: int, device: int) -> None:
+    """Fill ``count`` elements of ``element_bytes`` (1, 2 or 4) at ``ptr`` with the bit pattern
+    ``pattern`` on ``stream`` (``cuMemsetD{8,16,32}Async``; capturable in a CUDA graph).
+
+    Raises:
+        LaunchError: the driver refused.
+    """
+    from cuda.bindings import driver as cu  # type: ignore[import-not-found]
+
+    from evtc.errors import LaunchError
+
+    def ok(res):
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) != 0:
+            raise LaunchError(f"CUDA driver error {err} while filling an output")
+        return res[1] if isinstance(res, tuple) and len(res) > 1 else None
+
+    if count <= 0:
+        return
+    try:
+        _memset(cu, ok, ptr, pattern, element_bytes, count, stream, device)
+    except LaunchError:
+        raise
+    except Exception as e:  # no driver library, a binding that changed
+        raise LaunchError(f"can't fill an output through the CUDA driver: {e}") from None
+
+
+def _memset(cu, ok, ptr: int, pattern: int, element_bytes: int, count: int, stream: int, device: int) -> None:
+    ok(cu.cuInit(0))
+    dev = ok(cu.cuDeviceGet(device))
+    ctx = ok(cu.cuDevicePrimaryCtxRetain(dev))
+    ok(cu.cuCtxPushCurrent(ctx))
+    try:
+        fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[element_bytes]
+        ok(fn(ptr, pattern, count, stream))
+    finally:
+        cu.cuCtxPopCurrent()
+        cu.cuDevicePrimaryCtxRelease(dev)

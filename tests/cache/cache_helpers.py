@@ -24,6 +24,8 @@ CACHE_ENV = ("EVTC_CACHE_DIR", "EVTC_SHARED_CACHE", "EVTC_CACHE_SECRET", "EVTC_O
 
 
 def tiny_source(tag: str, abi_version: int = ABI_VERSION) -> str:
+    from evtc.abi import CallLayout
+
     """A ``.cu`` that exports evtc's C ABI and does nothing; ``evtc_info`` names ``tag``."""
     info = '{"static":{"abi":[],"tag":"%s"},"epilogue_smem_bytes":0,"kernel_smem_bytes":0,"mainloop_stages":0,' \
            '"args_size":0}' % tag
@@ -39,6 +41,9 @@ def tiny_source(tag: str, abi_version: int = ABI_VERSION) -> str:
         EVTC_EXPORT int evtc_can_implement(void const*, int) {{ return 0; }}
         EVTC_EXPORT size_t evtc_workspace_size(void const*, int) {{ return 0; }}
         EVTC_EXPORT int evtc_run(void const*, void*, size_t, void*, int) {{ return 0; }}
+        EVTC_EXPORT size_t evtc_call_size() {{ return {CallLayout.of(()).size}; }}
+        EVTC_EXPORT int evtc_prepare(void const*, int, long long*, size_t*) {{ return 0; }}
+        EVTC_EXPORT int evtc_launch(void const*) {{ return 0; }}
         """)
 
 

@@ -46,8 +46,9 @@
 #include <evtc/functors.hpp>         // functors for the ops CUTLASS has none for
 #include <evtc/sm80_visitors.hpp>    // evtc's visitor node and reduction helpers
 
-// ---- the C ABI: one flat struct of named arguments (mirrored by evtc/abi.py) ------------
+// ---- the C ABI: flat structs of named arguments (mirrored by evtc/abi.py) --------------------
 extern "C" {
+// Everything one GEMM needs: problem size, scheduler arguments, pointers, strides, scalars.
 typedef struct evtc_args_t {
   int32_t M;  // problem: dim
   int32_t N;  // problem: dim
@@ -70,6 +71,22 @@ typedef struct evtc_args_t {
   int64_t ld_D;  // D: ld
   int64_t bs_D;  // D: batch_stride
 } evtc_args_t;
+
+// One launch of a prepared problem (evtc_prepare, evtc_launch): the launch itself, then what
+// changes from call to call, the pointers and the by-value scalars (evtc/abi.py: call_fields).
+typedef struct evtc_call_t {
+  int64_t handle;            // launch: the prepared problem, from evtc_prepare
+  void* workspace;           // launch: device workspace (evtc_prepare says how many bytes)
+  uint64_t workspace_bytes;  // launch: its size
+  void* stream;              // launch: the cudaStream_t to run on
+  const void* p_A;  // A: ptr
+  const void* p_B;  // B: ptr
+  const void* p_C;  // C: ptr
+  const void* p_bias;  // bias: ptr
+  void* p_D;  // D: ptr
+  float s_alpha;  // alpha: value
+  float s_beta;  // beta: value
+} evtc_call_t;
 }
 
 namespace evtc_kernel {
@@ -360,16 +377,49 @@ class Gemm {
   > operators_;
 };
 
+// ---- launching (codegen_templates/common/c_abi.j2) ----------------------------------------------
+template <int... I>
+static bool setup_variants(std::integer_sequence<int, I...>) {
+  // (the 2.x adapter's own maximum_active_blocks(int) passes its int on as a CudaHostAdapter*)
+  return ((VariantAt<I>::Operator::UnderlyingOperator::maximum_active_blocks() >= 0) && ...);
+}
+
+// Once per device (and host thread): CUTLASS 2.x's GemmUniversalBase keeps the multiprocessor
+// count, occupancy and the dynamic shared memory attribute in thread-local state that its first
+// initialize() on a device sets (init_device_props); set it here, before any graph capture.
+static cudaError_t setup_device() {
+  return setup_variants(std::make_integer_sequence<int, kVariants>{}) ? cudaSuccess : cudaErrorUnknown;
+}
+
+// One launch: the variant's initialize() (parameters; no attribute call once set up) and run()
+// (the reduction identities, the GEMM, the float-to-output rounding), all on the stream.
+static cutlass::Status launch(Arguments const& arguments, void* workspace, cudaStream_t stream) {
+  Gemm gemm;
+  cutlass::Status status = gemm.initialize(arguments, workspace, stream);
+  return status == cutlass::Status::kSuccess ? gemm.run(stream) : status;
+}
+
 }  // namespace evtc_kernel
 
 // ---- exported entry points ------------------------------------------------------------------
 // The arch template defines, in namespace evtc_kernel: Gemm (a device-level operator with
-// can_implement / get_workspace_size / initialize / run), make_arguments(args, sm_count,
-// device_id), args_for_check(args), and the constants kEpilogueSmemBytes, kKernelSmemBytes and
-// kMainloopStages that evtc_info reports. No C++ exception crosses these functions: every failure
-// is a status code (0 ok, 1 can't implement, 2 workspace too small, 3 initialize failed,
-// 4 launch failed, 5 CUDA error) with a message from evtc_last_error().
+// can_implement / get_workspace_size), make_arguments(args, sm_count, device_id),
+// args_for_check(args), setup_device() (once per device: kernel attributes), launch(arguments,
+// workspace, stream) (one launch: workspace initialisation, kernel parameters, the launch; no
+// attribute call, no synchronisation), and the constants kEpilogueSmemBytes, kKernelSmemBytes
+// and kMainloopStages that evtc_info reports. No C++ exception crosses these functions: every
+// failure is a status code (0 ok, 1 can't implement, 2 workspace too small, 3 initialize failed,
+// 4 launch failed, 5 CUDA error, 6 stale handle: prepare again) with a message from
+// evtc_last_error().
+//
+// The fast path (evtc/runtime/launch.py): evtc_prepare(args) once per problem signature (every
+// field but the pointers' and scalars' values, plus each pointer's alignment) checks the problem
+// (can_implement), sets the device up once and returns a handle and the workspace size; then
+// evtc_launch(call) per call takes the handle, the pointers, the scalars, the workspace and the
+// stream in one flat evtc_call_t and launches.
 #define EVTC_EXPORT extern "C" __attribute__((visibility("default")))
+
+#include <mutex>
 
 namespace {
 thread_local char evtc_error_message[512] = "";
@@ -378,18 +428,145 @@ void evtc_set_error(char const* what, char const* detail) {
   snprintf(evtc_error_message, sizeof(evtc_error_message), "%s%s%s", what, detail[0] ? ": " : "", detail);
 }
 
-int evtc_device_sm_count(int device_id) {
-  static int cached_device = -1;
-  static int cached_count = 0;
-  if (cached_device != device_id) {
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_id) != cudaSuccess) {
-      return 0;
+// Makes device_id current for the scope (as torch's device guard does: a tensor's device, not
+// the caller's current device, decides where the kernel runs) and restores the caller's.
+struct DeviceGuard {
+  int previous = -1;
+  bool ok = true;
+  explicit DeviceGuard(int device_id) {
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+      ok = false;
+      previous = -1;
+    } else if (previous != device_id && cudaSetDevice(device_id) != cudaSuccess) {
+      ok = false;
     }
-    cached_device = device_id;
-    cached_count = count;
   }
-  return cached_count;
+  ~DeviceGuard() {
+    if (ok && previous >= 0) {
+      int now = -1;
+      if (cudaGetDevice(&now) == cudaSuccess && now != previous) {
+        cudaSetDevice(previous);
+      }
+    }
+  }
+};
+
+// ---- per device, once: multiprocessor count and the kernel's attributes ----------------------
+constexpr int kMaxDevices = 64;
+std::mutex evtc_device_mutex;
+int evtc_device_sms[kMaxDevices] = {};  // 0: not set up yet
+
+// The device's multiprocessor count, setting the kernel's attributes on first use (on the
+// current device, which the caller's DeviceGuard made device_id); 0 on failure.
+int evtc_device_setup(int device_id) {
+  if (device_id < 0 || device_id >= kMaxDevices) {
+    evtc_set_error("CUDA error", "device ordinal out of range");
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(evtc_device_mutex);
+  if (evtc_device_sms[device_id] > 0) {
+    return evtc_device_sms[device_id];
+  }
+  int count = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_id);
+  if (err == cudaSuccess) {
+    err = evtc_kernel::setup_device();
+  }
+  if (err != cudaSuccess || count <= 0) {
+    cudaGetLastError();  // clear it
+    evtc_set_error("can't set the device up (multiprocessor count, kernel attributes)", cudaGetErrorString(err));
+    return 0;
+  }
+  evtc_device_sms[device_id] = count;
+  return count;
+}
+
+// ---- the alignment of every pointer (sm80 picks its kernel variant on it) ---------------------
+constexpr int kPointers = 5;
+
+inline uint8_t evtc_align_class(void const* ptr) {
+  uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  return p == 0 ? uint8_t(16) : uint8_t(p & 15);
+}
+
+void evtc_alignment(evtc_args_t const& args, uint8_t* out) {
+  out[0] = evtc_align_class(args.p_A);
+  out[1] = evtc_align_class(args.p_B);
+  out[2] = evtc_align_class(args.p_C);
+  out[3] = evtc_align_class(args.p_bias);
+  out[4] = evtc_align_class(args.p_D);
+}
+
+void evtc_merge_call(evtc_args_t& args, evtc_call_t const& call) {
+  args.p_A = call.p_A;
+  args.p_B = call.p_B;
+  args.p_C = call.p_C;
+  args.s_alpha = call.s_alpha;
+  args.s_beta = call.s_beta;
+  args.p_bias = call.p_bias;
+  args.p_D = call.p_D;
+}
+
+// ---- prepared problems: what doesn't depend on the pointers' values ---------------------------
+// A handle is (generation << 16) | slot; a slot reused for another problem gets a new
+// generation, so an old handle is refused (status 6) rather than run with another problem.
+constexpr int kSlots = 256;
+
+struct PreparedProblem {
+  int64_t handle = -1;
+  evtc_args_t args;               // the signature (pointers and scalars as at evtc_prepare)
+  uint8_t alignment[kPointers];   // evtc_alignment(args)
+  int device_id = 0;
+  int sm_count = 0;
+  size_t workspace_bytes = 0;
+};
+
+std::mutex evtc_slot_mutex;
+PreparedProblem evtc_slots[kSlots];
+int64_t evtc_next_generation = 1;
+int evtc_next_slot = 0;
+
+int64_t evtc_store(PreparedProblem problem) {
+  std::lock_guard<std::mutex> lock(evtc_slot_mutex);
+  int slot = evtc_next_slot;
+  evtc_next_slot = (evtc_next_slot + 1) % kSlots;
+  problem.handle = (evtc_next_generation++ << 16) | int64_t(slot);
+  evtc_slots[slot] = problem;
+  return problem.handle;
+}
+
+bool evtc_load(int64_t handle, PreparedProblem& out) {
+  int64_t slot = handle & 0xffff;
+  if (handle < 0 || slot >= kSlots) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(evtc_slot_mutex);
+  if (evtc_slots[slot].handle != handle) {
+    return false;
+  }
+  out = evtc_slots[slot];
+  return true;
+}
+
+int evtc_check(evtc_args_t const& args, int sm_count, int device_id) {
+  cutlass::Status status = evtc_kernel::Gemm::can_implement(
+      evtc_kernel::make_arguments(evtc_kernel::args_for_check(args), sm_count, device_id));
+  if (status != cutlass::Status::kSuccess) {
+    evtc_set_error("CUTLASS can't implement this problem", cutlass::cutlassGetStatusString(status));
+    return 1;
+  }
+  return 0;
+}
+
+int evtc_launch_checked(evtc_args_t const& args, int sm_count, int device_id, void* workspace, cudaStream_t stream) {
+  cutlass::Status status =
+      evtc_kernel::launch(evtc_kernel::make_arguments(args, sm_count, device_id), workspace, stream);
+  cudaError_t err = cudaGetLastError();
+  if (status != cutlass::Status::kSuccess || err != cudaSuccess) {
+    evtc_set_error("launch failed", err != cudaSuccess ? cudaGetErrorString(err) : cutlass::cutlassGetStatusString(status));
+    return 4;
+  }
+  return 0;
 }
 
 char const kInfoJson[] =
@@ -437,66 +614,110 @@ EVTC_EXPORT int evtc_abi_version() { return 3; }
 
 EVTC_EXPORT size_t evtc_args_size() { return sizeof(evtc_args_t); }
 
+EVTC_EXPORT size_t evtc_call_size() { return sizeof(evtc_call_t); }
+
 EVTC_EXPORT char const* evtc_last_error() { return evtc_error_message; }
 
 // JSON: the static description (plan, ABI fields, IR) and what the compiler computed.
 EVTC_EXPORT char const* evtc_info() {
   static char buffer[sizeof(kInfoJson) + 256];
-  static bool done = false;
-  if (!done) {
+  static std::once_flag done;
+  std::call_once(done, [] {
     snprintf(buffer, sizeof(buffer),
-             "{\"static\":%s,\"epilogue_smem_bytes\":%zu,\"kernel_smem_bytes\":%zu,\"mainloop_stages\":%d,\"args_size\":%zu}",
+             "{\"static\":%s,\"epilogue_smem_bytes\":%zu,\"kernel_smem_bytes\":%zu,\"mainloop_stages\":%d,"
+             "\"args_size\":%zu,\"call_size\":%zu}",
              kInfoJson, evtc_kernel::kEpilogueSmemBytes, evtc_kernel::kKernelSmemBytes,
-             int(evtc_kernel::kMainloopStages), sizeof(evtc_args_t));
-    done = true;
-  }
+             int(evtc_kernel::kMainloopStages), sizeof(evtc_args_t), sizeof(evtc_call_t));
+  });
   return buffer;
 }
 
 EVTC_EXPORT int evtc_can_implement(evtc_args_t const* args, int device_id) {
-  auto arguments = evtc_kernel::make_arguments(evtc_kernel::args_for_check(*args), 1, device_id);
-  cutlass::Status status = evtc_kernel::Gemm::can_implement(arguments);
-  if (status != cutlass::Status::kSuccess) {
-    evtc_set_error("CUTLASS can't implement this problem", cutlass::cutlassGetStatusString(status));
-    return 1;
-  }
-  return 0;
+  return evtc_check(*args, 1, device_id);
 }
 
 EVTC_EXPORT size_t evtc_workspace_size(evtc_args_t const* args, int device_id) {
-  auto arguments = evtc_kernel::make_arguments(*args, evtc_device_sm_count(device_id), device_id);
+  DeviceGuard guard(device_id);
+  int sm_count = guard.ok ? evtc_device_setup(device_id) : 0;
+  auto arguments = evtc_kernel::make_arguments(*args, sm_count > 0 ? sm_count : 1, device_id);
   return evtc_kernel::Gemm::get_workspace_size(arguments);
 }
 
-EVTC_EXPORT int evtc_run(evtc_args_t const* args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                         int device_id) {
-  int sm_count = evtc_device_sm_count(device_id);
-  if (sm_count <= 0) {
-    evtc_set_error("can't query the device's multiprocessor count", cudaGetErrorString(cudaGetLastError()));
+// Once per problem signature: sets the device up (first time only), checks the problem with
+// CUTLASS's can_implement, and returns a handle for evtc_launch and the workspace size (bytes).
+EVTC_EXPORT int evtc_prepare(evtc_args_t const* args, int device_id, int64_t* handle, uint64_t* workspace_bytes) {
+  DeviceGuard guard(device_id);
+  if (!guard.ok) {
+    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
     return 5;
   }
-  auto arguments = evtc_kernel::make_arguments(*args, sm_count, device_id);
-  evtc_kernel::Gemm gemm;
-  cutlass::Status status = evtc_kernel::Gemm::can_implement(
-      evtc_kernel::make_arguments(evtc_kernel::args_for_check(*args), sm_count, device_id));
-  if (status != cutlass::Status::kSuccess) {
-    evtc_set_error("CUTLASS can't implement this problem", cutlass::cutlassGetStatusString(status));
-    return 1;
+  int sm_count = evtc_device_setup(device_id);
+  if (sm_count <= 0) {
+    return 5;
   }
-  if (evtc_kernel::Gemm::get_workspace_size(arguments) > workspace_bytes) {
+  int status = evtc_check(*args, sm_count, device_id);
+  if (status != 0) {
+    return status;
+  }
+  PreparedProblem problem;
+  problem.args = *args;
+  evtc_alignment(*args, problem.alignment);
+  problem.device_id = device_id;
+  problem.sm_count = sm_count;
+  problem.workspace_bytes = evtc_kernel::Gemm::get_workspace_size(evtc_kernel::make_arguments(*args, sm_count, device_id));
+  *workspace_bytes = problem.workspace_bytes;
+  *handle = evtc_store(problem);
+  return 0;
+}
+
+// One call of a prepared problem: the pointers and scalars of `call` replace those of the
+// prepared arguments; status 6 if the handle is stale or a pointer's alignment class changed
+// (sm80's kernel variant depends on it): prepare again.
+EVTC_EXPORT int evtc_launch(evtc_call_t const* call) {
+  PreparedProblem problem;
+  if (!evtc_load(call->handle, problem)) {
+    evtc_set_error("stale handle", "prepare the problem again");
+    return 6;
+  }
+  evtc_merge_call(problem.args, *call);
+  uint8_t alignment[kPointers];
+  evtc_alignment(problem.args, alignment);
+  if (memcmp(alignment, problem.alignment, sizeof(alignment)) != 0) {
+    evtc_set_error("stale handle", "a pointer's alignment changed: prepare the problem again");
+    return 6;
+  }
+  if (call->workspace_bytes < problem.workspace_bytes) {
     evtc_set_error("workspace too small", "");
     return 2;
   }
-  status = gemm.initialize(arguments, workspace, stream);
-  if (status != cutlass::Status::kSuccess) {
-    evtc_set_error("initialize failed", cutlass::cutlassGetStatusString(status));
-    return 3;
+  DeviceGuard guard(problem.device_id);
+  if (!guard.ok) {
+    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
+    return 5;
   }
-  status = gemm.run(stream);
-  cudaError_t err = cudaGetLastError();
-  if (status != cutlass::Status::kSuccess || err != cudaSuccess) {
-    evtc_set_error("launch failed", err != cudaSuccess ? cudaGetErrorString(err) : cutlass::cutlassGetStatusString(status));
-    return 4;
+  return evtc_launch_checked(problem.args, problem.sm_count, problem.device_id, call->workspace,
+                             static_cast<cudaStream_t>(call->stream));
+}
+
+// Everything in one call (no prepared state): check, then launch.
+EVTC_EXPORT int evtc_run(evtc_args_t const* args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                         int device_id) {
+  DeviceGuard guard(device_id);
+  if (!guard.ok) {
+    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
+    return 5;
   }
-  return 0;
+  int sm_count = evtc_device_setup(device_id);
+  if (sm_count <= 0) {
+    return 5;
+  }
+  int status = evtc_check(*args, sm_count, device_id);
+  if (status != 0) {
+    return status;
+  }
+  if (evtc_kernel::Gemm::get_workspace_size(evtc_kernel::make_arguments(*args, sm_count, device_id)) > workspace_bytes) {
+    evtc_set_error("workspace too small", "");
+    return 2;
+  }
+  return evtc_launch_checked(*args, sm_count, device_id, workspace, stream);
 }

@@ -10,9 +10,15 @@ from evtc.runtime.bind import Binder
 
 
 class FakeCuda:
-    """Just enough of __cuda_array_interface__ (v3) to describe a device tensor."""
+    """Just enough of __cuda_array_interface__ (v3) to describe a device tensor (each at its own
+    address unless ``ptr`` is given)."""
 
-    def __init__(self, shape, typestr="<f2", ptr=1 << 20, strides=None, device=0):
+    _next = 1 << 20
+
+    def __init__(self, shape, typestr="<f2", ptr=None, strides=None, device=0):
+        if ptr is None:
+            FakeCuda._next += 1 << 28
+            ptr = FakeCuda._next
         self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
                                          "strides": strides, "version": 3}
         self.device = type("D", (), {"id": device})()
@@ -46,7 +52,7 @@ def test_good_arguments_fill_the_struct():
     (lambda kw: kw.update(extra=1.0), "unexpected argument 'extra'"),
     (lambda kw: kw.update(C=FakeCuda((64, 31))), "argument 'C' has shape (64, 31)"),
     (lambda kw: kw.update(C=FakeCuda((64, 32), typestr="<f4")), "argument 'C' has dtype <f4"),
-    (lambda kw: kw.update(C=FakeCuda((64, 32), ptr=(1 << 20) + 2)), "argument 'C' starts at an address"),
+    (lambda kw: kw.update(C=FakeCuda((64, 32), ptr=(1 << 40) + 2)), "argument 'C' starts at an address"),
     (lambda kw: kw.update(C=FakeCuda((64, 20), strides=(40, 2))), "has shape (64, 20)"),
     (lambda kw: kw.update(C=FakeCuda((64, 32), device=1)), "argument 'C' is in cuda:1"),
     (lambda kw: kw.update(alpha=FakeCuda(())), "argument 'alpha' must be a Python number"),

@@ -1,0 +1,154 @@
+"""Issue 12's host-path benchmark: host microseconds per call of evtc beside torch, in one run.
+
+On the GPU machine (kernels prebuilt: ``python benchmarks/prebuild.py host``):
+
+    python benchmarks/bench_host.py --json $OUT/host.json
+
+For bias_relu, many_aux and row_stats (a row max and a row sum: reductions) at 256x256x256
+bf16 (``--shape``), default configuration:
+
+* ``evtc``: ``gemm(A, B, **inputs)`` (outputs allocated by evtc), ``evtc_out``: with ``out=``
+  preallocated outputs, ``evtc_launch``: the library's ``evtc_launch`` alone, called through
+  ctypes with the last call's packed arguments (the C++ part: TMA descriptors, workspace
+  initialisation, the launch);
+* ``mm``: ``torch.mm(A, B.T)`` (cuBLAS, allocating its output): the goal is evtc's bias_relu at
+  most this, many_aux at most 1.5x;
+* ``eager``: the epilogue function run unfused by PyTorch after ``torch.mm``;
+* ``addmm_act``: ``torch._addmm_activation(bias, A, B.T)``, cuBLASLt's fused relu(acc + bias)
+  (bias_relu only).
+
+Host time: the GPU is kept busy (``torch.cuda._sleep``) while the host issues ``--calls`` calls
+back to back without synchronising; host us per call = the host clock's elapsed time / calls,
+the median of ``--repeats`` samples (so it is the launch path alone, never waiting for the GPU).
+Device time: CUDA events around back-to-back calls (:func:`evtc.bench.time_interleaved`).
+``--profile`` adds the top functions of a cProfile of evtc's calls (where the Python time goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import common  # noqa: F401  (sets sys.path)
+
+import evtc
+from evtc import bf16
+
+EPILOGUES = ("bias_relu", "many_aux", "row_stats")
+
+
+def gemms() -> dict:
+    """The benchmarked kernels (also benchmarks/prebuild.py's group ``host``)."""
+    import epilogues as E
+
+    return {n: evtc.Gemm(E.REFERENCE[n], a=bf16, b=bf16, c=bf16, d=bf16) for n in EPILOGUES}
+
+
+def host_us(fn, calls: int, repeats: int) -> float:
+    """Median host time per call (us) of ``fn`` issued back to back on a busy GPU."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(50_000_000)  # ~30 ms of GPU work: the calls below queue behind it
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def profile_top(fn, calls: int, top: int = 15) -> list[dict]:
+    """The ``top`` functions by own time over ``calls`` calls of ``fn`` (cProfile)."""
+    import torch
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (file, line, name), (cc, nc, tt, ct, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]:
+        rows.append({"function": f"{file.rsplit('/', 2)[-1]}:{line}({name})", "calls_per_call": nc / calls,
+                     "own_us_per_call": tt / calls * 1e6, "cumulative_us_per_call": ct / calls * 1e6})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="256x256x256", help="MxNxK")
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--iters", type=int, default=30, help="device-time samples")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+
+    import epilogues as E
+    from evtc.bench import time_interleaved
+    from evtc.ir.nodes import ColBroadcast
+    from evtc.testing import Problem, make_inputs, poisoned_outputs
+
+    M, N, K = (int(x) for x in args.shape.split("x"))
+    table = gemms()
+    common.build_all(list(table.values()), "host")
+    p = Problem(M, N, K)
+    rows, ratios, profiles = [], {}, {}
+    for name, g in table.items():
+        ins = make_inputs(g.graph, g.a, g.b, p, seed=3)
+        A, B = ins["A"], ins["B"]
+        kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
+        outs = poisoned_outputs(g.graph, p)
+        given = outs["D"] if len(outs) == 1 else outs
+        Bt = B.t()
+        fn = E.REFERENCE[name].fn
+        col = {n.name for n in g.graph.inputs if isinstance(n, ColBroadcast)}
+        eager_kw = {k: (v.unsqueeze(-1) if k in col else v) for k, v in kw.items()}
+        acc_name = g.graph.accumulator.name if g.graph.accumulator is not None else "acc"
+        cases = {
+            "evtc": lambda: g(A, B, **kw),
+            "evtc_out": lambda: g(A, B, out=given, **kw),
+            "mm": lambda: torch.mm(A, Bt),
+            "eager": lambda: fn(**{acc_name: torch.mm(A, Bt)}, **eager_kw),
+        }
+        if name == "bias_relu":
+            bias = kw["bias"].to(torch.bfloat16)
+            cases["addmm_act"] = lambda: torch._addmm_activation(bias, A, Bt, use_gelu=False)
+        g(A, B, out=given, **kw)  # prepare; the launcher's buffer now holds this call's arguments
+        launcher = g._launcher
+        cases["evtc_launch"] = lambda: launcher._launch(launcher._tls.addr)
+        host = {k: host_us(f, args.calls, args.repeats) for k, f in cases.items()}
+        dev = time_interleaved({k: f for k, f in cases.items() if k != "evtc_launch"}, args.iters)
+        for k in cases:
+            rows.append({"epilogue": name, "impl": k, "host_us": host[k],
+                         "device_us": dev[k] * 1e3 if k in dev else None})
+        ratios[name] = {"evtc_over_mm": host["evtc"] / host["mm"], "evtc_out_over_mm": host["evtc_out"] / host["mm"],
+                        "evtc_over_eager": host["evtc"] / host["eager"]}
+        if args.profile:
+            profiles[name] = profile_top(lambda: g(A, B, **kw), 2000)
+        print(f"{name}: evtc {host['evtc']:.1f} us, out= {host['evtc_out']:.1f} us, evtc_launch {host['evtc_launch']:.1f} us, "
+              f"torch.mm {host['mm']:.1f} us, eager {host['eager']:.1f} us (host time per call)", flush=True)
+    print(f"\nhost time per call at {args.shape} bf16 on {common.device_name()}")
+    print(common.table(rows, ["epilogue", "impl", "host_us", "device_us"]))
+    goals = {"bias_relu": 1.0, "many_aux": 1.5}
+    for n, lim in goals.items():
+        r = ratios[n]["evtc_over_mm"]
+        print(f"goal {n}: evtc / torch.mm = {r:.2f} (goal <= {lim}): {'met' if r <= lim else 'NOT met'}")
+    common.write_json(args.json, {"device": common.device_name(), "shape": args.shape, "calls": args.calls,
+                                  "repeats": args.repeats, "rows": rows, "ratios": ratios, "goals": goals,
+                                  "profiles": profiles})
+
+
+if __name__ == "__main__":
+    main()
