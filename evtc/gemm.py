@@ -101,7 +101,7 @@ class Gemm:
             if dt not in dtypes.MAINLOOP_DTYPES[arch]:
                 allowed = ", ".join(x.name for x in dtypes.MAINLOOP_DTYPES[arch])
                 raise ConfigError(f"{name}={dt.name} is not a {arch} mainloop dtype ({allowed})",
-                                  hint="fp8 GEMMs need sm90" if dt.is_fp8 else None)
+                                  hint=(f"{arch}'s fp8 mainloop takes e4m3" if arch == "sm90" else "fp8 GEMMs need sm90") if dt.is_fp8 else None)
         if self.a.bits != self.b.bits:
             raise ConfigError(f"A is {self.a.name} and B is {self.b.name}: mixed-width mainloops are not supported")
         if isinstance(config, Mapping):
