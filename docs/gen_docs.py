@@ -117,6 +117,12 @@ def fusion_callbacks(source: str) -> str:
     return line.replace(", evtc::AliasPair", ",\n    evtc::AliasPair")
 
 
+def repl(*exprs: str) -> str:
+    """An interactive session: ``>>> print(EXPR)`` and what it prints, for each expression."""
+    ns = {"evtc": __import__("evtc")}
+    return "\n\n".join(f">>> print({e})\n{str(eval(e, ns)).rstrip()}" for e in exprs)  # noqa: S307
+
+
 def softplus_graph():
     """A hand-built graph with an op evtc doesn't have (errors.md#unsupported-op)."""
     from evtc import bf16, f32
@@ -132,8 +138,8 @@ def softplus_graph():
 def _namespace() -> dict:
     import evtc
 
-    return {"evtc": evtc, "E": E, "gemm": gemm, "plan": plan, "est": est, "error": error, "usings": usings, "fusion_callbacks": fusion_callbacks,
-            "softplus_graph": softplus_graph,
+    return {"evtc": evtc, "E": E, "re": re, "gemm": gemm, "plan": plan, "est": est, "error": error, "usings": usings, "fusion_callbacks": fusion_callbacks,
+            "softplus_graph": softplus_graph, "repl": repl,
             "bf16": evtc.bf16, "f32": evtc.f32, "e4m3": evtc.e4m3}
 
 

@@ -440,12 +440,12 @@ def print_plan(p, *, file=None) -> None:
     from rich.text import Text
 
     t = Text(text)
-    t.highlight_regex(r"^plan .*$", "bold")
-    t.highlight_regex(r"^tensor .*$", "bold underline")
+    t.highlight_regex(r"(?m)^plan .*$", "bold")
+    t.highlight_regex(r"(?m)^tensor .*$", "bold underline")
     t.highlight_regex(r"smem, TMA", "blue")
     t.highlight_regex(r"\bin \w+(?=\s)", "magenta")
     t.highlight_regex(r"registers|regs, \w+", "dark_orange")
-    t.highlight_regex(r"^(why|note|     )(?=[: ])", "bold")
+    t.highlight_regex(r"(?m)^(why|note)(?=:)", "bold")
     Console(file=out, soft_wrap=True, highlight=False).print(t, end="")
 
 

@@ -16,6 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EX = str(ROOT / "examples" / "epilogues.py")
 
 
+def _env():
+    """The environment for a `python -P -m evtc` subprocess: the evtc this test imported first."""
+    pkg_parent = str(Path(evtc.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
+
+
 def run(*args):
     r = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return r
@@ -59,7 +65,7 @@ def test_plan_table_with_ir():
 def test_errors_are_messages_not_tracebacks(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import evtc\n\n@evtc.epilogue\ndef bad(acc):\n    if acc > 0:\n        return acc\n    return acc\n")
-    proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "emit", f"{bad}:bad"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "emit", f"{bad}:bad"], capture_output=True, text=True, env=_env())
     assert proc.returncode == 2
     assert "TraceError" in proc.stderr and "bad.py:5" in proc.stderr and "if acc > 0" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -154,7 +160,7 @@ def test_unwritable_output_is_a_message(tmp_path):
     out.chmod(0o500)
     try:
         proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "emit", f"{EX}:linear_combination", "-o", str(out / "k.cu")],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=_env())
     finally:
         out.chmod(0o700)
     if os.geteuid() == 0:  # root writes anywhere: then the file must be there
@@ -166,7 +172,7 @@ def test_unwritable_output_is_a_message(tmp_path):
 def test_broken_user_module_is_a_message(tmp_path):
     bad = tmp_path / "broken.py"
     bad.write_text("raise ValueError('boom')\n")
-    proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "plan", f"{bad}:f"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "plan", f"{bad}:f"], capture_output=True, text=True, env=_env())
     assert proc.returncode == 2 and "importing" in proc.stderr and "ValueError: boom" in proc.stderr
     assert "Traceback" not in proc.stderr
 

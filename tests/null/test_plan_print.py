@@ -112,3 +112,27 @@ def test_cli_prints_the_same_text_as_print():
     r = CliRunner().invoke(main, ["plan", f"{ROOT}/examples/epilogues.py:many_aux"])
     assert r.exit_code == 0
     assert r.output == format_plan(evtc.Gemm(E.many_aux).plan)
+
+
+def test_colour_only_on_a_terminal():
+    """On a terminal `evtc plan` adds colour and nothing else: without the escapes it is the text."""
+    import io
+    import re
+
+    import epilogues as E
+
+    from evtc.cli import print_plan
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    p = evtc.Gemm(E.many_aux).plan
+    out = Tty()
+    print_plan(p, file=out)
+    coloured = out.getvalue()
+    assert "\x1b[" in coloured
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == format_plan(p)
+    plain = io.StringIO()
+    print_plan(p, file=plain)
+    assert plain.getvalue() == format_plan(p)
