@@ -66,3 +66,48 @@ def test_language_page_lists_every_op():
     text = (DOCS / "language.md").read_text()
     for e in entries():
         assert f"`{e.text}`".replace("|", "\\|") in text, e
+
+
+def _table(markdown: str, header: str) -> list[list[str]]:
+    """The rows of the markdown table whose header line starts with ``header``."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split(" | ")])
+    return rows
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_ir_op_table_matches_the_op_table():
+    """docs/ir.md's hand-annotated op table names every op once, with its arity and functor."""
+    from evtc import ops
+
+    seen = {}
+    for op_cell, arity, functor_cell, *_ in _table((DOCS / "ir.md").read_text(), "| op | arity | functor"):
+        names = _names(op_cell)
+        functors = _names(functor_cell)
+        for k, name in enumerate(names):
+            assert name not in seen, name
+            seen[name] = (int(arity), functors[k] if k < len(functors) else None)
+    assert set(seen) == set(ops.OPS), sorted(set(ops.OPS) ^ set(seen))
+    for name, (arity, functor) in seen.items():
+        op = ops.OPS[name]
+        assert arity == op.arity, name
+        # a cell lists "evtc::Exp, Log, ...": the namespace is written once
+        assert op.functor.endswith(functor), (name, functor, op.functor)
+
+
+def test_ir_dtype_table_matches_dtypes():
+    from evtc import dtypes
+
+    rows = _table((DOCS / "ir.md").read_text(), "| name | bits | CUTLASS | torch")
+    assert [_names(r[0])[0] for r in rows] == [d.name for d in dtypes.ALL]
+    for r, d in zip(rows, dtypes.ALL):
+        assert int(r[1]) == d.bits and _names(r[2]) == [d.cutlass] and _names(r[3]) == [d.torch], r
+        assert float(r[4]) == pytest.approx(d.max, rel=5e-3) and int(r[5]) == d.mantissa_bits, r
