@@ -32,12 +32,13 @@ INTERNAL_OPS = ("first", "convert")
 
 #: What the functions that are not ops of their own lower to.
 _COMPOSITES = {
-    "clamp": ("function", "maximum, then minimum"),
-    "amax": ("reduction", "max reduction of abs"),
-    "sum": ("reduction", "sum reduction"),
-    "max": ("reduction", "max reduction"),
-    "min": ("reduction", "min reduction"),
-    "to": ("conversion", "convert (saturating for fp8)"),
+    "clamp": ("function", "maximum, then minimum", None),
+    "amax": ("reduction", "max reduction of abs", "max(abs(x)) over dim: the amax of fp8 scaling recipes"),
+    "sum": ("reduction", "sum reduction", "sum over dim, accumulated in f32"),
+    "max": ("reduction", "max reduction", "maximum over dim (evtc.maximum is elementwise)"),
+    "min": ("reduction", "min reduction", "minimum over dim (evtc.minimum is elementwise)"),
+    "to": ("conversion", "convert (saturating for fp8)",
+           "round to dtype (fp8 saturates to its finite range); also evtc.to(x, dtype)"),
 }
 
 
@@ -100,15 +101,16 @@ def entries() -> list[Entry]:
     for name, spelled in OPERATORS.items():
         op = ops.OPS[name]
         fn_too = f"; also evtc.{name}(...)" if name in functions.__all__ else ""
-        out.append(Entry("operator", spelled, spelled, name, op.doc + fn_too, op.functor))
+        doc = name if op.doc == spelled else op.doc  # "a + b" says nothing more than its spelling
+        out.append(Entry("operator", spelled, spelled, name, doc + fn_too, op.functor))
         covered.add(name)
     for name in functions.__all__:
         fn = getattr(functions, name)
         sig = _signature(fn)
         if name in _COMPOSITES:
-            kind, lowers = _COMPOSITES[name]
-            python = f"x.to(dtype) or evtc.to({sig})" if name == "to" else f"evtc.{name}({sig})"
-            out.append(Entry(kind, python, f"{name}({sig})", lowers, _first_line(fn)))
+            kind, lowers, doc = _COMPOSITES[name]
+            python = "x.to(dtype)" if name == "to" else f"evtc.{name}({sig})"
+            out.append(Entry(kind, python, f"{name}({sig})", lowers, doc or _first_line(fn)))
             continue
         if name in covered:
             continue
