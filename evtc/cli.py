@@ -424,6 +424,10 @@ def plan(request: GemmRequest, show_ir: bool, as_json: bool, svg: Path | None, p
                 draw_plan(g.graph, g.plan, path)
             except OSError as e:
                 raise CliError(f"can't write {path}: {e.strerror or e}") from None
+            except ImportError as e:
+                raise CliError(f"drawing needs {e.name}: pip install matplotlib networkx") from None
+            except ValueError as e:  # a suffix other than .svg/.png
+                raise CliError(str(e)) from None
             click.echo(f"wrote {path}", err=True)
 
 

@@ -62,3 +62,14 @@ def test_demo_without_nvcc_says_how_to_get_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(nvcc, "find_nvcc", lambda: None)
     assert demo.run_demo(tmp_path, "sm90") == 0
     assert "build: skipped (no nvcc on this machine: install the CUDA toolkit" in capsys.readouterr().out
+
+
+def test_demo_into_an_impossible_folder_is_a_message(tmp_path):
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    r = CliRunner().invoke(main, ["demo", "--out-dir", str(blocker / "sub")])
+    assert r.exit_code == 2 and "can't write into" in r.output and "Traceback" not in r.output

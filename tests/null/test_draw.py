@@ -77,3 +77,11 @@ def test_cli_writes_svg_png_and_dot(tmp_path):
     assert r.exit_code == 0, r.output
     assert "P in Y's buffer" in _svg_text(svg)
     assert png.read_bytes()[:4] == b"\x89PNG" and "digraph" in dot.read_text()
+
+
+def test_cli_picture_with_a_wrong_suffix_is_a_message(tmp_path):
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parents[2] / "examples" / "epilogues.py"
+    r = CliRunner().invoke(main, ["plan", f"{ex}:bias_relu", "--svg", str(tmp_path / "p.jpg")])
+    assert r.exit_code == 2 and ".svg or .png" in r.output
