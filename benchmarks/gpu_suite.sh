@@ -19,6 +19,7 @@ out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
 for t in .carry/*.tar.xz; do [ -e "$t" ] && python3 -m evtc cache import "$t"; done
 export EVTC_BUILD_JOBS=${EVTC_BUILD_JOBS:-16}
+export EVTC_TEST_SOURCE=1  # the device imports the working tree (PYTHONPATH), not an install: tests/conftest.py
 rc=0
 for stage in "$@"; do
   echo "=== $stage ($(date +%T))"

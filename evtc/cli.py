@@ -1,39 +1,153 @@
-"""The ``evtc`` command line: emit, plan, build, run, bench, demo.
+"""The ``evtc`` command line: emit, plan, build, run, bench, ops, errors, demo.
 
 Input: an epilogue given as ``PATH.py:FUNC`` (an ``@evtc.epilogue`` function in a Python file)
-or ``--expr "D = relu(alpha*acc + beta*C + bias[n])"``. Output: files (``.cu``, ``.dot``,
-``.json``) and reports on the terminal.
+or ``--expr "D = relu(alpha*acc + beta*C + bias[n])"``, plus options. Output: files (``.cu``,
+``.dot``, ``.json``, ``.svg``/``.png``) and reports on the terminal.
 
-Every command turns evtc errors into a message and exit status 2 (no Python traceback); set
-``EVTC_TRACEBACK=full`` to see one.
+The options that describe the GEMM (epilogue, arch, dtypes, plan, configuration) are collected
+once, by the :func:`gemm_request` decorator, into a frozen :class:`GemmRequest` that the
+commands pass on; a command never spells them out.
+
+Every failure (an evtc error, a bad option, a file that can't be written) prints
+``evtc: <what>`` and exits with status 2, without a Python traceback; set
+``EVTC_TRACEBACK=full`` to see one. ``evtc run`` exits 1 when a result is outside its bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
-from evtc import dtypes
 from evtc.errors import EvtcError
 
+__all__ = ["GemmRequest", "gemm_request", "main", "nvcc_command"]
+
 DTYPE_CHOICES = ["f32", "f16", "bf16", "e4m3", "e5m2"]
+ARCH_CHOICES = ["sm90", "sm80"]
+
+#: The paragraph every command that takes an epilogue adds to its --help.
+SPEC_HELP = """
+SPEC names the epilogue: PATH.py:FUNC, a function decorated with @evtc.epilogue in a Python
+file (for example examples/epilogues.py:bias_relu), or leave it out and give --expr with the
+expression form, for example --expr "D = relu(alpha*acc + beta*C + bias[n])" (docs/ir.md).
+"""
 
 
-def _load_epilogue(spec: str | None, expr: str | None):
-    """The epilogue object named by ``PATH.py:FUNC`` or an expression string."""
-    if expr:
-        return expr
-    if not spec:
-        raise click.UsageError("give an epilogue as PATH.py:FUNC or with --expr")
+class CliError(click.ClickException):
+    """A command failed for a reason that is not an :class:`EvtcError` (a file that can't be
+    written, an epilogue file that doesn't import): printed as ``evtc: <message>``, status 2."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"evtc: {self.format_message()}", err=True)
+
+
+# ---- the request --------------------------------------------------------------------------------
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmRequest:
+    """What a command was asked to build: the epilogue and everything ``evtc.Gemm`` takes.
+
+    Attributes:
+        spec: ``PATH.py:FUNC``, or None with ``expr``.
+        expr: a textual epilogue (``evtc.from_expr``), or None.
+        arch: ``sm90`` or ``sm80``.
+        a, b, c, d: dtype names (``b`` defaults to ``a``; ``c``, ``d`` to the epilogue's).
+        plan: ``evtc``, ``cutlass``, or fixed planner decisions as sorted (key, value) pairs
+            (the keys of ``evtc.Gemm(plan={...})``).
+        tile: CTA tile (M, N, K), or None for the default.
+        cluster: cluster (M, N), or None.
+        schedule: ``cooperative``/``pingpong``, or None.
+        stages: mainloop stages, or None for as many as fit.
+        epilogue_tile: (M, N), or None for the planner's choice.
+        scheduler: ``persistent``/``streamk``, or None.
+    """
+
+    spec: str | None = None
+    expr: str | None = None
+    arch: str = "sm90"
+    a: str = "bf16"
+    b: str | None = None
+    c: str | None = None
+    d: str | None = None
+    plan: str | tuple[tuple[str, Any], ...] = "evtc"
+    tile: tuple[int, int, int] | None = None
+    cluster: tuple[int, int] | None = None
+    schedule: str | None = None
+    stages: int | None = None
+    epilogue_tile: tuple[int, int] | None = None
+    scheduler: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How the epilogue was named on the command line."""
+        return self.spec or f'--expr "{self.expr}"'
+
+    def epilogue(self):
+        """The ``@evtc.epilogue`` object named by ``spec``, or the ``expr`` string.
+
+        Raises:
+            click.UsageError: no epilogue given; ``spec`` is not ``PATH.py:FUNC``; the file or
+                the name doesn't exist; the name is not an epilogue.
+            CliError: the file failed to import.
+        """
+        if self.expr:
+            return self.expr
+        if not self.spec:
+            raise click.UsageError("give an epilogue as PATH.py:FUNC or with --expr (see --help)")
+        return load_epilogue(self.spec)
+
+    def config(self):
+        """The GemmConfig: the arch's default with the options given (validated by Gemm)."""
+        from evtc import dtypes
+        from evtc.plan.config import default_config
+
+        cfg = default_config(self.arch, dtypes.by_name(self.a), dtypes.by_name(self.b or self.a))
+        changes: dict[str, Any] = {}
+        if self.tile:
+            changes["tile"] = self.tile
+        if self.cluster:
+            changes["cluster"] = (*self.cluster, 1)
+        for key in ("schedule", "stages", "epilogue_tile", "scheduler"):
+            if getattr(self, key) is not None:
+                changes[key] = getattr(self, key)
+        return cfg.replace(**changes) if changes else cfg
+
+    def gemm(self):
+        """``evtc.Gemm`` for this request (traced, planned and emitted; not built).
+
+        Raises:
+            EvtcError: the epilogue or the configuration is wrong (located at the user's line).
+        """
+        import evtc
+
+        plan = self.plan if isinstance(self.plan, str) else dict(self.plan)
+        return evtc.Gemm(self.epilogue(), a=self.a, b=self.b or self.a, c=self.c, d=self.d, arch=self.arch,
+                         config=self.config(), plan=plan)
+
+
+def load_epilogue(spec: str):
+    """The epilogue ``FUNC`` of the file ``PATH.py`` named by ``spec`` (``PATH.py:FUNC``)."""
+    from evtc.frontend.epilogue import Epilogue
+
     if ":" not in spec:
-        raise click.UsageError(f"'{spec}' is not PATH.py:FUNC")
+        raise click.UsageError(f"'{spec}' is not PATH.py:FUNC (or use --expr)")
     path_s, func = spec.rsplit(":", 1)
     path = Path(path_s)
     if not path.is_file():
@@ -41,55 +155,78 @@ def _load_epilogue(spec: str | None, expr: str | None):
     mod_name = f"evtc_user_{path.stem}"
     mspec = importlib.util.spec_from_file_location(mod_name, path)
     if mspec is None or mspec.loader is None:
-        raise click.UsageError(f"can't import {path}")
+        raise click.UsageError(f"can't import {path}: not a Python file")
     module = importlib.util.module_from_spec(mspec)
     sys.modules[mod_name] = module
     sys.path.insert(0, str(path.resolve().parent))
     try:
         mspec.loader.exec_module(module)
+    except EvtcError:
+        raise
+    except Exception as e:  # the user's module is broken: say so, without our traceback
+        if os.environ.get("EVTC_TRACEBACK") == "full":
+            raise
+        raise CliError(f"importing {path} failed: {type(e).__name__}: {e}") from None
     finally:
         sys.path.pop(0)
+    names = [n for n, v in vars(module).items() if isinstance(v, Epilogue)]
+    listing = f"; epilogues there: {', '.join(names)}" if names else f"; {path} defines no @evtc.epilogue"
     if not hasattr(module, func):
-        names = [n for n, v in vars(module).items() if type(v).__name__ == "Epilogue"]
-        raise click.UsageError(f"{path} has no '{func}'" + (f"; epilogues there: {', '.join(names)}" if names else ""))
-    return getattr(module, func)
+        raise click.UsageError(f"{path} has no '{func}'{listing}")
+    obj = getattr(module, func)
+    if not isinstance(obj, Epilogue):
+        import inspect
+
+        if not inspect.isfunction(obj):
+            raise click.UsageError(f"{path}:{func} is a {type(obj).__name__}, not an epilogue function{listing}")
+    return obj
 
 
-def _parse_triple(text: str | None, n: int, what: str) -> tuple[int, ...] | None:
-    if text is None:
+# ---- option parsing -----------------------------------------------------------------------------
+
+
+def _dims(n: int, example: str):
+    """A click callback parsing ``AxBxC`` into ``n`` positive ints."""
+
+    def parse(ctx, param, text):
+        if text is None:
+            return None
+        try:
+            vals = tuple(int(x) for x in text.lower().split("x"))
+        except ValueError:
+            raise click.BadParameter(f"'{text}' is not like {example}") from None
+        if len(vals) != n:
+            raise click.BadParameter(f"'{text}' needs {n} numbers, like {example}")
+        if any(v <= 0 for v in vals):
+            raise click.BadParameter(f"'{text}': every extent must be a positive number, like {example}")
+        return vals
+
+    return parse
+
+
+def _writable_file(ctx, param, value):
+    """A click callback: an output file whose folder exists (checked before any work is done)."""
+    if value is None:
         return None
+    p = Path(value)
+    if p.is_dir():
+        raise click.BadParameter(f"{value} is a folder; give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise click.BadParameter(f"the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise click.BadParameter(f"the folder {parent} is not writable")
+    return p
+
+
+def _write(path: Path, data: str | bytes) -> None:
     try:
-        vals = tuple(int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise click.BadParameter(f"{what} '{text}' is not like {'x'.join(['128'] * n)}") from None
-    if len(vals) != n:
-        raise click.BadParameter(f"{what} '{text}' needs {n} numbers")
-    return vals
-
-
-def _config(arch: str, a: str, tile, cluster, schedule, stages, epi_tile, scheduler):
-    from evtc.plan.config import default_config
-
-    cfg = default_config(arch, dtypes.by_name(a), dtypes.by_name(a))
-    changes: dict[str, Any] = {}
-    if tile:
-        changes["tile"] = _parse_triple(tile, 3, "--tile")
-    if cluster:
-        c = _parse_triple(cluster, 2, "--cluster")
-        changes["cluster"] = (c[0], c[1], 1)
-    if schedule:
-        changes["schedule"] = schedule
-    if stages:
-        changes["stages"] = stages
-    if epi_tile:
-        changes["epilogue_tile"] = _parse_triple(epi_tile, 2, "--epilogue-tile")
-    if scheduler:
-        changes["scheduler"] = scheduler
-    return cfg.replace(**changes) if changes else cfg
-
-
-def _tuples(x):
-    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+    except OSError as e:
+        raise CliError(f"can't write {path}: {e.strerror or e}") from None
 
 
 class PlanParam(click.ParamType):
@@ -108,40 +245,66 @@ class PlanParam(click.ParamType):
             self.fail(f"'{value}' is neither evtc, cutlass nor a JSON object ({e.msg})", param, ctx)
         if not isinstance(d, dict):
             self.fail(f"'{value}' is not a JSON object of plan decisions", param, ctx)
-        return {k: _tuples(v) for k, v in d.items()}
+        return tuple(sorted((k, _tuples(v)) for k, v in d.items()))
 
 
-def gemm_options(f):
-    """The options every command that makes a Gemm takes."""
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(GemmRequest))
+
+
+def gemm_request(many: bool = False) -> Callable:
+    """Decorator for a command that makes a Gemm: adds SPEC and the GEMM options, and calls the
+    command with ``request`` (a :class:`GemmRequest`) instead of them; with ``many``, SPEC may be
+    repeated and the command gets ``requests`` (one per SPEC, or one for ``--expr``).
+
+    Also appends :data:`SPEC_HELP` to the command's help.
+    """
+
     opts = [
-        click.argument("spec", required=False),
-        click.option("--expr", help='a textual epilogue, e.g. "D = relu(alpha*acc + beta*C + bias[n])"'),
-        click.option("--arch", type=click.Choice(["sm90", "sm80"]), default="sm90", show_default=True),
+        click.argument("spec", nargs=-1 if many else 1, required=False, metavar="[SPEC]..." if many else "[SPEC]"),
+        click.option("--expr", help='a textual epilogue instead of SPEC, e.g. "D = relu(alpha*acc + beta*C + bias[n])"'),
+        click.option("--arch", type=click.Choice(ARCH_CHOICES), default="sm90", show_default=True,
+                     help="sm90 (Hopper, TMA warp-specialized) or sm80 (Ampere, register-only)"),
         click.option("--a", "a", type=click.Choice(DTYPE_CHOICES), default="bf16", show_default=True, help="dtype of A"),
         click.option("--b", "b", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of B (default: A's)"),
         click.option("--c", "c", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of C (default: D's)"),
         click.option("--d", "d", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of D (default: bf16)"),
-        click.option("--plan", "policy", type=PlanParam(), default="evtc", show_default=True,
+        click.option("--plan", "plan", type=PlanParam(), default="evtc", show_default=True,
                      help="evtc's planner, stock CUTLASS's additive rule (cutlass), or fixed decisions as JSON, "
                           "e.g. '{\"alias\": true, \"stages_c\": 2}'"),
-        click.option("--tile", help="CTA tile MxNxK, e.g. 128x256x64"),
-        click.option("--cluster", help="cluster MxN, e.g. 2x1"),
-        click.option("--schedule", type=click.Choice(["cooperative", "pingpong"]), default=None),
-        click.option("--stages", type=int, default=None, help="mainloop stages (default: as many as fit)"),
-        click.option("--epilogue-tile", "epi_tile", help="epilogue subtile MxN, e.g. 128x32"),
-        click.option("--scheduler", type=click.Choice(["persistent", "streamk"]), default=None),
+        click.option("--tile", callback=_dims(3, "128x256x64"), help="CTA tile MxNxK, e.g. 128x256x64"),
+        click.option("--cluster", callback=_dims(2, "2x1"), help="cluster MxN, e.g. 2x1"),
+        click.option("--schedule", type=click.Choice(["cooperative", "pingpong"]), default=None,
+                     help="sm90 kernel schedule (default: cooperative)"),
+        click.option("--stages", type=click.IntRange(min=1), default=None,
+                     help="mainloop stages (default: as many as fit)"),
+        click.option("--epilogue-tile", "epilogue_tile", callback=_dims(2, "128x32"),
+                     help="epilogue subtile MxN, e.g. 128x32 (default: the planner's choice)"),
+        click.option("--scheduler", type=click.Choice(["persistent", "streamk"]), default=None,
+                     help="tile scheduler (default: persistent)"),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+
+    def decorate(f):
+        @functools.wraps(f)
+        def command(**kw):
+            fields = {k: kw.pop(k) for k in _REQUEST_FIELDS if k in kw}
+            specs = fields.pop("spec")
+            base = GemmRequest(**fields)
+            if specs and base.expr:
+                raise click.UsageError("give SPEC or --expr, not both")
+            if not many:
+                return f(request=dataclasses.replace(base, spec=specs), **kw)
+            requests = [dataclasses.replace(base, spec=s) for s in specs] if specs else [base]
+            return f(requests=requests, **kw)
+
+        for o in reversed(opts):
+            command = o(command)
+        command.__doc__ = (f.__doc__ or "").rstrip() + "\n\n" + SPEC_HELP.strip()
+        return command
+
+    return decorate
 
 
-def _make_gemm(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler):
-    import evtc
-
-    ep = _load_epilogue(spec, expr)
-    cfg = _config(arch, a, tile, cluster, schedule, stages, epi_tile, scheduler)
-    return evtc.Gemm(ep, a=a, b=b or a, c=c, d=d, arch=arch, config=cfg, plan=policy)
+# ---- the group ----------------------------------------------------------------------------------
 
 
 def _fail(err: EvtcError) -> None:
@@ -162,133 +325,194 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 @click.version_option(package_name="evtc")
 def main() -> None:
-    """evtc: compile GEMM epilogues written in Python into fused CUTLASS kernels."""
+    """evtc: compile GEMM epilogues written in Python into fused CUTLASS kernels.
+
+    Most commands take the epilogue as SPEC, PATH.py:FUNC (a function decorated with
+    @evtc.epilogue in a Python file), or as --expr "D = relu(alpha*acc + beta*C + bias[n])".
+    Errors print a message and exit with status 2.
+    """
+
+
+# ---- emit ---------------------------------------------------------------------------------------
+
+
+def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path | None = None) -> list[str]:
+    """The exact nvcc command evtc's builder runs to compile ``source`` into a shared library.
+
+    Args:
+        arch: ``sm90`` or ``sm80``.
+        source: the ``.cu`` file.
+        output: the library (default: ``source`` with ``.so``).
+
+    Raises:
+        NoDeviceError: nvcc was not found. BuildError: the CUTLASS headers were not found.
+    """
+    # NOTE: the one place the CLI asks the compiler for its command line (README and
+    # tests/null/test_readme_nvcc.py compare against it).
+    from evtc.compiler.nvcc import compile_command
+    from evtc.plan.target import get_target
+
+    src = Path(source)
+    return compile_command(src, Path(output) if output else src.with_suffix(".so"), get_target(arch).gencode)
 
 
 @main.command()
-@gemm_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="write the .cu here (default: stdout)")
-@click.option("--print-includes", is_flag=True, help="print the nvcc -I flags the source needs and exit")
-def emit(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler, output, print_includes):
+@gemm_request()
+@click.option("-o", "--output", callback=_writable_file, help="write the .cu here (default: stdout)")
+@click.option("--print-includes", is_flag=True, help="print the nvcc -I flags of the CUTLASS headers and exit")
+@click.option("--print-nvcc", is_flag=True,
+              help="print the nvcc command that builds the .cu (-o's, else k.cu) for --arch, exactly as evtc "
+                   "builds it, and exit")
+def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_nvcc: bool):
     """Emit the CUDA C++ of a fused GEMM.
 
-    The source compiles on its own into a shared library:
-    nvcc -std=c++17 -O3 --expt-relaxed-constexpr -shared -Xcompiler=-fPIC
-    -gencode=arch=compute_90a,code=sm_90a $(evtc emit --print-includes) -o k.so k.cu
+    The .cu compiles on its own into a shared library with a small C ABI; `evtc emit
+    --print-nvcc -o k.cu` prints the exact command (the flags evtc's own builds use, -DNDEBUG
+    included).
     """
     if print_includes:
         from evtc.compiler.nvcc import cutlass_include_dirs
 
         click.echo(" ".join(f"-I{d_}" for d_ in cutlass_include_dirs()))
         return
-    g = _make_gemm(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler)
+    if print_nvcc:
+        click.echo(shlex.join(nvcc_command(request.arch, output or "k.cu")))
+        return
+    g = request.gemm()
     if output:
-        Path(output).write_text(g.source)
-        click.echo(f"wrote {output} ({len(g.source.splitlines())} lines): {g.name} for {arch}, "
+        _write(output, g.source)
+        click.echo(f"wrote {output} ({len(g.source.splitlines())} lines): {g.name} for {request.arch}, "
                    f"epilogue smem {g.plan.epilogue_smem_bytes} B, {g.plan.mainloop_stages} mainloop stages", err=True)
     else:
         click.echo(g.source, nl=False)
 
 
+# ---- plan ---------------------------------------------------------------------------------------
+
+
 @main.command()
-@gemm_options
+@gemm_request()
 @click.option("--ir", "show_ir", is_flag=True, help="also print the IR after passes")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-@click.option("--dot", type=click.Path(dir_okay=False), help="write the DAG with buffer placement (graphviz DOT)")
-@click.option("--png", type=click.Path(dir_okay=False), help="also render the DOT to PNG (needs graphviz's dot)")
-def plan(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler, show_ir, as_json, dot, png):
-    """Print the shared-memory plan (and optionally the IR and a picture of the DAG)."""
-    g = _make_gemm(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler)
+@click.option("--svg", callback=_writable_file,
+              help="draw the shared-memory map and the DAG coloured by buffer mode into an SVG file")
+@click.option("--png", callback=_writable_file, help="the same picture as a PNG file")
+@click.option("--dot", callback=_writable_file, help="write the DAG with buffer placement as graphviz DOT")
+def plan(request: GemmRequest, show_ir: bool, as_json: bool, svg: Path | None, png: Path | None, dot: Path | None):
+    """Print the shared-memory plan: every tensor, where it lives and why.
+
+    The same text as print(gemm.plan), at most 80 columns. --svg/--png draw it (matplotlib;
+    no graphviz needed), --dot writes the DAG for graphviz.
+    """
+    g = request.gemm()
     if as_json:
         click.echo(g.plan.dumps())
     else:
         if show_ir:
             click.echo(str(g.graph))
-        _print_plan(g.plan)
-    if dot or png:
+        print_plan(g.plan)
+    if dot:
         from evtc.plan.draw import to_dot
 
-        text = to_dot(g.graph, g.plan)
-        dot_path = Path(dot or Path(png).with_suffix(".dot"))
-        dot_path.write_text(text)
-        click.echo(f"wrote {dot_path}", err=True)
-        if png:
-            import shutil
-            import subprocess
+        _write(dot, to_dot(g.graph, g.plan))
+        click.echo(f"wrote {dot}", err=True)
+    for path in (svg, png):
+        if path:
+            from evtc.plan.draw import draw_plan
 
-            if shutil.which("dot") is None:
-                click.echo("graphviz's 'dot' is not installed: only the .dot file was written", err=True)
-            else:
-                subprocess.run(["dot", "-Tpng", str(dot_path), "-o", png], check=True)
-                click.echo(f"wrote {png}", err=True)
+            try:
+                draw_plan(g.graph, g.plan, path)
+            except OSError as e:
+                raise CliError(f"can't write {path}: {e.strerror or e}") from None
+            except ImportError as e:
+                raise CliError(f"drawing needs {e.name}: pip install matplotlib networkx") from None
+            except ValueError as e:  # a suffix other than .svg/.png
+                raise CliError(str(e)) from None
+            click.echo(f"wrote {path}", err=True)
 
 
-def _print_plan(p) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # pragma: no cover
-        click.echo(str(p))
+def print_plan(p, *, file=None) -> None:
+    """Print ``format_plan(p)``; on a terminal, with colour (rich), never re-wrapped."""
+    from evtc.plan.plan import format_plan
+
+    text = format_plan(p)
+    out = file or sys.stdout
+    if not (hasattr(out, "isatty") and out.isatty()) or os.environ.get("NO_COLOR"):
+        click.echo(text, nl=False, file=file)
         return
-    con = Console()
-    cfg = p.config
-    con.print(f"[bold]plan ({p.policy})[/bold] for {p.arch}: tile {'x'.join(map(str, cfg.tile))}, "
-              f"cluster {'x'.join(map(str, cfg.cluster[:2]))}, {cfg.schedule}")
-    if p.arch == "sm90":
-        con.print(f"epilogue tile {p.epilogue_tile[0]}x{p.epilogue_tile[1]}, StagesC={p.stages_c}, StagesD={p.stages_d}, "
-                  f"ReuseSmemC={p.reuse_smem_c}, DelayTmaStore={p.delay_tma_store}; C slot: {p.c_slot or '(void)'}, D slot: {p.d_slot}")
-    t = Table()
-    for col in ("buffer", "role", "dtype", "mode", "stages", "bytes", "offset", "shares", "why"):
-        t.add_column(col)
-    for b_ in p.buffers:
-        t.add_row(b_.name, b_.role, b_.dtype.name, b_.mode, str(b_.stages), str(b_.bytes),
-                  str(b_.offset) if b_.offset >= 0 else "-", ",".join(b_.shares_with) or "-", b_.why)
-    con.print(t)
-    con.print(f"epilogue smem {p.epilogue_smem_bytes} B; mainloop {p.mainloop_stages} stages x {p.mainloop_stage_bytes} B; "
-              f"capacity {p.smem_capacity} B")
-    for n in p.notes:
-        con.print(f"note: {n}")
+    from rich.console import Console
+    from rich.text import Text
+
+    t = Text(text)
+    t.highlight_regex(r"(?m)^plan .*$", "bold")
+    t.highlight_regex(r"(?m)^tensor .*$", "bold underline")
+    t.highlight_regex(r"smem, TMA", "blue")
+    t.highlight_regex(r"\bin \w+(?=\s)", "magenta")
+    t.highlight_regex(r"registers|regs, \w+", "dark_orange")
+    t.highlight_regex(r"(?m)^(why|note)(?=:)", "bold")
+    Console(file=out, soft_wrap=True, highlight=False).print(t, end="")
+
+
+# ---- build --------------------------------------------------------------------------------------
 
 
 @main.command()
-@click.argument("specs", nargs=-1)
-@click.option("--arch", type=click.Choice(["sm90", "sm80"]), default="sm90", show_default=True)
-@click.option("--a", "a", type=click.Choice(DTYPE_CHOICES), default="bf16", show_default=True)
-@click.option("--d", "d", type=click.Choice(DTYPE_CHOICES), default=None)
-@click.option("--plan", "policy", type=click.Choice(["evtc", "cutlass"]), default="evtc", show_default=True)
-@click.option("-j", "--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
-def build(specs, arch, a, d, policy, jobs):
-    """Build one or more epilogues (PATH.py:FUNC ...) in parallel into the cache."""
-    import evtc
+@gemm_request(many=True)
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="parallel nvcc processes (default: CPU count; an sm90 build needs about 3.6 GB)")
+def build(requests: list[GemmRequest], jobs: int | None):
+    """Build one or more epilogues in parallel into the kernel cache.
+
+    Each SPEC is built with the same options; a failed build is reported once, with the kept
+    source and log, and the command exits with status 2.
+    """
     from evtc.compiler import build_many
 
-    if not specs:
-        raise click.UsageError("give at least one PATH.py:FUNC")
-    gemms = [evtc.Gemm(_load_epilogue(s, None), a=a, d=d, arch=arch, plan=policy) for s in specs]
+    gemms = [r.gemm() for r in requests]
     t0 = time.perf_counter()
 
     def done(i, res):
-        status = f"failed: {res}" if isinstance(res, EvtcError) else ("cached" if res.cached else f"built in {res.seconds:.0f} s")
-        click.echo(f"[{time.perf_counter() - t0:6.0f} s] {specs[i]}: {status}", err=True)
+        status = f"FAILED ({type(res).__name__}, below)" if isinstance(res, EvtcError) else (
+            "cached" if res.cached else f"built in {res.seconds:.0f} s")
+        click.echo(f"[{time.perf_counter() - t0:6.0f} s] {requests[i].label}: {status}", err=True)
 
     res = build_many([(g.source, g.target, g.name) for g in gemms], workers=jobs, on_done=done)
-    failed = [r for r in res if isinstance(r, EvtcError)]
+    failed = [(r, e) for r, e in zip(requests, res) if isinstance(e, EvtcError)]
+    for r, e in failed:
+        click.echo(f"evtc: {r.label}: {type(e).__name__}: {e}", err=True)
     if failed:
-        _fail(failed[0])
+        sys.exit(2)
+
+
+# ---- run, bench ---------------------------------------------------------------------------------
+
+
+def _problem_options(m: int, n: int, k: int) -> Callable:
+    def decorate(f):
+        for o in reversed([
+            click.option("--m", "M", type=click.IntRange(min=1), default=m, show_default=True, help="rows of A, D"),
+            click.option("--n", "N", type=click.IntRange(min=1), default=n, show_default=True, help="rows of B, columns of D"),
+            click.option("--k", "K", type=click.IntRange(min=1), default=k, show_default=True, help="the reduction extent"),
+            click.option("--l", "L", type=click.IntRange(min=1), default=1, show_default=True, help="batch count"),
+        ]):
+            f = o(f)
+        return f
+
+    return decorate
 
 
 @main.command()
-@gemm_options
-@click.option("--m", "M", type=int, default=4096)
-@click.option("--n", "N", type=int, default=4096)
-@click.option("--k", "K", type=int, default=4096)
-@click.option("--l", "L", type=int, default=1)
-@click.option("--seed", type=int, default=0)
-def run(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler, M, N, K, L, seed):
-    """Build, run on the GPU with random data, and compare with the float64 reference."""
+@gemm_request()
+@_problem_options(4096, 4096, 4096)
+@click.option("--seed", type=int, default=0, show_default=True)
+def run(request: GemmRequest, M: int, N: int, K: int, L: int, seed: int):
+    """Build, run on the GPU with random data, and compare with the float64 reference.
+
+    Exits 1 when an output is outside its error bound.
+    """
     from evtc.testing import Problem, check
 
-    g = _make_gemm(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler)
+    g = request.gemm()
     _require_gpu()
     errs = check(g, Problem(M, N, K, L), seed=seed)
     bad = False
@@ -300,42 +524,17 @@ def run(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, e
 
 
 @main.command()
-@gemm_options
-@click.option("--m", "M", type=int, default=8192)
-@click.option("--n", "N", type=int, default=8192)
-@click.option("--k", "K", type=int, default=8192)
-@click.option("--l", "L", type=int, default=1)
-@click.option("--iters", type=int, default=50)
-def bench(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler, M, N, K, L, iters):
+@gemm_request()
+@_problem_options(8192, 8192, 8192)
+@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
+def bench(request: GemmRequest, M: int, N: int, K: int, L: int, iters: int):
     """Time the fused GEMM against cuBLAS's plain GEMM (median of CUDA-event timings)."""
     from evtc.bench import bench_gemm
 
-    g = _make_gemm(spec, expr, arch, a, b, c, d, policy, tile, cluster, schedule, stages, epi_tile, scheduler)
+    g = request.gemm()
     _require_gpu()
     r = bench_gemm(g, M, N, K, L, iters=iters)
     click.echo(json.dumps(r, indent=2))
-
-
-@main.command()
-def ops():
-    """List the ops an epilogue can use."""
-    from evtc import ops as table
-
-    for name, op in sorted(table.OPS.items()):
-        if name in ("first", "convert"):
-            continue
-        click.echo(f"{name:14s} {op.arity}  {op.functor:40s} {op.doc}")
-
-
-@main.command()
-@click.option("--out-dir", type=click.Path(file_okay=False), default="evtc-demo", show_default=True,
-              help="where the emitted source goes")
-@click.option("--arch", type=click.Choice(["sm90", "sm80"]), default="sm90", show_default=True)
-def demo(out_dir, arch):
-    """Run the bundled example end to end: emit, build if nvcc is here, run and verify if a GPU is."""
-    from evtc.demo import run_demo
-
-    sys.exit(run_demo(Path(out_dir), arch))
 
 
 def _require_gpu() -> None:
@@ -344,9 +543,95 @@ def _require_gpu() -> None:
     try:
         import torch
     except ImportError:
-        raise NoDeviceError("running needs torch with CUDA", hint="pip install 'evtc[torch]'") from None
+        raise NoDeviceError("running needs torch with CUDA (evtc makes the random inputs with torch)",
+                            hint="pip install 'evtc[torch]'") from None
     if not torch.cuda.is_available():
-        raise NoDeviceError("no CUDA GPU is visible")
+        raise NoDeviceError("no CUDA GPU is visible to torch")
+
+
+# ---- ops, errors, demo --------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--cpp", is_flag=True, help="also show the op-table name and C++ functor of each")
+def ops(cpp: bool):
+    """List what an epilogue can use: operators, evtc.* functions, reductions, conversion.
+
+    Generated from the op table (evtc/ops.py); docs/language.md is generated from the same.
+    """
+    from evtc.language import entries
+
+    heads = {
+        "operator": "operators (in Python and in --expr)",
+        "function": "functions: evtc.NAME(...) in Python, NAME(...) in --expr",
+        "reduction": "reductions, returned as outputs (dim=1: over N, dim=0: over M, none: both)",
+        "conversion": "conversion",
+    }
+    rows = entries()
+    width = max(len(e.text if e.kind != "operator" else e.python) for e in rows)
+    kind = None
+    for e in rows:
+        if e.kind != kind:
+            kind = e.kind
+            click.echo(heads[kind])
+        spelled = e.python if e.kind in ("operator", "conversion") else e.text
+        line = f"  {spelled.ljust(width)}  {e.doc}"
+        if cpp:
+            line += f"  [{e.op}{': ' + e.functor if e.functor else ''}]"
+        click.echo(line)
+
+
+@main.command()
+@click.argument("anchor", required=False)
+def errors(anchor: str | None):
+    """Explain an error: print the section of the errors page that an error message names.
+
+    Every evtc error message ends with "see docs/errors.md#ANCHOR"; `evtc errors ANCHOR`
+    prints that section from the copy of docs/errors.md installed with evtc. Without ANCHOR,
+    list the anchors and print where the page is.
+    """
+    from evtc.resources import data_path
+
+    page = data_path("docs", "errors.md")
+    if anchor is None:
+        text = page.read_text()
+        anchors = [line[3:].strip() for line in text.splitlines() if line.startswith("## ")]
+        click.echo(f"{page}\n")
+        click.echo("anchors: " + ", ".join(a for a in anchors if a != "Reading an error"))
+        return
+    section = _section(page.read_text(), anchor.lstrip("#"))
+    if section is None:
+        raise click.UsageError(f"docs/errors.md has no section '{anchor}' (run `evtc errors` for the list)")
+    click.echo(section)
+
+
+def _section(markdown: str, anchor: str) -> str | None:
+    """The ``## anchor`` section of a markdown page, heading included, or None."""
+    out: list[str] = []
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            if out:
+                break
+            if line[3:].strip() == anchor:
+                out.append(line)
+        elif out:
+            out.append(line)
+    return "\n".join(out).rstrip() + "\n" if out else None
+
+
+@main.command()
+@click.option("--out-dir", callback=lambda c, p, v: Path(v), default="evtc-demo", show_default=True,
+              help="where the emitted source and the pictures go")
+@click.option("--arch", type=click.Choice(ARCH_CHOICES), default="sm90", show_default=True)
+def demo(out_dir: Path, arch: str):
+    """Run the bundled example end to end: emit, build if nvcc is here, run and verify if a GPU is."""
+    from evtc.demo import run_demo
+
+    try:
+        status = run_demo(out_dir, arch)
+    except OSError as e:
+        raise CliError(f"can't write into {out_dir}: {e.strerror or e}") from None
+    sys.exit(status)
 
 
 from evtc.cli_cache import cache as _cache_commands  # noqa: E402  (the `evtc cache` group)

@@ -1,7 +1,9 @@
 """``evtc demo``: the bundled example, end to end, saying what happens at each step.
 
-Input: nothing but the machine (nvcc? a GPU?). Output: ``<out-dir>/bias_relu.cu`` and a report;
-exit status 0 when every step that could run passed.
+Input: nothing but the machine (nvcc? a GPU? torch?). Output: ``<out-dir>/bias_relu_<arch>.cu``,
+the plan's picture (``bias_relu_<arch>.svg`` and ``.png``: the shared-memory map and the DAG
+coloured by buffer mode) and a report; exit status 0 when every step that could run passed.
+Each skipped step says why and what would make it run.
 """
 
 from __future__ import annotations
@@ -13,22 +15,84 @@ from pathlib import Path
 from evtc.errors import EvtcError
 from evtc.resources import data_path
 
+__all__ = ["gpu_status", "load_examples", "run_demo"]
+
+#: What the kernel's info call reports as the epilogue's shared storage, per arch.
+STORAGE = {
+    "sm90": "sizeof(CollectiveEpilogue::SharedStorage)",
+    "sm80": "the visitors' shared storage (FusionCallbacks::SharedStorage)",
+}
+
 
 def _step(n: int, text: str) -> None:
     print(f"[{n}] {text}", flush=True)
 
 
 def load_examples():
-    """The module ``examples/epilogues.py`` (bundled in the wheel)."""
+    """The module ``examples/epilogues.py`` (bundled in the wheel) and its path."""
     path = data_path("examples", "epilogues.py")
     spec = importlib.util.spec_from_file_location("evtc_examples", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"can't load the bundled examples at {path}")
     module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
     spec.loader.exec_module(module)
     return module, path
 
 
+def _driver_gpus() -> list[str]:
+    """Names of the CUDA devices the driver sees (through cuda-python, an evtc dependency);
+    empty without a driver or a device."""
+    try:
+        from cuda.bindings import driver  # type: ignore[import-not-found]
+
+        err, = driver.cuInit(0)
+        if int(err) != 0:
+            return []
+        err, count = driver.cuDeviceGetCount()
+        if int(err) != 0:
+            return []
+        names = []
+        for i in range(count):
+            err, dev = driver.cuDeviceGet(i)
+            err, raw = driver.cuDeviceGetName(64, dev)
+            names.append(raw.split(b"\0", 1)[0].decode(errors="replace") if int(err) == 0 else f"GPU {i}")
+        return names
+    except Exception:
+        return []
+
+
+def gpu_status() -> tuple[bool, str]:
+    """(can run, why not): running the demo's check needs a CUDA GPU and torch with CUDA.
+
+    Returns:
+        (True, device name) or (False, the reason in words with what to install).
+    """
+    try:
+        import torch
+    except ImportError:
+        gpus = _driver_gpus()
+        where = f"a GPU is here ({gpus[0]}) but " if gpus else "no CUDA GPU is visible, and "
+        return False, (f"{where}torch is not installed (the check makes its inputs and the reference "
+                       "with torch): pip install 'evtc[torch]'")
+    if not torch.cuda.is_available():
+        gpus = _driver_gpus()
+        if gpus and torch.version.cuda is None:
+            return False, (f"a GPU is here ({gpus[0]}) but this torch {torch.__version__} is built without "
+                           "CUDA: install a CUDA build of torch")
+        return False, "no CUDA GPU visible to torch"
+    return True, torch.cuda.get_device_name()
+
+
 def run_demo(out_dir: Path, arch: str = "sm90") -> int:
+    """Trace, plan, emit, draw, build, check and time ``bias_relu`` for ``arch``, printing each
+    step.
+
+    Returns:
+        0 when every step that could run passed, 1 otherwise.
+
+    Raises:
+        OSError: ``out_dir`` can't be created or written.
+    """
     import evtc
     from evtc.compiler.nvcc import find_nvcc
 
@@ -50,11 +114,20 @@ def run_demo(out_dir: Path, arch: str = "sm90") -> int:
     cu = out_dir / f"bias_relu_{arch}.cu"
     cu.write_text(gemm.source)
     _step(3, f"emit CUTLASS C++: {cu} ({len(gemm.source.splitlines())} lines)")
+    pictures = [out_dir / f"bias_relu_{arch}.{ext}" for ext in ("svg", "png")]
+    try:
+        from evtc.plan.draw import draw_plan
+
+        for pic in pictures:
+            draw_plan(gemm.graph, gemm.plan, pic)
+        print(f"    the plan as a picture (shared-memory map and DAG): {', '.join(map(str, pictures))}")
+    except ImportError as e:
+        print(f"    no picture: {e.name} is not installed (pip install matplotlib networkx)")
 
     if find_nvcc() is None:
-        _step(4, "build: skipped (no nvcc on this machine)")
+        _step(4, "build: skipped (no nvcc on this machine: install the CUDA toolkit or set CUDA_HOME)")
         return 0
-    _step(4, "build with nvcc (cached by content hash; a cold sm90 build takes about a minute)")
+    _step(4, f"build for {arch} with nvcc (cached by content hash; a cold build takes a minute or two)")
     t0 = time.perf_counter()
     try:
         art = gemm.build()
@@ -64,33 +137,28 @@ def run_demo(out_dir: Path, arch: str = "sm90") -> int:
     print(f"    {'from the cache' if art.cached else f'built in {time.perf_counter() - t0:.0f} s'}: {art.library}")
     info = gemm.info()
     agree = info["epilogue_smem_bytes"] == gemm.plan.epilogue_smem_bytes
-    print(f"    kernel reports sizeof(CollectiveEpilogue::SharedStorage) = {info['epilogue_smem_bytes']} B "
+    print(f"    the kernel reports {STORAGE.get(arch, 'its epilogue storage')} = {info['epilogue_smem_bytes']} B "
           f"(planner: {gemm.plan.epilogue_smem_bytes} B, {'agree' if agree else 'DISAGREE'}), "
           f"{info['mainloop_stages']} mainloop stages")
     if not agree:
         return 1
 
-    try:
-        import torch
-
-        gpu = torch.cuda.is_available()
-    except ImportError:
-        gpu = False
-    if not gpu:
-        _step(5, "run: skipped (no CUDA GPU visible)")
+    ok, device = gpu_status()
+    if not ok:
+        _step(5, f"run: skipped ({device})")
         return 0
     from evtc.testing import Problem, check
 
-    _step(5, f"run on {torch.cuda.get_device_name()} and compare with the float64 reference")
-    ok = True
+    _step(5, f"run on {device} and compare with the float64 reference")
+    good = True
     for shape in ((4096, 4096, 4096, 1), (1000, 1000, 1000, 1), (777, 1031, 512, 3)):
         errs = check(gemm, Problem(*shape), seed=sum(shape))
         err, tol = errs["D"]
-        ok &= err <= tol
+        good &= err <= tol
         print(f"    M,N,K,L = {shape}: relative error {err:.2e} (bound {tol:.1e}) {'ok' if err <= tol else 'FAILED'}")
     from evtc.bench import bench_gemm
 
     r = bench_gemm(gemm, 8192, 8192, 8192, 1, iters=20, eager_fn=ep.fn)
     print(f"    8192^3: evtc {r['evtc_ms']:.3f} ms, cuBLAS plain GEMM {r['cublas_ms']:.3f} ms "
           f"({r['evtc_over_cublas']:.2f}x), eager PyTorch {r['eager_ms']:.3f} ms ({r['eager_over_evtc']:.2f}x slower than evtc)")
-    return 0 if ok else 1
+    return 0 if good else 1

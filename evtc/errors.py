@@ -14,7 +14,7 @@ Example::
          7 |     if acc > 0:
            |        ^^^^^^^
       hint: Python control flow can't depend on tensor values; use evtc.where(cond, a, b)
-      see docs/errors.md#trace-bool
+      see docs/errors.md#trace-bool, or run: evtc errors trace-bool
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class EvtcError(Exception):
             parts.append(self.loc.excerpt())
         if self.hint:
             parts.append(f"  hint: {self.hint}")
-        parts.append(f"  see {DOCS_ERRORS}#{self.anchor}")
+        parts.append(f"  see {DOCS_ERRORS}#{self.anchor}, or run: evtc errors {self.anchor}")
         return "\n".join(parts)
 
 

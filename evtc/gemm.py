@@ -62,7 +62,8 @@ class Gemm:
     Args:
         epilogue: an ``@evtc.epilogue`` function, a Graph, or a textual expression
             (``"D = relu(alpha*acc + beta*C + bias[n])"``).
-        a, b: dtypes of A (M x K, row-major) and B (N x K, row-major), e.g. ``evtc.bf16``.
+        a: dtype of A (M x K, row-major), e.g. ``evtc.bf16``.
+        b: dtype of B (N x K, row-major; default: ``a``).
         c: dtype of the source C (default: ``d``).
         d: dtype of M x N outputs that don't choose their own with ``.to()``.
         arch: ``"sm90"`` (Hopper, TMA warp-specialized) or ``"sm80"`` (Ampere, register-only).
@@ -74,12 +75,12 @@ class Gemm:
 
     Attributes:
         graph: the Graph after passes. ``str(gemm.graph)`` is its IR text.
-        plan: the :class:`~evtc.plan.plan.Plan`; ``print(gemm.plan)`` shows the buffer table.
+        plan: the :class:`~evtc.plan.plan.Plan`; ``print(gemm.plan)`` shows it on one screen.
         source: the emitted ``.cu`` text.
 
     Raises:
-        EvtcError subclasses, located at the epilogue's lines: trace, type, legalization,
-        configuration and planning errors.
+        EvtcError: a subclass located at the epilogue's line: trace, type, legalization,
+            configuration and planning errors.
 
     Example::
 
@@ -102,7 +103,7 @@ class Gemm:
             if dt not in dtypes.MAINLOOP_DTYPES[arch]:
                 allowed = ", ".join(x.name for x in dtypes.MAINLOOP_DTYPES[arch])
                 raise ConfigError(f"{name}={dt.name} is not a {arch} mainloop dtype ({allowed})",
-                                  hint="fp8 GEMMs need sm90" if dt.is_fp8 else None)
+                                  hint=(f"{arch}'s fp8 mainloop takes e4m3" if arch == "sm90" else "fp8 GEMMs need sm90") if dt.is_fp8 else None)
         if self.a.bits != self.b.bits:
             raise ConfigError(f"A is {self.a.name} and B is {self.b.name}: mixed-width mainloops are not supported")
         if isinstance(config, Mapping):

@@ -1,7 +1,7 @@
-"""Where evtc's data files are: the grammar, the C++ templates, the bundled examples.
+"""Where evtc's data files are: the grammar, the C++ templates, the bundled examples, the errors page.
 
 In a wheel they live in ``evtc/_data/`` (``pyproject.toml`` force-includes the top-level
-``grammar/``, ``codegen_templates/`` and ``examples/epilogues.py`` there); in a source checkout
+``grammar/``, ``codegen_templates/``, ``examples/epilogues.py`` and ``docs/errors.md`` there); in a source checkout
 or an editable install they are read from the repository's top level.
 """
 

@@ -10,6 +10,30 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("EVTC_VERIFY", "1")
 
+# The tests check what users install: the evtc package pip installed (from a wheel, with its
+# grammar, templates, headers and docs page as package data), not the checkout's evtc/ that
+# `python -m pytest` puts on sys.path. Run `pip install '.[test]' && python -P -m pytest tests`;
+# EVTC_TEST_SOURCE=1 tests the source tree on purpose (an editable install, a device run with the
+# working tree on PYTHONPATH).
+TEST_SOURCE = os.environ.get("EVTC_TEST_SOURCE") == "1"
+
+
+def _imported_from_checkout() -> bool:
+    import evtc
+
+    return Path(evtc.__file__).resolve().is_relative_to(ROOT)
+
+
+def pytest_configure(config):
+    if not TEST_SOURCE and _imported_from_checkout():
+        import evtc
+
+        raise pytest.UsageError(
+            f"the tests imported evtc from the checkout ({Path(evtc.__file__).parent}), not from an install: "
+            "pip install '.[test]' and run `python -P -m pytest tests` (or set EVTC_TEST_SOURCE=1 to test "
+            "the source tree on purpose)"
+        )
+
 
 def _has_gpu() -> bool:
     try:

@@ -215,16 +215,6 @@ class Sm80Plan(Plan):
         })
         return d
 
-    def __str__(self) -> str:
-        cfg = self.config
-        lines = format_plan(self).rstrip("\n").splitlines()
-        lines.insert(1, f"  warp tile {'x'.join(map(str, self.warp_tile))}, mma {'x'.join(map(str, self.instruction_shape))}, "
-                        f"{cfg.stages} stages, {cfg.scheduler}, epilogue steps of {self.epilogue_tile[0]}x{self.epilogue_tile[1]}")
-        for v in self.variants:
-            lines.append(f"  variant {v.name}: A/B access {v.alignment_ab}, epilogue access {v.epilogue_access}, "
-                         f"{v.stages} stages, callbacks smem {v.epilogue_smem_bytes} B: {v.why}")
-        return "\n".join(lines) + "\n"
-
 
 def wrap_output(graph: Graph) -> Output:
     """The output whose visitor wraps the tree's root: the Store named D, else the first Store,

@@ -764,15 +764,15 @@ def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = (
                 buffers.append(Buffer(v.name, v.role.value, n.dtype, "tma", st, sizes[label], offsets[label], (),
                                       f"TMA, {'StagesC' if v.role is Role.AUX_LOAD else 'StagesD'} deep"))
         elif v.role is Role.COL and not any(bb.name == v.name for bb in buffers):
-            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "direct", 0, 0, -1, (),
+            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ColBroadcast: each thread loads its rows into registers"))
         elif v.role is Role.SCALAR and isinstance(n, ScalarBroadcast) and n.by_pointer \
                 and not any(bb.name == v.name for bb in buffers):
-            buffers.append(Buffer(v.name, "scalar", n.dtype, "direct", 0, 0, -1, (),
+            buffers.append(Buffer(v.name, "scalar", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ScalarBroadcast: read once per batch"))
         elif v.role.is_reduction:
             buffers.append(Buffer(v.name, v.role.value, n.dtype, "workspace" if v.role is not Role.SCALAR_REDUCTION
-                                  else "direct", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
+                                  else "atomic", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
     threads = 256 if config.schedule == "cooperative" else 128
     notes = []
     if req.policy == "evtc" and isinstance(cand.c_slot, AuxLoad):
@@ -834,7 +834,7 @@ def _plan_unaligned(req: PlanRequest) -> Plan:
                                   "one CTA-N row (Sm90RowBroadcast, element-wise predicated)"))
         elif v.role.is_reduction:
             buffers.append(Buffer(v.name, v.role.value, n.dtype, "workspace" if v.role is not Role.SCALAR_REDUCTION
-                                  else "direct", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
+                                  else "atomic", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
     threads = 256 if config.schedule == "cooperative" else 128
     return Plan(
         arch="sm90", policy="evtc", config=config, operands=(req.a, req.b), epilogue_tile=et,

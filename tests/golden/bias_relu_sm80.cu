@@ -9,18 +9,22 @@
 //     D = store(%3) : bf16
 //
 // Plan:
-//   plan (evtc) for sm80: tile 128x128x32, cluster 1x1, multistage
-//     warp tile 64x64x32, mma 16x8x16, 4 stages, persistent, epilogue steps of 16x128
-//     buffer  role           dtype  mode    stages  bytes  offset  shares  why
-//     bias    row_broadcast  f32    direct  0       0      -       -       VisitorRowBroadcast: the thread's columns, loaded once into registers
-//     C       aux_load       bf16   direct  0       0      -       -       VisitorAuxLoad: predicated vector loads into registers, one epilogue step at a time
-//     D       aux_store      bf16   direct  0       0      -       -       VisitorAuxStore: predicated vector stores from registers
-//     epilogue smem: 0 B   mainloop: 4 stages x 16384 B   capacity: 166912 B
-//     note: C and D are ordinary visitors (no collective): every tensor is accessed from registers
-//     note: kernel variants by alignment, chosen at run time: vector, ragged_n, ragged
-//     variant vector: A/B access 8, epilogue access 8, 4 stages, callbacks smem 0 B: N, K, every row/batch stride and base address are multiples of the vectors
-//     variant ragged_n: A/B access 8, epilogue access 1, 4 stages, callbacks smem 0 B: K and A/B are 16-byte aligned, N or an epilogue tensor is not
-//     variant ragged: A/B access 1, epilogue access 1, 2 stages, callbacks smem 0 B: anything else (one-element accesses, 2-stage MmaPipelined mainloop)
+//   plan for sm80: tile 128x128x32, multistage, persistent
+//   warp tile 64x64x32, mma 16x8x16, epilogue steps of 16x128
+//   epilogue smem: 0 B + 4 mainloop stages x 16384 B = 65536 of 166912 B
+//   tensor  role       dtype  where      stages  bytes  offset
+//   bias    row bcast  f32    registers       -      -       -
+//   C       aux load   bf16   registers       -      -       -
+//   D       aux store  bf16   registers       -      -       -
+//   why: bias: the thread's columns, loaded once into registers
+//          (VisitorRowBroadcast)
+//        C: predicated vector loads into registers (VisitorAuxLoad)
+//        D: predicated vector stores from registers (VisitorAuxStore)
+//   variants by alignment, picked at run time: vector (A/B 8, epilogue 8, 4 stages),
+//          ragged_n (A/B 8, epilogue 1, 4 stages), ragged (A/B 1, epilogue 1, 2
+//          stages)
+//   note: C and D are ordinary visitors (no collective): every tensor is accessed
+//         from registers
 
 #include <cstddef>
 #include <cstdint>

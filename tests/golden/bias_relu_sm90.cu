@@ -9,15 +9,18 @@
 //     D = store(%3) : bf16
 //
 // Shared-memory plan:
-//   plan (evtc) for sm90: tile 128x256x64, cluster 2x1, cooperative
-//     epilogue tile 128x32, StagesC=4, StagesD=2, ReuseSmemC=True, DelayTmaStore=False
-//     C slot: C   D slot: D
-//     buffer  role           dtype  mode    stages  bytes  offset  shares  why
-//     C       C              bf16   tma     4       32768  0       D       the source C; D reuses it (16-bit C and D)
-//     D       D              bf16   shared  4       0      0       C       written into C's buffer (ReuseSmemC)
-//     bias    row_broadcast  f32    smem    0       1024   32768   -       one CTA-N row (Sm90RowBroadcast)
-//     epilogue smem: 34304 B   mainloop: 4 stages x 49168 B   capacity: 232448 B
-//     note: kept stock CUTLASS's decisions: the cost model's best (877 us) is within 2.5% of them (896 us)
+//   plan (evtc) for sm90: tile 128x256x64, cluster 2x1, cooperative, persistent
+//   epilogue tile 128x32, StagesC=4, StagesD=2, ReuseSmemC=true, DelayTmaStore=false
+//   epilogue smem: 34304 B + 4 mainloop stages x 49168 B = 230976 of 232448 B
+//   tensor  role       dtype  where      stages  bytes  offset
+//   C       C slot     bf16   smem, TMA       4  32768       0
+//   D       D slot     bf16   in C            4      -       0
+//   bias    row bcast  f32    smem            -   1024   32768
+//   why: C: the source C, loaded by the collective's TMA pipeline (StagesC=4)
+//        D: 16-bit like C, so written into its buffer once read (ReuseSmemC)
+//        bias: one CTA-N row in shared memory (stock Sm90RowBroadcast)
+//   note: kept stock CUTLASS's decisions: the cost model's best (877 us) is within
+//         2.5% of them (896 us)
 
 // TMA descriptors call cuTensorMapEncodeTiled directly (defined in the driver shim below) instead
 // of looking the driver's entry point up on every call.

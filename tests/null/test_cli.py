@@ -1,16 +1,25 @@
 """The command line (GPU-free parts): emit, plan, ops, errors as messages with exit status 2."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
+import evtc
 from evtc.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EX = str(ROOT / "examples" / "epilogues.py")
+
+
+def _env():
+    """The environment for a `python -P -m evtc` subprocess: the evtc this test imported first."""
+    pkg_parent = str(Path(evtc.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
 
 
 def run(*args):
@@ -56,7 +65,7 @@ def test_plan_table_with_ir():
 def test_errors_are_messages_not_tracebacks(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import evtc\n\n@evtc.epilogue\ndef bad(acc):\n    if acc > 0:\n        return acc\n    return acc\n")
-    proc = subprocess.run([sys.executable, "-m", "evtc", "emit", f"{bad}:bad"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "emit", f"{bad}:bad"], capture_output=True, text=True, env=_env())
     assert proc.returncode == 2
     assert "TraceError" in proc.stderr and "bad.py:5" in proc.stderr and "if acc > 0" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -73,8 +82,8 @@ def test_unknown_function_lists_epilogues():
 
 
 def test_ops_lists_functors():
-    r = run("ops")
-    assert "gelu" in r.output and "cutlass::epilogue::thread::GELU" in r.output
+    r = run("ops", "--cpp")
+    assert "gelu(x)" in r.output and "cutlass::epilogue::thread::GELU" in r.output
 
 
 def test_plan_takes_fixed_decisions_as_json():
@@ -86,3 +95,166 @@ def test_plan_takes_fixed_decisions_as_json():
     assert r.exit_code == 2 and "neither evtc, cutlass nor a JSON object" in r.output
     r = CliRunner().invoke(main, ["plan", f"{EX}:many_aux", "--plan", '{"stagesc": 2}'])
     assert r.exit_code == 2 and "fixable decisions" in r.output and "Traceback" not in r.output
+
+
+# ---- options travel as values; every failure is a message and status 2 -----------------------------
+
+
+def test_request_is_one_frozen_value():
+    """The GEMM options reach the command as one GemmRequest, and it builds the Gemm they name."""
+    import dataclasses
+
+    from evtc.cli import GemmRequest
+
+    seen = {}
+
+    import click
+
+    from evtc.cli import gemm_request
+
+    @click.command()
+    @gemm_request()
+    def probe(request):
+        seen["r"] = request
+
+    res = CliRunner().invoke(probe, [f"{EX}:bias_relu", "--tile", "128x128x64", "--cluster", "1x1", "--stages", "3",
+                                     "--a", "f16", "--plan", '{"stages_c": 2}'], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    r = seen["r"]
+    assert isinstance(r, GemmRequest) and dataclasses.is_dataclass(r)
+    assert (r.tile, r.cluster, r.stages, r.a, r.plan) == ((128, 128, 64), (1, 1), 3, "f16", (("stages_c", 2),))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.arch = "sm80"
+    g = r.gemm()
+    assert g.config.tile == (128, 128, 64) and g.config.cluster == (1, 1, 1) and g.plan.stages_c == 2
+    assert g.plan.mainloop_stages == 3 and g.a.name == "f16"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["emit", f"{EX}:bias_relu", "-o", "/nonexistent/x.cu"], "the folder /nonexistent does not exist"),
+    (["plan", f"{EX}:bias_relu", "--dot", "/nonexistent/x.dot"], "the folder /nonexistent does not exist"),
+    (["plan", f"{EX}:bias_relu", "--svg", "/nonexistent/x.svg"], "the folder /nonexistent does not exist"),
+    (["plan", f"{EX}:REFERENCE"], "is a dict, not an epilogue function"),
+    (["plan", f"{EX}:bias_relu", "--tile", "-128x256x64"], "every extent must be a positive number"),
+    (["plan", f"{EX}:bias_relu", "--tile", "128x256"], "needs 3 numbers"),
+    (["plan", f"{EX}:bias_relu", "--epilogue-tile", "0x32"], "every extent must be a positive number"),
+    (["plan", f"{EX}:bias_relu", "--stages", "0"], "0 is not in the range"),
+    (["plan", f"{EX}:bias_relu", "--stages", "1"], "needs at least 2"),
+    (["plan"], "give an epilogue as PATH.py:FUNC or with --expr"),
+    (["plan", f"{EX}:bias_relu", "--expr", "D = acc"], "not both"),
+    (["plan", "nofile.py:f"], "no such file"),
+    (["plan", "examples"], "is not PATH.py:FUNC"),
+    (["build", "-j", "0", f"{EX}:bias_relu"], "0 is not in the range"),
+    (["errors", "no-such-anchor"], "has no section"),
+])
+def test_every_failure_is_a_message_with_status_2(args, needle):
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert needle in r.output
+    assert "Traceback" not in r.output and not isinstance(r.exception, (TypeError, FileNotFoundError))
+
+
+def test_unwritable_output_is_a_message(tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "emit", f"{EX}:linear_combination", "-o", str(out / "k.cu")],
+                              capture_output=True, text=True, env=_env())
+    finally:
+        out.chmod(0o700)
+    if os.geteuid() == 0:  # root writes anywhere: then the file must be there
+        assert proc.returncode == 0 and (out / "k.cu").exists()
+    else:
+        assert proc.returncode == 2 and "not writable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_broken_user_module_is_a_message(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("raise ValueError('boom')\n")
+    proc = subprocess.run([sys.executable, "-P", "-m", "evtc", "plan", f"{bad}:f"], capture_output=True, text=True, env=_env())
+    assert proc.returncode == 2 and "importing" in proc.stderr and "ValueError: boom" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_subcommand_explains_spec():
+    for cmd in ("emit", "plan", "build", "run", "bench"):
+        r = run(cmd, "--help")
+        text = " ".join(r.output.split())
+        assert r.exit_code == 0
+        assert "SPEC names the epilogue: PATH.py:FUNC" in text and "--expr" in text, cmd
+
+
+def test_expr_and_several_specs_for_build_are_requests():
+    import evtc.cli as cli
+
+    seen = []
+    orig = cli.GemmRequest.gemm
+
+    def fake(self):
+        seen.append(self)
+        raise evtc.PlanError("stop here")
+
+    cli.GemmRequest.gemm = fake
+    try:
+        r = CliRunner().invoke(main, ["build", f"{EX}:bias_relu", f"{EX}:gelu_aux", "--arch", "sm80"])
+    finally:
+        cli.GemmRequest.gemm = orig
+    assert r.exit_code == 2 and "stop here" in r.output
+    assert seen[0].spec.endswith(":bias_relu") and seen[0].arch == "sm80"
+
+
+def test_build_failure_is_printed_once(monkeypatch):
+    import evtc.compiler as compiler
+
+    def fake_build_many(jobs, workers=None, on_done=None, extra=()):
+        err = evtc.BuildError("nvcc failed (2) building kernel.cu: error: boom", hint="log: /tmp/x.log")
+        for i in range(len(jobs)):
+            on_done(i, err)
+        return [err] * len(jobs)
+
+    monkeypatch.setattr(compiler, "build_many", fake_build_many)
+    r = CliRunner().invoke(main, ["build", f"{EX}:linear_combination"])
+    assert r.exit_code == 2
+    assert r.output.count("error: boom") == 1 and r.output.count("log: /tmp/x.log") == 1, r.output
+
+
+def test_print_nvcc_is_the_builders_command(monkeypatch, tmp_path):
+    from pathlib import Path as P
+
+    from evtc.compiler import nvcc
+
+    monkeypatch.setattr(nvcc, "require_nvcc", lambda: P("/opt/cuda/bin/nvcc"))
+    r = run("emit", "--print-nvcc", "--arch", "sm90", "-o", str(tmp_path / "k.cu"))
+    assert r.exit_code == 0
+    cmd = r.output.split()
+    assert cmd == nvcc.compile_command(tmp_path / "k.cu", tmp_path / "k.so", ("-gencode=arch=compute_90a,code=sm_90a",))
+    assert "-DNDEBUG" in cmd and "-O3" in cmd
+
+
+def test_e5m2_mainloop_hint_names_e4m3():
+    r = CliRunner().invoke(main, ["plan", f"{EX}:bias_relu", "--a", "e5m2"])
+    assert r.exit_code == 2 and "takes e4m3" in r.output and "need sm90" not in r.output
+
+
+def test_errors_command_prints_the_section():
+    r = run("errors", "config")
+    assert r.exit_code == 0 and r.output.startswith("## config") and "ConfigError" in r.output
+    assert "## build" not in r.output
+    r = run("errors")
+    assert r.exit_code == 0 and "errors.md" in r.output and "trace-bool" in r.output
+
+
+def test_error_message_names_the_errors_command():
+    r = CliRunner().invoke(main, ["plan", f"{EX}:bias_relu", "--a", "e5m2"])
+    assert "see docs/errors.md#config, or run: evtc errors config" in r.output
+
+
+def test_ops_lists_what_users_write():
+    r = run("ops")
+    lines = r.output.splitlines()
+    spelled = {line.split()[0] for line in lines if line.startswith("  ")}
+    for want in ("clamp(x,", "amax(x,", "sum(x,", "relu(x)", "where(cond,"):
+        assert any(s.startswith(want) for s in spelled) or any(want in line for line in lines), want
+    assert any(line.startswith("  a + b") for line in lines) and any(line.startswith("  a * b") for line in lines)
+    assert not any(line.split()[0] in ("add", "mul", "first", "convert") for line in lines if line.startswith("  "))

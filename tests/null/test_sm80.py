@@ -61,7 +61,7 @@ def test_plan_properties():
     assert p.tree.root.op.role == "aux_store" and p.tree.root.op.name == "D"
     js = p.to_json()
     assert js["variants"][0]["name"] == "vector" and js["thread_map_element"] == "bf16"
-    assert "variant ragged_n" in str(p)
+    assert "ragged_n (A/B 8, epilogue 1, 4 stages)" in str(p)
 
 
 def test_column_reduction_owns_shared_memory():
