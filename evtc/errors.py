@@ -222,6 +222,24 @@ class NoDeviceError(EvtcError, RuntimeError):
     anchor = "no-device"
 
 
+class ConstantFoldError(EvtcError):
+    """A constant subexpression of finite constants evaluates to a value the f32 compute type
+    can't hold (an overflow such as ``exp(100.0)``, or NaN such as ``log(-1.0)``); raised by
+    the ``fold`` pass at the user's line (``evtc/passes/fold.py``). Fix the constant, or make
+    it a runtime scalar parameter if its value is only known at run time."""
+
+    anchor = "constant-fold"
+
+
+class PassError(EvtcError):
+    """A pass failed with an internal exception (a bug in evtc). The message names the pass,
+    the passes run before it and shows the IR around the node the pass was working on; the
+    original exception is chained as ``__cause__`` (``EVTC_TRACEBACK=full`` shows it). Report
+    it with the IR shown; writing the marked line differently usually avoids the failure."""
+
+    anchor = "pass-error"
+
+
 # --------------------------------------------------------------------------------------------
 # Traceback filtering (JAX traceback_util)
 # --------------------------------------------------------------------------------------------

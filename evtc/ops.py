@@ -7,7 +7,9 @@ Each op is one :func:`register` call that gives all of its interpretations side 
 
 * ``numpy``: the float64 reference used by the interpreter (:mod:`evtc.ir.interpret`);
 * ``torch``: the eager implementation used when an epilogue function is called on tensors;
-* ``sympy``: the algebraic form used by the simplifier (None for ops it treats as opaque);
+* ``sympy``: the algebraic form used by the canonicalize pass (:mod:`evtc.passes.canonicalize`,
+  the only module that imports sympy), written with Python operators on its arguments so this
+  table needn't import sympy; None for ops the pass treats as opaque operands;
 * ``functor``: the C++ functor template applied to ``cutlass::Array<float, N>`` fragments by
   ``Sm90Compute`` / ``VisitorCompute``. ``cutlass::...`` names come from
   ``cutlass/functional.h`` and ``cutlass/epilogue/thread/activation.h``; ``evtc::...`` names
@@ -28,7 +30,6 @@ import math
 from typing import Any, Callable
 
 import numpy as np
-import sympy
 
 from evtc.errors import UnsupportedOpError
 
@@ -42,7 +43,8 @@ class OpDef:
         arity: number of operands.
         numpy: float64 reference, ``f(*arrays) -> array``.
         torch: eager implementation on torch tensors, ``f(torch, *tensors) -> tensor``.
-        sympy: ``f(*exprs) -> sympy.Expr`` or None when the simplifier treats the op as opaque.
+        sympy: ``f(*exprs) -> expr`` with Python operators only, or None when the canonicalize
+            pass treats the op as opaque.
         functor: C++ functor template for fragments of ``cutlass::Array<float, N>``.
         commutative: operands may be reordered (used by CSE's canonical order).
         doc: one line for ``evtc ops`` and the docs.
@@ -119,12 +121,7 @@ def _torch_mask(t, b, like):
     return b.to(like.dtype) if hasattr(like, "dtype") else b.float()
 
 
-def _sym(name):
-    fn = sympy.Function(name)
-    return lambda *a: fn(*a)
-
-
-# ---- arithmetic (sympy-visible) ---------------------------------------------------------------
+# ---- arithmetic (canonicalize translates these to sympy) ---------------------------------------
 
 register(OpDef("add", 2, np.add, lambda t, a, b: a + b, lambda a, b: a + b, "cutlass::plus", True, "a + b"))
 register(OpDef("sub", 2, np.subtract, lambda t, a, b: a - b, lambda a, b: a - b, "cutlass::minus", doc="a - b"))
@@ -139,41 +136,41 @@ register(
 )
 register(OpDef("pow", 2, np.power, lambda t, a, b: t.pow(a, b), lambda a, b: a**b, "evtc::Pow",
                doc="a ** b (b a constant)"))
-register(OpDef("sqrt", 1, np.sqrt, lambda t, a: t.sqrt(a), sympy.sqrt, "evtc::Sqrt", doc="square root"))
-register(OpDef("rsqrt", 1, lambda a: 1.0 / np.sqrt(a), lambda t, a: t.rsqrt(a), lambda a: 1 / sympy.sqrt(a),
+register(OpDef("sqrt", 1, np.sqrt, lambda t, a: t.sqrt(a), None, "evtc::Sqrt", doc="square root"))
+register(OpDef("rsqrt", 1, lambda a: 1.0 / np.sqrt(a), lambda t, a: t.rsqrt(a), None,
                "evtc::Rsqrt", doc="1 / sqrt(a)"))
-register(OpDef("exp", 1, np.exp, lambda t, a: t.exp(a), sympy.exp, "evtc::Exp", doc="e ** a"))
-register(OpDef("log", 1, np.log, lambda t, a: t.log(a), sympy.log, "evtc::Log", doc="natural logarithm"))
+register(OpDef("exp", 1, np.exp, lambda t, a: t.exp(a), None, "evtc::Exp", doc="e ** a"))
+register(OpDef("log", 1, np.log, lambda t, a: t.log(a), None, "evtc::Log", doc="natural logarithm"))
 
-# ---- min / max (opaque to sympy: piecewise forms don't simplify usefully) -----------------------
+# ---- min / max (opaque to canonicalize: piecewise forms don't simplify usefully) ---------------
 
-register(OpDef("maximum", 2, np.maximum, lambda t, a, b: t.maximum(a, b), _sym("Max2"), "cutlass::maximum", True,
+register(OpDef("maximum", 2, np.maximum, lambda t, a, b: t.maximum(a, b), None, "cutlass::maximum", True,
                "elementwise max"))
-register(OpDef("minimum", 2, np.minimum, lambda t, a, b: t.minimum(a, b), _sym("Min2"), "cutlass::minimum", True,
+register(OpDef("minimum", 2, np.minimum, lambda t, a, b: t.minimum(a, b), None, "cutlass::minimum", True,
                "elementwise min"))
-register(OpDef("abs", 1, np.abs, lambda t, a: t.abs(a), _sym("Abs1"), "evtc::Abs", doc="absolute value"))
+register(OpDef("abs", 1, np.abs, lambda t, a: t.abs(a), None, "evtc::Abs", doc="absolute value"))
 
 # ---- activations --------------------------------------------------------------------------------
 
-register(OpDef("relu", 1, lambda a: np.maximum(a, 0.0), lambda t, a: t.relu(a), _sym("relu"),
+register(OpDef("relu", 1, lambda a: np.maximum(a, 0.0), lambda t, a: t.relu(a), None,
                "cutlass::epilogue::thread::ReLu", doc="max(a, 0), NaN-propagating"))
-register(OpDef("sigmoid", 1, _np_sigmoid, lambda t, a: t.sigmoid(a), _sym("sigmoid"),
+register(OpDef("sigmoid", 1, _np_sigmoid, lambda t, a: t.sigmoid(a), None,
                "cutlass::epilogue::thread::Sigmoid", doc="1 / (1 + exp(-a))"))
-register(OpDef("tanh", 1, np.tanh, lambda t, a: t.tanh(a), _sym("tanh"), "cutlass::epilogue::thread::Tanh",
+register(OpDef("tanh", 1, np.tanh, lambda t, a: t.tanh(a), None, "cutlass::epilogue::thread::Tanh",
                doc="hyperbolic tangent"))
-register(OpDef("gelu", 1, _np_gelu, lambda t, a: t.nn.functional.gelu(a), _sym("gelu"),
+register(OpDef("gelu", 1, _np_gelu, lambda t, a: t.nn.functional.gelu(a), None,
                "cutlass::epilogue::thread::GELU", doc="a * Phi(a), the erf form"))
 register(OpDef("gelu_tanh", 1, _np_gelu_tanh, lambda t, a: t.nn.functional.gelu(a, approximate="tanh"),
-               _sym("gelu_tanh"), "cutlass::epilogue::thread::GELU_taylor", doc="the tanh approximation of gelu"))
-register(OpDef("gelu_grad", 1, _np_gelu_grad, None, _sym("gelu_grad"), "evtc::GeluGrad",
+               None, "cutlass::epilogue::thread::GELU_taylor", doc="the tanh approximation of gelu"))
+register(OpDef("gelu_grad", 1, _np_gelu_grad, None, None, "evtc::GeluGrad",
                doc="d gelu(a) / da (erf form), for the backward pass"))
-register(OpDef("silu", 1, lambda a: a * _np_sigmoid(a), lambda t, a: t.nn.functional.silu(a), _sym("silu"),
+register(OpDef("silu", 1, lambda a: a * _np_sigmoid(a), lambda t, a: t.nn.functional.silu(a), None,
                "cutlass::epilogue::thread::SiLu", doc="a * sigmoid(a)"))
-register(OpDef("hardswish", 1, _np_hardswish, lambda t, a: t.nn.functional.hardswish(a), _sym("hardswish"),
+register(OpDef("hardswish", 1, _np_hardswish, lambda t, a: t.nn.functional.hardswish(a), None,
                "cutlass::epilogue::thread::HardSwish", doc="a * relu6(a + 3) / 6"))
-register(OpDef("erf", 1, _erf, lambda t, a: t.erf(a), sympy.erf, "evtc::Erf", doc="error function"))
+register(OpDef("erf", 1, _erf, lambda t, a: t.erf(a), None, "evtc::Erf", doc="error function"))
 register(OpDef("leaky_relu", 2, lambda a, s: np.where(a > 0, a, a * s),
-               lambda t, a, s: t.where(a > 0, a, a * s), _sym("leaky_relu"), "evtc::LeakyReLU",
+               lambda t, a, s: t.where(a > 0, a, a * s), None, "evtc::LeakyReLU",
                doc="a if a > 0 else a * slope (slope a scalar)"))
 
 # ---- comparisons and selection --------------------------------------------------------------------
@@ -192,12 +189,12 @@ for _name, _np_fn, _cpp, _doc in (
             _name, 2,
             (lambda f: lambda a, b: _mask(f(a, b)))(_np_fn),
             (lambda n: lambda t, a, b: getattr(t, n)(a, b).to(t.result_type(a, b)))(_torch_op),
-            _sym(_name), _cpp, _name in ("eq", "ne"), _doc,
+            None, _cpp, _name in ("eq", "ne"), _doc,
         )
     )
 
 register(OpDef("where", 3, lambda c, a, b: np.where(c != 0, a, b), lambda t, c, a, b: t.where(c != 0, a, b),
-               _sym("where"), "evtc::Where", doc="a where cond != 0 else b"))
+               None, "evtc::Where", doc="a where cond != 0 else b"))
 
 # ---- conversions and plumbing ------------------------------------------------------------------------
 
@@ -211,5 +208,5 @@ register(OpDef("first", 2, lambda a, b: a, None, None, "evtc::First", doc="a (b 
 
 
 def arithmetic_ops() -> frozenset[str]:
-    """Ops the sympy simplifier may rewrite freely (exact algebra on reals)."""
+    """Ops the canonicalize pass may rewrite freely through sympy (exact algebra on reals)."""
     return frozenset({"add", "sub", "mul", "div", "neg", "multiply_add"})

@@ -1,107 +1,269 @@
-"""The IR verifier.
+"""The IR verifier: the IR's invariants, each stated once, as a table of named rules.
 
-Input: a Graph (and optionally the arch it is meant for). Output: nothing, or an
-:class:`~evtc.errors.IRVerificationError` that shows a window of IR text around the bad node.
+Input: a Graph. Output: nothing, or an :class:`~evtc.errors.IRVerificationError` that shows a
+window of IR text around the bad node.
 
-Checked: every value is defined before use and every leaf is a declared input; parameter and
-output names are unique; outputs are terminal; each compute names a registered op with the
-right arity; dtypes follow the rules (acc and computes are f32 except conversions; immediates
-f32; stores and reductions have output dtypes evtc can write); M x N outputs have M x N values;
-on sm90 the collective stores one M x N output (so there must be at least one).
+The IR knows no target: per-arch rules (sm90's collective D store, which dtypes a reduction
+can be written in) live in :mod:`evtc.passes.legalize` and nowhere else.
+
+The rules (:data:`RULES`, in the order they are checked; ``docs/ir.md`` lists them too):
+
+======================  ==========================================================  =================
+rule                    invariant                                                   user error class
+======================  ==========================================================  =================
+inputs-are-leaves       declared inputs are leaves                                  IRVerificationError
+unique-parameters       parameter names are unique                                  IRVerificationError
+one-accumulator         at most one accumulator                                     IRVerificationError
+has-outputs             at least one output                                         IRVerificationError
+defined-before-use      every operand comes before its user in ``graph.nodes``      IRVerificationError
+                        (this also catches cycles)
+outputs-are-terminal    no output is an operand of another node                     IRVerificationError
+outputs-listed          every output reached is in ``graph.outputs``                IRVerificationError
+leaves-declared         every leaf reached is a declared input                      IRVerificationError
+accumulator-f32         the accumulator is f32                                      EpilogueTypeError
+tensor-dtype            M x N inputs and stores have a tensor dtype                 EpilogueTypeError
+immediate-f32           constants are f32                                           EpilogueTypeError
+immediate-range         a finite constant is finite in f32 (at most 3.4e38)         EpilogueTypeError
+known-op                every compute names an op of :mod:`evtc.ops`                UnsupportedOpError
+arity                   ... with the op's number of operands                        EpilogueTypeError
+convert-target          ``convert`` targets a tensor dtype                          EpilogueTypeError
+compute-f32             every other compute produces f32 (the compute type)         EpilogueTypeError
+pow-exponent            ``pow``'s exponent is a constant                            EpilogueTypeError
+unique-output-names     output names differ from each other and the parameters      IRVerificationError
+output-mn               every output's value is M x N                               EpilogueTypeError
+reduction-dim           a reduction's ``dim`` is 0, 1 or None                       EpilogueTypeError
+======================  ==========================================================  =================
+
+Two users of the table, so that no rule is written twice:
+
+* :func:`verify` raises the first violation as an :class:`IRVerificationError`. The pass
+  manager runs it after every pass when verification is on (``EVTC_VERIFY=1``,
+  :mod:`evtc.passes`); a violation there is a bug in evtc and the message names the pass.
+* The ``propagate`` pass (:mod:`evtc.passes.propagate`), which always runs first, raises the
+  first violation of the user's graph as the rule's *user error class* above, located at the
+  user's line: every rule a user can break (the frontends check most of them first; a
+  hand-built :class:`~evtc.ir.graph.Graph` passed to ``evtc.Gemm`` can break any) is enforced
+  without a debug flag.
+
+Every check is one pass over ``graph.nodes`` (no recursion), so verifying is linear in the
+graph's size; broadcast classes come from :func:`bcast_classes`, not from the recursive
+:attr:`Compute.bcast <evtc.ir.nodes.Compute.bcast>`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import warnings
+from typing import Iterator
+
+import numpy as np
+
 from evtc import dtypes, ops
-from evtc.errors import IRVerificationError
+from evtc.errors import EpilogueTypeError, EvtcError, IRVerificationError, UnsupportedOpError
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import Accumulator, Bcast, Compute, Immediate, Leaf, Node, Output, Reduction, Store
 from evtc.ir.printer import window
 
-REDUCTION_DTYPES = (dtypes.f32, dtypes.f16, dtypes.bf16)
+__all__ = ["RULES", "Violation", "bcast_classes", "format_violation", "verify", "violations"]
 
 
-def verify(graph: Graph, arch: str | None = None, *, after: str | None = None) -> None:
-    """Check the invariants of ``graph``.
+#: rule name -> (what it requires, the error class a user's graph that breaks it gets)
+RULES: dict[str, tuple[str, type[EvtcError]]] = {
+    "inputs-are-leaves": ("declared inputs are leaves", IRVerificationError),
+    "unique-parameters": ("parameter names are unique", IRVerificationError),
+    "one-accumulator": ("at most one accumulator", IRVerificationError),
+    "has-outputs": ("at least one output", IRVerificationError),
+    "defined-before-use": ("every operand is defined before its user (no cycles)", IRVerificationError),
+    "outputs-are-terminal": ("no output is an operand", IRVerificationError),
+    "outputs-listed": ("every output reached is in graph.outputs", IRVerificationError),
+    "leaves-declared": ("every leaf reached is a declared input", IRVerificationError),
+    "accumulator-f32": ("the accumulator is f32", EpilogueTypeError),
+    "tensor-dtype": ("M x N inputs and stores have a tensor dtype", EpilogueTypeError),
+    "immediate-f32": ("constants are f32", EpilogueTypeError),
+    "immediate-range": ("a finite constant stays finite in f32", EpilogueTypeError),
+    "known-op": ("every compute names a registered op", UnsupportedOpError),
+    "arity": ("every compute has its op's number of operands", EpilogueTypeError),
+    "convert-target": ("convert targets a tensor dtype", EpilogueTypeError),
+    "compute-f32": ("computes other than convert produce f32", EpilogueTypeError),
+    "pow-exponent": ("pow's exponent is a constant", EpilogueTypeError),
+    "unique-output-names": ("output names are unique and differ from the parameters", IRVerificationError),
+    "output-mn": ("every output's value is M x N", EpilogueTypeError),
+    "reduction-dim": ("a reduction's dim is 0, 1 or None", EpilogueTypeError),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """One broken rule.
+
+    Attributes:
+        rule: the rule's name in :data:`RULES`.
+        message: one sentence saying what is wrong (names the node).
+        node: the offending node, or None for a graph-level rule.
+        hint: what to do about it, for a user's graph.
+    """
+
+    rule: str
+    message: str
+    node: Node | None = None
+    hint: str | None = None
+
+    @property
+    def user_error(self) -> type[EvtcError]:
+        """The error class a user's graph that breaks this rule gets (see :data:`RULES`)."""
+        return RULES[self.rule][1]
+
+
+def bcast_classes(graph: Graph) -> dict[int, Bcast]:
+    """The broadcast class of every value of ``graph`` (outputs excluded), by node id, in one
+    pass over ``graph.nodes`` (a compute's class is the join of its operands', as
+    :attr:`Compute.bcast <evtc.ir.nodes.Compute.bcast>` defines it, memoised here). Operands
+    not defined before their user (a broken graph) count as M x N."""
+    out: dict[int, Bcast] = {}
+    for n in graph.nodes:
+        if isinstance(n, Compute):
+            b = Bcast.SCALAR
+            for a in n.args:
+                b = b.join(out.get(id(a), Bcast.MN))
+            out[id(n)] = b
+        elif not isinstance(n, Output):  # an output's class is its reduction's, not a value's
+            out[id(n)] = n.bcast
+    return out
+
+
+def violations(graph: Graph) -> Iterator[Violation]:
+    """The broken rules of ``graph``, graph-level ones first, then node by node in
+    ``graph.nodes`` order (so the first is the earliest bad line of the IR text).
 
     Args:
         graph: the graph to check.
-        arch: also check the per-arch rules for ``"sm90"`` or ``"sm80"``.
-        after: the name of the pass that produced ``graph``, named in the error.
 
-    Raises:
-        IRVerificationError: the first broken invariant, with an IR window around the node.
+    Yields:
+        :class:`Violation`, possibly several per node.
     """
-
-    def fail(msg: str, node: Node | None = None) -> IRVerificationError:
-        text = msg
-        if after:
-            text = f"after pass '{after}': {msg}"
-        if node is not None:
-            w = window(graph, node)
-            if w:
-                text += "\n" + w
-        return IRVerificationError(text, loc=getattr(node, "loc", None), epilogue=graph.name)
-
     declared = {id(i) for i in graph.inputs}
     names: set[str] = set()
     for leaf in graph.inputs:
         if not isinstance(leaf, Leaf):
-            raise fail(f"declared input {leaf!r} is not a leaf")
+            yield Violation("inputs-are-leaves", f"declared input {type(leaf).__name__} is not a leaf")
+            continue
         if leaf.name in names:
-            raise fail(f"parameter name '{leaf.name}' is declared twice")
+            yield Violation("unique-parameters", f"parameter name '{leaf.name}' is declared twice")
         names.add(leaf.name)
-    n_acc = sum(isinstance(i, Accumulator) for i in graph.inputs)
-    if n_acc > 1:
-        raise fail("more than one accumulator")
+    if sum(isinstance(i, Accumulator) for i in graph.inputs) > 1:
+        yield Violation("one-accumulator", "more than one accumulator")
+    if not graph.outputs:
+        yield Violation("has-outputs", "the epilogue has no outputs",
+                        hint="return an M x N value, or a dict of outputs")
 
-    position: dict[int, int] = {}
+    bcast = bcast_classes(graph)
+    defined: set[int] = set()
     out_ids = {id(o) for o in graph.outputs}
-    for k, node in enumerate(graph.nodes):
+    for node in graph.nodes:
         for i in node.inputs:
-            if id(i) not in position:
-                raise fail("a value is used before it is defined (or the graph has a cycle)", node)
+            if id(i) not in defined:
+                yield Violation("defined-before-use",
+                                "a value is used before it is defined (or the graph has a cycle)", node)
             if isinstance(i, Output):
-                raise fail(f"output '{i.name}' is used as an input of another node", node)
-        position[id(node)] = k
+                yield Violation("outputs-are-terminal", f"output '{i.name}' is used as an input of another node", node)
+        defined.add(id(node))
         if isinstance(node, Leaf):
             if id(node) not in declared:
-                raise fail(f"leaf '{node.name}' is not a declared input", node)
+                yield Violation("leaves-declared", f"leaf '{node.name}' is not a declared input", node,
+                                hint="add it to the graph's inputs")
             if isinstance(node, Accumulator) and node.dtype is not dtypes.f32:
-                raise fail("the accumulator must be f32", node)
+                yield Violation("accumulator-f32", f"the accumulator is f32, not {node.dtype}", node)
+            if node.bcast is Bcast.MN and node.dtype not in dtypes.TENSOR_DTYPES:
+                yield Violation("tensor-dtype", f"M x N input '{node.name}' can't be {node.dtype}", node)
         elif isinstance(node, Immediate):
             if node.dtype is not dtypes.f32:
-                raise fail("constants are f32", node)
+                yield Violation("immediate-f32", f"constants are f32, not {node.dtype}", node)
+            if math.isfinite(node.value) and abs(node.value) > dtypes.f32.max and math.isinf(_as_f32(node.value)):
+                yield Violation("immediate-range",
+                                f"the constant {node.value:.6g} is beyond f32's range (+-{dtypes.f32.max:.6g})", node,
+                                hint="the epilogue computes in f32: scale the constant down, or write "
+                                     "float('inf') if infinity is meant")
         elif isinstance(node, Compute):
-            if node.op not in ops.OPS:
-                raise fail(f"unknown op '{node.op}'", node)
-            arity = ops.OPS[node.op].arity
-            if len(node.args) != arity:
-                raise fail(f"op '{node.op}' takes {arity} operands, got {len(node.args)}", node)
-            if node.op == "convert":
-                if node.dtype not in dtypes.TENSOR_DTYPES:
-                    raise fail(f"can't convert to {node.dtype}", node)
-            elif node.dtype is not dtypes.f32:
-                raise fail(f"'{node.op}' computes in f32, not {node.dtype}", node)
+            yield from _compute_violations(node)
         elif isinstance(node, Output):
             if id(node) not in out_ids:
-                raise fail(f"output '{node.name}' is not in the graph's outputs", node)
+                yield Violation("outputs-listed", f"output '{node.name}' is not in the graph's outputs", node)
             if node.name in names:
-                raise fail(f"output name '{node.name}' is already used", node)
+                yield Violation("unique-output-names", f"output name '{node.name}' is already used", node,
+                                hint="give every output its own name, different from the parameters")
             names.add(node.name)
-            if node.value is None or node.value.bcast is not Bcast.MN:
-                raise fail(f"output '{node.name}' needs an M x N value", node)
+            got = bcast.get(id(node.value)) if node.value is not None else None
+            if got is not Bcast.MN:
+                what = f"a {got.value} value" if got is not None else "nothing"
+                yield Violation("output-mn", f"output '{node.name}' needs an M x N value, got {what}", node,
+                                hint="combine it with acc, C or an M x N input first")
             if isinstance(node, Store) and node.dtype not in dtypes.TENSOR_DTYPES:
-                raise fail(f"M x N outputs can't be {node.dtype}", node)
-            if isinstance(node, Reduction):
-                if node.dtype not in REDUCTION_DTYPES:
-                    raise fail(f"reduction outputs are f32, f16 or bf16, not {node.dtype}", node)
-                if node.dim is not None and (type(node.dim) is not int or node.dim not in (0, 1)):
-                    raise fail(f"reduction dim {node.dim!r} is not 0, 1 or None", node)
+                yield Violation("tensor-dtype", f"M x N outputs can't be {node.dtype}", node)
+            if isinstance(node, Reduction) and node.dim is not None and (
+                    type(node.dim) is not int or node.dim not in (0, 1)):
+                yield Violation("reduction-dim", f"reduction dim {node.dim!r} is not 0, 1 or None", node,
+                                hint="dim=1 reduces over N (one value per row), dim=0 over M, None over both")
         else:
-            raise fail(f"unknown node kind {type(node).__name__}", node)
+            yield Violation("inputs-are-leaves", f"unknown node kind {type(node).__name__}", node)
 
-    if not graph.outputs:
-        raise fail("the epilogue has no outputs")
-    if arch == "sm90" and not any(isinstance(o, Store) for o in graph.outputs):
-        raise fail("on sm90 the collective epilogue stores D: the epilogue needs at least one M x N output")
+
+def _as_f32(v: float) -> float:
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))
+
+
+def _compute_violations(node: Compute) -> Iterator[Violation]:
+    op = ops.OPS.get(node.op)
+    if op is None:
+        yield Violation("known-op", f"unknown op '{node.op}'", node, hint=f"known ops: {', '.join(sorted(ops.OPS))}")
+        return
+    if len(node.args) != op.arity:
+        yield Violation("arity", f"op '{node.op}' takes {op.arity} operands, got {len(node.args)}", node)
+    if node.op == "convert":
+        if node.dtype not in dtypes.TENSOR_DTYPES:
+            yield Violation("convert-target", f"can't convert to {node.dtype}", node)
+    elif node.dtype is not dtypes.f32:
+        yield Violation("compute-f32", f"'{node.op}' computes in f32, not {node.dtype}", node)
+    if node.op == "pow" and len(node.args) == 2 and not isinstance(node.args[1], Immediate):
+        yield Violation("pow-exponent", "pow needs a constant exponent", node,
+                        hint="write the exponent as a number, or use exp(y * log(x))")
+
+
+def format_violation(graph: Graph, v: Violation, *, after: str | None = None) -> str:
+    """The message of ``v``: ``after pass '<name>': `` when a pass broke it, and the IR window
+    around its node when the node is part of the text form."""
+    text = f"after pass '{after}': {v.message}" if after else v.message
+    if v.node is not None:
+        try:
+            w = window(graph, v.node)
+        except Exception:  # the graph is broken enough that it can't be printed
+            w = ""
+        if w:
+            text += "\n" + w
+    return text
+
+
+def verify(graph: Graph, arch: str | None = None, *, after: str | None = None) -> None:
+    """Check the invariants of ``graph`` (:data:`RULES`).
+
+    Args:
+        graph: the graph to check.
+        arch: deprecated and ignored: the IR knows no target; the per-arch rules are
+            :func:`evtc.passes.legalize.legalize`'s (``evtc.passes.run(graph, arch)`` runs them).
+        after: the name of the pass that produced ``graph``, named in the error.
+
+    Raises:
+        IRVerificationError: the first broken invariant, with an IR window around the node and
+            the node's location.
+
+    Example::
+
+        verify(evtc.parse_ir(text))     # raises for a compute that isn't f32, an undeclared leaf...
+    """
+    if arch is not None:
+        warnings.warn("evtc.ir.verify(graph, arch): the arch rules moved to evtc.passes.legalize; "
+                      "arch is ignored", DeprecationWarning, stacklevel=2)
+    for v in violations(graph):
+        raise IRVerificationError(format_violation(graph, v, after=after),
+                                  loc=getattr(v.node, "loc", None), epilogue=graph.name, hint=None)

@@ -1,116 +1,99 @@
 """Passes over the epilogue graph, one file each, and the manager that runs them.
 
-Input: a Graph from a frontend. Output: a Graph ready for planning.
+Input: a Graph from a frontend. Output: a Graph ready for lowering to the visitor tree.
 
-The pipeline, in order (each pass's docstring states what it requires and guarantees):
+Every pass is a function ``Graph -> PassResult(graph, changed)`` (:mod:`evtc.passes.manager`)
+whose module docstring states what it requires, ensures and preserves. The pipeline, in order:
 
-==============  ==============================================  ====================
-pass            does                                            requires
-==============  ==============================================  ====================
-propagate       checks dtype and broadcast rules                -
-fold            folds all-constant computes                     propagate
-simplify        local rewrite rules, sympy on arithmetic trees  fold
-lower           pow special cases; checks every op has a        fold
-                functor
-cse             commutative operand order, merges duplicates    -
-dce             keeps only what the outputs reach               -
-legalize        per-arch rules                                  propagate
-==============  ==============================================  ====================
+============  ===================================================  ===========  ==================
+pass          does                                                 requires     ensures (checked)
+============  ===================================================  ===========  ==================
+propagate     the IR's rules on the user's graph, located errors   -            -
+fold          folds all-constant computes; refuses f32 overflow    propagate    no constant compute
+simplify      local algebra rules (``IDENTITIES``, named rows)     fold         no rule matches
+canonicalize  sympy canonical form of arithmetic trees             simplify     no rule matches
+fuse          ``store(convert(x))``, ``a*b+c -> multiply_add``     canonicalize no rule matches
+lower         ``pow`` special cases; every op has a functor        fold         no rule matches
+cse           commutative operand order, merges duplicates         -            no duplicates
+dce           keeps only what the outputs reach                    -            -
+legalize      the target's rules (given an arch)                   propagate    -
+============  ===================================================  ===========  ==================
+
+``propagate`` and ``legalize`` always run (the rules a user can break hold without a debug
+flag); with verification on (NOTE [Verification setting] in :mod:`evtc.passes.manager`:
+``EVTC_VERIFY=1``, ``EVTC_DEBUG=1`` or ``verify=True``) the manager also runs the IR verifier
+and each pass's ``ensures`` after every pass. Only legalize knows the target: the pipeline for
+an arch binds its rules (:func:`pipeline`).
 
 The next stage, :mod:`evtc.lower` (the graph -> CUTLASS's visitor tree), runs inside the
 planner, which first decides which output takes the D slot.
 
-With ``verify=True`` (the default under pytest, or with ``EVTC_VERIFY=1``) the manager runs the
-IR verifier after every pass; a failure names the pass and the ones before it.
+Example::
+
+    g = evtc.passes.run(bias_relu.trace(), "sm90")                  # Graph
+    result = evtc.passes.PassManager(evtc.passes.pipeline("sm90"))(graph)
+    result.graph, result.changed                                     # PassResult
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import sys
-from typing import Callable
-
-from evtc.errors import IRVerificationError
 from evtc.ir.graph import Graph
-from evtc.ir.verify import verify as verify_graph
-from evtc.passes.cse import cse
-from evtc.passes.dce import dce
-from evtc.passes.fold import fold
-from evtc.passes.legalize import legalize
-from evtc.passes.lower import lower
-from evtc.passes.propagate import propagate
-from evtc.passes.simplify import simplify
+from evtc.passes.canonicalize import CANONICALIZE, canonicalize
+from evtc.passes.cse import CSE, cse
+from evtc.passes.dce import DCE, dce
+from evtc.passes.fold import FOLD, fold
+from evtc.passes.fuse import FUSE, fuse
+from evtc.passes.legalize import ARCH_RULES, legalize, legalize_pass
+from evtc.passes.lower import LOWER, lower
+from evtc.passes.manager import Pass, PassManager, PassResult, verification_enabled
+from evtc.passes.propagate import PROPAGATE, propagate
+from evtc.passes.simplify import SIMPLIFY, simplify
+
+__all__ = [
+    "ARCH_RULES", "PIPELINE", "Pass", "PassManager", "PassResult", "canonicalize", "cse", "dce", "fold", "fuse",
+    "legalize", "lower", "pipeline", "propagate", "run", "simplify", "verification_enabled",
+]
+
+#: the target-independent passes, in order (:func:`pipeline` appends legalize for an arch)
+PIPELINE: tuple[Pass, ...] = (PROPAGATE, FOLD, SIMPLIFY, CANONICALIZE, FUSE, LOWER, CSE, DCE)
 
 
-@dataclasses.dataclass(frozen=True)
-class Pass:
-    name: str
-    fn: Callable[[Graph, str | None], Graph]
-    requires: tuple[str, ...] = ()
+def pipeline(arch: str | None) -> tuple[Pass, ...]:
+    """The passes for ``arch``: :data:`PIPELINE`, then legalize with the arch's rules.
 
+    Args:
+        arch: ``"sm90"``, ``"sm80"``, or None for no target (the IR as the frontends see it,
+            e.g. for printing; nothing arch-specific is checked).
 
-PIPELINE: tuple[Pass, ...] = (
-    Pass("propagate", propagate),
-    Pass("fold", fold, ("propagate",)),
-    Pass("simplify", simplify, ("fold",)),
-    Pass("lower", lower, ("fold",)),
-    Pass("cse", cse),
-    Pass("dce", dce),
-    Pass("legalize", legalize, ("propagate",)),
-)
-
-
-def _check_order(pipeline: tuple[Pass, ...]) -> None:
-    seen: set[str] = set()
-    for p in pipeline:
-        missing = [r for r in p.requires if r not in seen]
-        if missing:
-            raise AssertionError(f"pass '{p.name}' requires {missing} to run before it")
-        seen.add(p.name)
-
-
-_check_order(PIPELINE)
-
-
-def _verify_default() -> bool:
-    return os.environ.get("EVTC_VERIFY", "") == "1" or "pytest" in sys.modules
+    Raises:
+        ConfigError: an unknown arch.
+    """
+    if arch is None:
+        return PIPELINE
+    return PIPELINE + (legalize_pass(arch),)
 
 
 def run(graph: Graph, arch: str | None = None, *, verify: bool | None = None,
-        pipeline: tuple[Pass, ...] = PIPELINE) -> Graph:
+        pipeline: tuple[Pass, ...] | None = None) -> Graph:
     """Run the pass pipeline on ``graph``.
 
     Args:
-        graph: a Graph from a frontend.
-        arch: ``"sm90"``/``"sm80"`` for legalization; None skips the arch rules.
-        verify: run the verifier after every pass (default: under pytest or EVTC_VERIFY=1).
-        pipeline: the passes to run (default :data:`PIPELINE`).
+        graph: a Graph from a frontend (or built by hand).
+        arch: ``"sm90"``/``"sm80"``, whose rules legalize checks; None skips them.
+        verify: run the verifier and each pass's ``ensures`` after every pass; None reads the
+            setting (``EVTC_VERIFY``, ``EVTC_DEBUG``; see :mod:`evtc.passes.manager`).
+        pipeline: the passes to run instead of ``pipeline(arch)``.
 
     Returns:
-        The simplified, legalized Graph.
+        The simplified, legalized Graph (:class:`PassManager` gives the :class:`PassResult`).
 
     Raises:
-        EvtcError subclasses from the passes (located at the user's line), or
-        IRVerificationError naming the pass that broke an invariant.
+        EvtcError subclasses from the passes, located at the user's line (type, constant
+        folding, legalization); IRVerificationError naming the pass that broke an invariant;
+        PassError for an internal failure inside a pass, naming it.
     """
-    if verify is None:
-        verify = _verify_default()
-    if verify:
-        verify_graph(graph)
-    done: list[str] = []
-    for p in pipeline:
-        graph = p.fn(graph, arch)
-        done.append(p.name)
-        if verify:
-            try:
-                verify_graph(graph, after=p.name)
-            except IRVerificationError as e:
-                e.message += f" (passes run: {', '.join(done)})"
-                raise
-    if arch is not None and verify:
-        verify_graph(graph, arch)
-    return graph
+    passes = _pipeline_for(arch) if pipeline is None else pipeline
+    return PassManager(passes, verify=verify)(graph).graph
 
 
-__all__ = ["PIPELINE", "Pass", "cse", "dce", "fold", "legalize", "lower", "propagate", "run", "simplify"]
+_pipeline_for = pipeline

@@ -1,47 +1,51 @@
-"""Dtype and broadcast propagation.
+"""Dtype and broadcast checking of the user's graph: the IR's rules, enforced always.
 
-Input: a Graph from a frontend. Output: the same Graph, with every node's dtype and broadcast
-class checked against the op table's rules, or a located :class:`EpilogueTypeError`.
+Input: a Graph from a frontend (or built by hand). Output: the same Graph, or a located error.
 
-Rules: computes take operands of any float dtype and produce f32 (the compute type) except
-``convert``, which produces its target dtype; an output's value must vary along M and N (an
-M x N store or reduction of a vector is an error: broadcast it against ``acc`` first); the
-exponent of ``pow`` must be a constant; the condition of ``where`` may have any broadcast class.
-The broadcast class of a compute is the join of its operands' (a property of the node, so
-"propagation" here is checking that every join is legal).
+The rules are the IR verifier's (:data:`evtc.ir.verify.RULES`, stated there once): computes
+take operands of any dtype and produce f32 (the compute type) except ``convert``, which produces
+its target dtype; ``pow``'s exponent is a constant; every output's value varies along M and N
+(its broadcast class, the join of its operands', is M x N); names are unique; every leaf is
+declared. This pass runs first in every pipeline, whatever the verification setting, and raises
+the first violation as the rule's user error class (:class:`~evtc.errors.EpilogueTypeError`
+for types and broadcasts, :class:`~evtc.errors.UnsupportedOpError` for an unknown op,
+:class:`~evtc.errors.IRVerificationError` for a malformed hand-built graph), located at the
+node's line, with the IR around it when the node has no line.
 
-Requires: nothing. Guarantees: dtypes and broadcast classes are consistent. Preserves: all.
+Requires: nothing. Ensures: the graph satisfies every rule of :data:`evtc.ir.verify.RULES`.
+Preserves: all (it changes nothing).
 """
 
 from __future__ import annotations
 
-from evtc import dtypes, ops
-from evtc.errors import EpilogueTypeError
+from evtc.errors import IRVerificationError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import Bcast, Compute, Immediate, Output
+from evtc.ir.verify import format_violation, violations
+from evtc.passes.manager import Pass, PassResult
+
+__all__ = ["PROPAGATE", "propagate"]
 
 
-def propagate(graph: Graph, arch: str | None = None) -> Graph:
-    for node in graph.nodes:
-        if isinstance(node, Compute):
-            op = ops.get(node.op)
-            if len(node.args) != op.arity:
-                raise EpilogueTypeError(f"{node.op} takes {op.arity} operands, got {len(node.args)}",
-                                        loc=node.loc, epilogue=graph.name)
-            if node.op == "pow" and not isinstance(node.args[1], Immediate):
-                raise EpilogueTypeError("pow needs a constant exponent", loc=node.loc, epilogue=graph.name,
-                                        hint="write the exponent as a number, or use exp(y * log(x))")
-            if node.op == "convert" and node.dtype not in dtypes.TENSOR_DTYPES:
-                raise EpilogueTypeError(f"can't convert to {node.dtype}", loc=node.loc, epilogue=graph.name)
-            if node.op != "convert" and node.dtype is not dtypes.f32:
-                raise EpilogueTypeError(f"{node.op} computes in f32, not {node.dtype}", loc=node.loc,
-                                        epilogue=graph.name)
-        elif isinstance(node, Output):
-            if node.value is None or node.value.bcast is not Bcast.MN:
-                got = node.value.bcast.value if node.value is not None else "nothing"
-                raise EpilogueTypeError(
-                    f"output '{node.name}' needs an M x N value, got a {got} value",
-                    loc=node.loc, epilogue=graph.name,
-                    hint="combine it with acc, C or an M x N input first",
-                )
-    return graph
+def propagate(graph: Graph) -> PassResult:
+    """Check ``graph`` against the IR's rules, raising the first violation as a user error.
+
+    Args:
+        graph: a Graph from a frontend or built by hand.
+
+    Returns:
+        ``graph`` unchanged.
+
+    Raises:
+        EpilogueTypeError: a dtype or broadcast rule is broken (e.g. an output that is a vector).
+        UnsupportedOpError: a compute names an op that isn't in the op table.
+        IRVerificationError: the graph is malformed (an undeclared leaf, a cycle, duplicate names).
+    """
+    for v in violations(graph):
+        cls = v.user_error
+        located = v.node is not None and v.node.loc is not None
+        message = v.message if located and cls is not IRVerificationError else format_violation(graph, v)
+        raise cls(message, loc=v.node.loc if v.node is not None else graph.loc, epilogue=graph.name, hint=v.hint)
+    return PassResult(graph, False)
+
+
+PROPAGATE = Pass("propagate", propagate)
