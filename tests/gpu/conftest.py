@@ -12,12 +12,14 @@ _ERRORS: list[dict] = []
 
 @pytest.fixture
 def record_errors(request):
-    """``record_errors(errs)`` keeps ``check``'s {output: (relative error, bound)} for the report
-    that ``EVTC_ERROR_REPORT=path.json`` asks for (the issues' closing notes quote it)."""
+    """``record_errors(results, shape=None)`` keeps ``evtc.testing.check``'s {output: OutputCheck}
+    for the report that ``EVTC_ERROR_REPORT=path.json`` asks for (the issues' closing notes
+    quote it): per output its verdict, bad elements, worst element (index, got, expected, ulps,
+    allowed ulps), largest ulps and the norm-wide relative error."""
 
-    def record(errs: dict) -> None:
-        for out, (err, tol) in errs.items():
-            _ERRORS.append({"test": request.node.nodeid, "output": out, "rel_err": float(err), "bound": float(tol)})
+    def record(results: dict, shape=None) -> None:
+        for res in results.values():
+            _ERRORS.append({"test": request.node.nodeid, "shape": list(shape) if shape else None, **res.to_json()})
 
     return record
 
