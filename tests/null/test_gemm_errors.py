@@ -29,36 +29,36 @@ def _bias_relu():
 
 # (id, Gemm keyword arguments, text the message must contain, xfail today)
 BAD_CONFIGS = [
-    ("tile-float", dict(config=GemmConfig(tile=(128.0, 256, 64))), "tile", True),
-    ("tile-two-values", dict(config=GemmConfig(tile=(128, 256))), "tile", True),
-    ("tile-negative", dict(config=GemmConfig(tile=(-128, 256, 64))), "tile", True),
-    ("tile-string", dict(config=GemmConfig(tile="128x256x64")), "tile", True),
-    ("cluster-float", dict(config=GemmConfig(cluster=(2.0, 1, 1))), "cluster", True),
-    ("stages-fraction", dict(config=GemmConfig(stages=2.5)), "stages", True),
-    ("stages-string", dict(config={"stages": "4"}), "stages", True),
+    ("tile-float", dict(config=GemmConfig(tile=(128.0, 256, 64))), "tile", False),
+    ("tile-two-values", dict(config=GemmConfig(tile=(128, 256))), "tile", False),
+    ("tile-negative", dict(config=GemmConfig(tile=(-128, 256, 64))), "tile", False),
+    ("tile-string", dict(config=GemmConfig(tile="128x256x64")), "tile", False),
+    ("cluster-float", dict(config=GemmConfig(cluster=(2.0, 1, 1))), "cluster", False),
+    ("stages-fraction", dict(config=GemmConfig(stages=2.5)), "stages", False),
+    ("stages-string", dict(config={"stages": "4"}), "stages", False),
     ("stages-zero", dict(config=GemmConfig(stages=0)), "stages", False),
-    ("epilogue-tile-three-values", dict(config=GemmConfig(epilogue_tile=(128, 64, 1))), "epilogue", True),
-    ("epilogue-tile-float", dict(config=GemmConfig(epilogue_tile=(128.0, 64))), "epilogue", True),
+    ("epilogue-tile-three-values", dict(config=GemmConfig(epilogue_tile=(128, 64, 1))), "epilogue", False),
+    ("epilogue-tile-float", dict(config=GemmConfig(epilogue_tile=(128.0, 64))), "epilogue", False),
     ("fast-accum-string", dict(a=e4m3, b=e4m3, d=e4m3, config=GemmConfig(tile=(128, 256, 128), fast_accum="yes")),
-     "fast_accum", True),
+     "fast_accum", False),
     ("swizzle-fraction", dict(config=GemmConfig(swizzle=1.5)), "swizzle", False),
-    ("config-int", dict(config=42), "config", True),
-    ("config-list", dict(config=[128, 256, 64]), "config", True),
-    ("config-json-string", dict(config='{"tile": [128, 256, 64]}'), "config", True),
-    ("config-key-typo", dict(config={"tiles": (128, 128, 64)}), "tiles", True),
-    ("config-value-wrong", dict(config={"tile": "x"}), "tile", True),
+    ("config-int", dict(config=42), "config", False),
+    ("config-list", dict(config=[128, 256, 64]), "config", False),
+    ("config-json-string", dict(config='{"tile": [128, 256, 64]}'), "config", False),
+    ("config-key-typo", dict(config={"tiles": (128, 128, 64)}), "tiles", False),
+    ("config-value-wrong", dict(config={"tile": "x"}), "tile", False),
     ("plan-rank-string", dict(plan_rank="a"), "plan_rank", False),
     ("plan-rank-negative", dict(plan_rank=-1), "plan_rank", False),
     ("plan-rank-fraction", dict(plan_rank=1.5), "plan_rank", False),
-    ("mixed-16-bit-operands", dict(a=f16, b=bf16), "bf16", True),
-    ("mixed-16-bit-operands-sm80", dict(a=bf16, b=f16, arch="sm80", config=GemmConfig(**SM80)), "f16", True),
-    ("sm80-epilogue-tile", dict(arch="sm80", config=GemmConfig(**SM80, epilogue_tile=(128, 64))), "epilogue_tile", True),
-    ("sm80-fast-accum", dict(arch="sm80", config=GemmConfig(**SM80, fast_accum=True)), "fast_accum", True),
+    ("mixed-16-bit-operands", dict(a=f16, b=bf16), "bf16", False),
+    ("mixed-16-bit-operands-sm80", dict(a=bf16, b=f16, arch="sm80", config=GemmConfig(**SM80)), "f16", False),
+    ("sm80-epilogue-tile", dict(arch="sm80", config=GemmConfig(**SM80, epilogue_tile=(128, 64))), "epilogue_tile", False),
+    ("sm80-fast-accum", dict(arch="sm80", config=GemmConfig(**SM80, fast_accum=True)), "fast_accum", False),
     ("sm80-pingpong", dict(arch="sm80", config=GemmConfig(**{**SM80, "schedule": "pingpong"})), "schedule", True),
     ("sm80-cluster", dict(arch="sm80", config=GemmConfig(**{**SM80, "cluster": (1, 2, 1)})), "cluster", True),
-    ("sm80-stages-zero", dict(arch="sm80", config=GemmConfig(**{**SM80, "stages": 0})), "stages", True),
+    ("sm80-stages-zero", dict(arch="sm80", config=GemmConfig(**{**SM80, "stages": 0})), "stages", False),
     ("sm80-raster", dict(arch="sm80", config=GemmConfig(**SM80, raster="along_m")), "raster", False),
-    ("sm90-warp-tile", dict(config=GemmConfig(warp_tile=(64, 64, 32))), "warp_tile", True),
+    ("sm90-warp-tile", dict(config=GemmConfig(warp_tile=(64, 64, 32))), "warp_tile", False),
     ("arch-unknown", dict(arch="sm100"), "sm100", False),
     ("operand-e5m2", dict(a=e5m2), "e5m2", False),
     ("operand-fp8-on-sm80", dict(a=e4m3, b=e4m3, arch="sm80"), "e4m3", False),
@@ -76,14 +76,12 @@ def test_a_bad_argument_raises_an_evtc_error_naming_it(kw, named):
     assert named in str(info.value)
 
 
-@pytest.mark.parametrize("field,value", [pytest.param("tiles", [128, 128, 64], marks=LEAD),
-                                         pytest.param("stage", 3, marks=LEAD)])
+@pytest.mark.parametrize("field,value", [("tiles", [128, 128, 64]), ("stage", 3)])
 def test_config_json_with_an_unknown_key_is_refused(field, value):
     with pytest.raises(evtc.ConfigError, match=field):
         GemmConfig.from_json({field: value})
 
 
-@LEAD
 def test_config_json_that_is_not_json_is_a_config_error():
     with pytest.raises(evtc.ConfigError):
         GemmConfig.from_json("{tile: 128")
