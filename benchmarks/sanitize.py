@@ -45,7 +45,7 @@ REFERENCE = ["linear_combination", "bias_relu", "gelu_aux", "dgelu_bgrad", "resi
 MARK = "EVTC-SANITIZE"
 SANITIZER_FLAGS = {
     "memcheck": ["--leak-check", "no", "--report-api-errors", "no"],
-    "racecheck": ["--racecheck-report", "analysis"],
+    "racecheck": [],
     "synccheck": [],
 }
 
