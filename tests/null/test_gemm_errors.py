@@ -7,7 +7,7 @@ an unexpected pass fails the run, so a fix can't go unnoticed).
 """
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import evtc
@@ -143,27 +143,32 @@ def test_good_configurations_are_still_accepted(kw):
 
 # ---- all of it at once, at random -----------------------------------------------------------------
 
-_VALID_CONFIGS = [None, GemmConfig(), GemmConfig(tile=(128, 128, 64), stages=4), GemmConfig(schedule="pingpong",
-                  tile=(128, 192, 64)), {"tile": [256, 128, 64]}, GemmConfig(**SM80), {**SM80, "scheduler": "streamk"}]
+_VALID_CONFIGS_SM90 = [None, GemmConfig(), GemmConfig(tile=(128, 128, 64), stages=4),
+                       GemmConfig(schedule="pingpong", tile=(128, 192, 64)), {"tile": [256, 128, 64]}]
+_VALID_CONFIGS_SM80 = [None, GemmConfig(**SM80), {**SM80, "scheduler": "streamk"}]
+_VALID_CONFIGS = _VALID_CONFIGS_SM90 + _VALID_CONFIGS_SM80
 _HANDLED_BAD_CONFIGS = [kw["config"] for i, kw, _, xf in BAD_CONFIGS if "config" in kw and not xf]
 _UNHANDLED_BAD_CONFIGS = [kw["config"] for i, kw, _, xf in BAD_CONFIGS if "config" in kw and xf]
 _HANDLED_BAD_EPILOGUES = [src for _, src, why in BAD_EPILOGUES if why is None]
 _UNHANDLED_BAD_EPILOGUES = [src for _, src, why in BAD_EPILOGUES if why is not None]
-_DTYPES = [bf16, f16, e4m3, e5m2, f32, "bf16", "float16", "bogus", 3]
+_DTYPES = [bf16, bf16, f16, e4m3, e5m2, f32, "bf16", "float16", "bogus", 3]
 
 
 @st.composite
-def gemm_requests(draw, configs, epilogues):
-    if draw(st.booleans()):
-        ep = draw(S.random_epilogues(max_ops=6))
-    else:
-        ep = _compile(draw(st.sampled_from(epilogues)))
-    kw = {"arch": draw(st.sampled_from(["sm90", "sm80", "sm100"])),
-          "config": draw(st.sampled_from(configs)),
-          "plan_rank": draw(st.sampled_from([0, 0, 1, -1, "a", 2.5])),
-          "plan": draw(st.sampled_from(["evtc", "evtc", "cutlass", "bogus", {"stages_c": 2}, {"c_slot": "nope"}]))}
-    for name in ("a", "b", "c", "d"):
-        if draw(st.booleans()):
+def gemm_requests(draw, configs, epilogues, ranks=(1, 2)):
+    """(epilogue, Gemm keyword arguments): each argument valid about three times in four."""
+    def bad(n=4):  # Hypothesis favours small integers: the rare choice is the large one
+        return draw(st.integers(0, 99)) >= 100 - 100 // n
+
+    ep = _compile(draw(st.sampled_from(epilogues))) if bad() else draw(S.random_epilogues(max_ops=6))
+    arch = ("sm100" if bad(8) else "sm80") if bad(2) else "sm90"
+    valid = _VALID_CONFIGS_SM80 if arch == "sm80" else _VALID_CONFIGS_SM90
+    kw = {"arch": arch,
+          "config": draw(st.sampled_from(configs if bad() else valid)),
+          "plan_rank": draw(st.sampled_from(ranks)) if bad() else 0,
+          "plan": draw(st.sampled_from(["cutlass", "bogus", {"stages_c": 2}, {"c_slot": "nope"}])) if bad() else "evtc"}
+    for name in ("a", "b", "c", "d"):  # mostly the defaults, sometimes a bad or unusual one
+        if bad(8):
             kw[name] = draw(st.sampled_from(_DTYPES))
     return ep, kw
 
@@ -172,8 +177,12 @@ def _only_evtc_errors(req):
     ep, kw = req
     try:
         evtc.Gemm(ep, **kw)
+        _ACCEPTED.append(1)
     except evtc.EvtcError:
-        pass
+        _ACCEPTED.append(0)
+
+
+_ACCEPTED: list[int] = []
 
 
 _SETTINGS = settings(max_examples=60, derandomize=True, database=None, deadline=None,
@@ -184,15 +193,23 @@ _SETTINGS = settings(max_examples=60, derandomize=True, database=None, deadline=
 @given(gemm_requests(_VALID_CONFIGS + _HANDLED_BAD_CONFIGS, _HANDLED_BAD_EPILOGUES))
 def test_gemm_raises_only_evtc_errors(req):
     """Random epilogues (valid and invalid), dtypes, archs, configs, plans and plan ranks: Gemm
-    either accepts them or raises an EvtcError subclass. Without the inputs that escape today
-    (the test below)."""
+    either accepts them or raises an EvtcError subclass. Without the inputs that escape on this
+    branch (the test below; bad plan ranks are validated on main since 216c33c)."""
     _only_evtc_errors(req)
 
 
 @pytest.mark.xfail(strict=True, reason="lead: config validation; frontend/passes: the epilogues marked above")
-@_SETTINGS
+@settings(_SETTINGS, phases=[Phase.generate])  # an expected failure: no shrinking
 @given(gemm_requests(_VALID_CONFIGS + _HANDLED_BAD_CONFIGS + _UNHANDLED_BAD_CONFIGS,
-                     _HANDLED_BAD_EPILOGUES + _UNHANDLED_BAD_EPILOGUES))
+                     _HANDLED_BAD_EPILOGUES + _UNHANDLED_BAD_EPILOGUES, ranks=(1, 2, -1, "a", 2.5)))
 def test_gemm_raises_only_evtc_errors_on_every_input(req):
     """The property above over every bad input of this file, those that escape today included."""
     _only_evtc_errors(req)
+
+
+def test_the_property_tests_accept_some_requests():
+    """The random requests above are not all rejected up front (a property over errors alone
+    would then test little): run after them, a good share of the requests built a Gemm."""
+    if len(_ACCEPTED) < 30:
+        test_gemm_raises_only_evtc_errors()
+    assert sum(_ACCEPTED) >= 0.2 * len(_ACCEPTED), f"{sum(_ACCEPTED)} of {len(_ACCEPTED)} accepted"
