@@ -47,7 +47,7 @@ def test_fuzz_epilogues_are_distinct_and_named_by_seed():
 
 def test_fuzz_epilogues_cover_the_language():
     """Every node kind, op and output dtype the generator can draw appears in the sm90 list."""
-    from evtc.ir.nodes import ColBroadcast, Reduction, RowBroadcast, ScalarBroadcast, Store
+    from evtc.ir.nodes import Reduction, ScalarBroadcast, Store
 
     kinds, ops_, dts, dims = set(), set(), set(), set()
     for _, ep in S.fuzz_epilogues("sm90"):
