@@ -8,12 +8,13 @@
 #   # on the GPU machine, from the project root:
 #   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock runtime host
 #
-# Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests, random epilogues
-# excepted), random (those too), sm80 (sm80:EXPR: pytest -k EXPR), explore, bias_relu
-# (bias_relu:JSON: a GemmConfig instead of the default; a repeated stage writes name.2.json...),
-# planner (many_aux), plan_vs_stock (the plans that differ from stock's), runtime (the run-time checks
-# and CUDA-graph GPU tests; prebuild group runtime), host (host time per call, bench_host.py;
-# prebuild group host).
+# Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests), random (the sm90 GPU
+# fuzz, tests/gpu/test_fuzz.py; random:EXPR: pytest -k EXPR as well), random80 (the sm80 fuzz),
+# sm80 (sm80:EXPR: pytest -k EXPR), sanitize (compute-sanitizer, benchmarks/sanitize.py), explore,
+# bias_relu (bias_relu:JSON: a GemmConfig instead of the default; a repeated stage writes
+# name.2.json...), planner (many_aux), plan_vs_stock (the plans that differ from stock's), runtime
+# (the run-time checks and CUDA-graph GPU tests; prebuild group runtime), host (host time per
+# call, bench_host.py; prebuild group host).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
@@ -26,8 +27,12 @@ for stage in "$@"; do
   case $stage in
     demo)   python3 -m evtc demo --out-dir "$out/demo" 2>&1 | tee "$out/demo.log" | tail -12 ;;
     tests)  EVTC_ERROR_REPORT=$out/errors_sm90.json python3 -m pytest -q -m gpu tests/gpu/test_sm90_reference.py \
-              tests/gpu/test_sm90_language.py tests/gpu/test_sm90_planner.py -k "not random" 2>&1 | tee "$out/tests.log" | tail -25 ;;
-    random) python3 -m pytest -q -m gpu tests/gpu/test_sm90_language.py -k random 2>&1 | tee "$out/random.log" | tail -5 ;;
+              tests/gpu/test_sm90_language.py tests/gpu/test_sm90_planner.py 2>&1 | tee "$out/tests.log" | tail -25 ;;
+    random|random:*|random80)  # the fuzz kernels travel prebuilt: prebuild.py random:0-99 random:100-199 random80
+            arch=sm90; [ "$stage" = random80 ] && arch=sm80; sel="$arch"; [ "${stage#random:}" != "$stage" ] && sel="$arch and (${stage#random:})"
+            EVTC_ERROR_REPORT=$out/errors_${stage%%:*}.json python3 -m pytest -q -m gpu tests/gpu/test_fuzz.py -k "$sel" 2>&1 \
+              | tee "$out/${stage%%:*}.log" | tail -8 ;;
+    sanitize)       python3 benchmarks/sanitize.py --json "$out/sanitize.json" 2>&1 | tee "$out/sanitize.log" | tail -60 ;;
     sm80|sm80:*)  # sm80:EXPR runs the tests that pytest's -k EXPR selects
             sel=(); [ "$stage" != sm80 ] && sel=(-k "${stage#sm80:}")
             EVTC_ERROR_REPORT=$out/errors_sm80.json python3 -m pytest -q -m gpu tests/gpu/test_sm80_reference.py "${sel[@]}" \

@@ -5,7 +5,12 @@ on the GPU machine: its 16 cores build in about the time one build takes here).
 
 A group takes an argument after a colon: ``planner:NAME`` builds only that epilogue's kernels
 of bench_planner.py (its ``--only NAME``), ``plan_vs_stock:differing`` only the epilogues whose
-evtc plan differs from stock's (bench_plan_vs_stock.py's ``--differing``).
+evtc plan differs from stock's (bench_plan_vs_stock.py's ``--differing``), ``random:0-99`` and
+``random80:0-24`` a chunk of the GPU fuzz's epilogues (by index, both ends included), so that
+several machines or processes can build the 250 fuzz kernels in parallel:
+
+    python benchmarks/prebuild.py random:0-99 &  python benchmarks/prebuild.py random:100-199 &
+    python benchmarks/prebuild.py random80 &  wait
 """
 
 from __future__ import annotations
@@ -35,14 +40,34 @@ def test_gemms():
     return out
 
 
-def random_gemms():
-    """The sm90 GPU tests' Hypothesis-generated epilogues (they differ between Python versions:
-    build them where the tests run)."""
+def _fuzz_gemms(arch: str, chunk: str | None):
     sys.path.insert(0, str(common.ROOT / "tests"))
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
-    import test_sm90_language as lang
+    import strategies as S
+    import test_fuzz
 
-    return [evtc.Gemm(e, a=bf16, b=bf16, d=bf16) for e in lang.random_epilogues()]
+    n = S.FUZZ_COUNT[arch]
+    lo, hi = 0, n - 1
+    if chunk:
+        try:
+            lo, _, hi = chunk.partition("-")
+            lo, hi = int(lo), int(hi or lo)
+        except ValueError:
+            raise SystemExit(f"fuzz chunk '{chunk}': expected FIRST-LAST indices, e.g. 0-99") from None
+        if not 0 <= lo <= hi < n:
+            raise SystemExit(f"fuzz chunk '{chunk}': indices run from 0 to {n - 1}")
+    return [test_fuzz.fuzz_gemm(arch, ep) for _, ep in S.fuzz_epilogues(arch, hi + 1)[lo:]]
+
+
+def random_gemms(chunk=None):
+    """The sm90 GPU fuzz's kernels (tests/gpu/test_fuzz.py), ``random:FIRST-LAST`` a chunk of
+    them. The epilogues come from fixed seeds: the same on every Python version."""
+    return _fuzz_gemms("sm90", chunk)
+
+
+def random80_gemms(chunk=None):
+    """The sm80 GPU fuzz's kernels, ``random80:FIRST-LAST`` a chunk of them."""
+    return _fuzz_gemms("sm80", chunk)
 
 
 def explore_gemms(name="bias_relu"):
@@ -75,15 +100,12 @@ def plan_vs_stock_gemms(differing=False):
 
 def sm80_gemms(only=None):
     """Every kernel tests/gpu/test_sm80_reference.py builds (``sm80:NAME``: only the reference
-    epilogue NAME's)."""
+    epilogue NAME's); the sm80 fuzz is ``random80``."""
     sys.path.insert(0, str(common.ROOT / "tests"))
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import test_sm80_reference as T
 
-    if only:
-        return [T.make_gemm(*c) for c in T.CASES if c[0] == only]
-    return [T.make_gemm(*c) for c in T.CASES] + [evtc.Gemm(e, a=bf16, b=bf16, d=bf16, arch="sm80")
-                                                 for e in T.random_epilogues()]
+    return [T.make_gemm(*c) for c in T.CASES if not only or c[0] == only]
 
 
 def runtime_gemms():
@@ -101,7 +123,9 @@ def host_gemms():
     return list(bench_host.gemms().values())
 
 
-GROUPS = {"runtime": runtime_gemms, "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms, "random": random_gemms, "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
+GROUPS = {"runtime": runtime_gemms, "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
+          "random": random_gemms, "random80": random80_gemms,
+          "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
 
 

@@ -23,6 +23,7 @@ from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
 from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS
+from evtc.plan.config import validate as validate_config
 from evtc.plan import plan as make_plan
 from evtc.plan.plan import Plan
 from evtc.ir.printer import print_graph
@@ -108,7 +109,8 @@ class Gemm:
             raise ConfigError(f"A is {self.a.name} and B is {self.b.name}: mixed-width mainloops are not supported")
         if isinstance(config, Mapping):
             config = GemmConfig.from_json(dict(config))
-        self.config = config or default_config(arch, self.a, self.b)
+        self.config = validate_config(default_config(arch, self.a, self.b) if config is None else config,
+                                      arch, self.a, self.b)
         traced = as_graph(epilogue, c=self.c, d=self.d)
         self.name = traced.name
         self.graph = passes.run(traced, arch)

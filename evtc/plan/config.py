@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 
 from evtc.dtypes import DType
 from evtc.errors import ConfigError
@@ -109,14 +110,24 @@ class GemmConfig:
 
     @classmethod
     def from_json(cls, data: dict | str) -> "GemmConfig":
+        """A config from a dict of its fields or their JSON text (lists become tuples).
+
+        Raises:
+            ConfigError: the text is not JSON, not an object, or names an unknown field.
+        """
         if isinstance(data, str):
-            data = json.loads(data)
-        kw = {}
-        for f in dataclasses.fields(cls):
-            if f.name in data:
-                v = data[f.name]
-                kw[f.name] = tuple(v) if isinstance(v, list) else v
-        return cls(**kw)
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"config {data!r} is not JSON: {e}") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config {data!r} is not a dict of GemmConfig fields")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown config field{'s' if len(unknown) > 1 else ''} {unknown}",
+                              hint=f"GemmConfig's fields: {', '.join(known)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def replace(self, **changes) -> "GemmConfig":
         return dataclasses.replace(self, **changes)
@@ -178,6 +189,13 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     """
     if arch not in DEFAULT_SWIZZLE:
         raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
+    if not isinstance(config, GemmConfig):
+        raise ConfigError(f"config = {config!r} is not a GemmConfig",
+                          hint="pass evtc.GemmConfig(...) or a dict of its fields")
+    _check_types(config, arch)
+    if a != b and not (a.is_fp8 and b.is_fp8):
+        raise ConfigError(f"A is {a.name} and B is {b.name}: the tensor core MMAs take two operands of one 16-bit type "
+                          "(no GMMA/mma.sync operator mixes f16 and bf16)", hint="convert one operand")
     if config.swizzle is None:
         default = DEFAULT_SWIZZLE[arch]
         # an unknown sm90 schedule is reported below; its swizzle doesn't matter
@@ -248,9 +266,37 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
             raise ConfigError(f"tile K = {tk}: K x element size must be a multiple of 32 bytes")
         if (tm // wm) * (tn // wn) > 8:
             raise ConfigError("more than 8 warps per threadblock")
-        if not 2 <= (config.stages or 3) <= 8:
+        if config.stages is not None and not 2 <= config.stages <= 8:
             raise ConfigError(f"sm80 stages = {config.stages}: between 2 and 8")
         if config.raster != "heuristic":
             raise ConfigError(f"raster '{config.raster}': sm80's threadblock swizzle has no raster order choice",
                               hint="leave raster='heuristic' on sm80 (it is an sm90 tile scheduler argument)")
     return config
+
+
+def _positive_ints(value, n: int) -> bool:
+    return (isinstance(value, tuple) and len(value) == n
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
+
+
+def _check_types(config: GemmConfig, arch: str) -> None:
+    """Field types, and the fields that only one arch has (``validate``'s first step)."""
+    for name, n in (("tile", 3), ("cluster", 3), ("epilogue_tile", 2), ("warp_tile", 3)):
+        value = getattr(config, name)
+        if (value is not None or name in ("tile", "cluster")) and not _positive_ints(value, n):
+            raise ConfigError(f"{name} = {value!r}: needs a tuple of {n} positive integers")
+    for name in ("stages", "swizzle"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ConfigError(f"{name} = {value!r}: needs a non-negative integer or None")
+    if not isinstance(config.fast_accum, bool):
+        raise ConfigError(f"fast_accum = {config.fast_accum!r}: needs True or False")
+    if arch == "sm90" and config.warp_tile is not None:
+        raise ConfigError(f"warp_tile = {config.warp_tile}: an sm80 field (sm90 kernels have no warp tile)",
+                          hint="leave warp_tile=None on sm90")
+    if arch == "sm80":
+        for name, why in (("epilogue_tile", "sm80's epilogue works on each warp's accumulator fragment"),
+                          ("fast_accum", "sm80 has no fp8 MMA")):
+            if getattr(config, name):
+                raise ConfigError(f"{name} = {getattr(config, name)!r}: an sm90 field ({why})",
+                                  hint=f"leave {name} unset on sm80")

@@ -12,12 +12,20 @@ _ERRORS: list[dict] = []
 
 @pytest.fixture
 def record_errors(request):
-    """``record_errors(errs)`` keeps ``check``'s {output: (relative error, bound)} for the report
-    that ``EVTC_ERROR_REPORT=path.json`` asks for (the issues' closing notes quote it)."""
+    """``record_errors(results, shape=None)`` keeps ``evtc.testing.check``'s {output: OutputCheck}
+    (or {output: (relative error, bound)} from a norm-wide check)
+    for the report that ``EVTC_ERROR_REPORT=path.json`` asks for (the issues' closing notes
+    quote it): per output its verdict, bad elements, worst element (index, got, expected, ulps,
+    allowed ulps), largest ulps and the norm-wide relative error."""
 
-    def record(errs: dict) -> None:
-        for out, (err, tol) in errs.items():
-            _ERRORS.append({"test": request.node.nodeid, "output": out, "rel_err": float(err), "bound": float(tol)})
+    def record(results: dict, shape=None) -> None:
+        for name, res in results.items():
+            if hasattr(res, "to_json"):
+                entry = res.to_json()
+            else:  # an (error, bound) pair of a norm-wide check (tests not yet moved to the oracle)
+                err, bound = res
+                entry = {"output": name, "rel_err": float(err), "bound": float(bound), "ok": bool(err <= bound)}
+            _ERRORS.append({"test": request.node.nodeid, "shape": list(shape) if shape else None, **entry})
 
     return record
 

@@ -1,6 +1,7 @@
 """The planner's own decisions on the H100: every non-stock choice (slot promotion, aux store
 aliasing with evtc::Sm90AliasedAuxStore, register-direct aux tensors and row broadcasts, small
-stage counts, epilogue tiles) checked against the float64 reference, ragged shapes included."""
+stage counts, epilogue tiles) checked element by element against the float64 reference
+(evtc.testing), ragged shapes included."""
 
 import zlib
 
@@ -9,6 +10,8 @@ import pytest
 import evtc
 from evtc import bf16
 from evtc.testing import Problem, check
+
+from conftest_gpu import assert_matches
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +29,6 @@ VARIANTS = [
     ("gelu_aux", {"d_slot": "F"}),
     ("dgelu_bgrad", {"c_slot": "F", "reuse": True}),
 ]
-
 
 
 
@@ -97,10 +99,7 @@ def test_planner_variant(built, variant, shape, record_errors):
         with pytest.raises(evtc.ArgumentError, match="register-direct"):
             check(g, Problem(*shape))
         shape = (shape[0], shape[1] + 1, shape[2], shape[3])  # N = 1032: direct accesses are whole vectors
-    errs = check(g, Problem(*shape), seed=zlib.crc32(f"{variant}{shape}".encode()))
-    record_errors(errs)
-    for out, (err, tol) in errs.items():
-        assert err <= tol, f"{variant} {shape}: {out} relative error {err:.3e} > {tol:.1e}"
+    assert_matches(g, shape, zlib.crc32(f"{variant}{shape}".encode()), f"{name} {fixed}", record_errors)
 
 
 @pytest.mark.parametrize("case", ROW_DIRECT, ids=lambda c: f"{c[0]}-{'-'.join(f'{k}={v}' for k, v in c[1].items()) or 'default'}")
@@ -108,10 +107,7 @@ def test_planner_variant(built, variant, shape, record_errors):
 def test_row_broadcast_direct(built, case, shape, record_errors):
     g = built[(case[0], str(case[1]))]
     assert "evtc::Sm90RowBroadcastDirect" in g.source and not any(b.mode == "smem" for b in g.plan.buffers)
-    errs = check(g, Problem(*shape), seed=zlib.crc32(f"row{case}{shape}".encode()))
-    record_errors(errs)
-    for out, (err, tol) in errs.items():
-        assert err <= tol, f"{case} {shape}: {out} relative error {err:.3e} > {tol:.1e}"
+    assert_matches(g, shape, zlib.crc32(f"row{case}{shape}".encode()), f"{case}", record_errors)
 
 
 @pytest.mark.parametrize("swizzle,raster", [(0, "heuristic"), (3, "along_m"), (2, "along_n"), (1, "heuristic")])
@@ -123,7 +119,5 @@ def test_tile_order_is_a_runtime_argument(swizzle, raster, record_errors):
     g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, config=evtc.GemmConfig(swizzle=swizzle, raster=raster))
     assert g.source == evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16).source
     for shape in [(4096, 4096, 4096, 1), (3000, 1031, 512, 3)]:
-        errs = check(g, Problem(*shape), seed=zlib.crc32(f"order{swizzle}{raster}{shape}".encode()))
-        record_errors(errs)
-        for out, (err, tol) in errs.items():
-            assert err <= tol, f"swizzle {swizzle} {raster} {shape}: {out} relative error {err:.3e} > {tol:.1e}"
+        assert_matches(g, shape, zlib.crc32(f"order{swizzle}{raster}{shape}".encode()), f"swizzle {swizzle} {raster}",
+                       record_errors)
