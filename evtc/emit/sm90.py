@@ -99,10 +99,10 @@ def buffer_probes(plan: Plan) -> list[tuple[str, str]]:
     if plan.c_slot is not None:
         probes.append((SLOT_C, "s.tensors.collective.smem_C"))
     probes.append((SLOT_D, "s.tensors.collective.smem_D"))
-    owners = {b.name for b in plan.buffers if b.bytes > 0}
+    owners = {(b.role, b.name) for b in plan.buffers if b.mode in ("tma", "smem") and b.role not in ("C", "D")}
     for path, t in plan.tree.walk():
         v = t.op
-        if v.name not in owners or v.node is plan.tree.c_input:
+        if (v.role.spec.buffer, v.name) not in owners or v.node is plan.tree.c_input:
             continue
         expr = "s.tensors.thread"
         for i in path:

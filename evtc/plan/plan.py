@@ -110,11 +110,12 @@ class Plan:
         return None
 
     def aux_mode(self, name: str) -> tuple[str, int]:
-        """(mode, stages) of the aux load or store ``name``."""
-        b = self.buffer(name)
-        if b is None:
-            return ("direct", 0)
-        return (b.mode, b.stages)
+        """(mode, stages) of the aux load, aux store or row broadcast ``name`` (not of the
+        collective's C or D slot, which an output of the same name may sit beside)."""
+        for b in self.buffers:
+            if b.name == name and b.role not in ("C", "D"):
+                return (b.mode, b.stages)
+        return ("direct", 0)
 
     def to_json(self) -> dict:
         """A JSON-serialisable dict (the tree is omitted)."""

@@ -87,4 +87,5 @@ def test_every_buffer_is_where_the_plan_says(probes, name):
     for b in p.buffers:  # an aux store sharing an aux load's buffer sits at that buffer
         if b.mode == "shared" and b.role == "aux_store":
             assert b.offset == layout[aux_label(b.shares_with[0])][0]
+    assert layout.pop("sizeof") == [0, p.epilogue_smem_bytes]
     assert set(layout) == seen, f"compiled buffers the plan does not list: {set(layout) - seen}"

@@ -181,11 +181,11 @@ static char const* buffer_layout_json() {
   static char json[256];
   auto const& s = *reinterpret_cast<Storage const*>(raw);
   auto at = [&](auto const& member) { return static_cast<long>(reinterpret_cast<unsigned char const*>(&member) - raw); };
-  snprintf(json, sizeof(json), "{"
+  snprintf(json, sizeof(json), "{\"sizeof\":[0,%zu],"
            "\"slot:C\":[%ld,%zu],"
            "\"slot:D\":[%ld,%zu],"
            "\"row:bias\":[%ld,%zu]"
-           "}",
+           "}", sizeof(Storage),
            at(s.tensors.collective.smem_C), sizeof(s.tensors.collective.smem_C),
            at(s.tensors.collective.smem_D), sizeof(s.tensors.collective.smem_D),
            at(cute::get<0>(cute::get<0>(s.tensors.thread)).smem), sizeof(cute::get<0>(cute::get<0>(s.tensors.thread)).smem));
