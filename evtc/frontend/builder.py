@@ -218,7 +218,8 @@ def is_constant(x: Any) -> bool:
 def short_repr(x: Any, width: int = 40) -> str:
     """``repr(x)`` cut to ``width`` characters; integers too long to print are described."""
     if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 128:
-        return f"an integer of {x.bit_length()} bits (about 10**{int(x.bit_length() * math.log10(2))})"
+        sign = "-" if x < 0 else ""  # (str() of a huge int is slow, and refused beyond 4300 digits)
+        return f"{sign}~10**{round(math.log10(abs(x)))} (an integer of {x.bit_length()} bits)"
     text = repr(x)
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -307,7 +308,7 @@ class IRBuilder:
         problem = name_problem(epilogue)
         if problem is not None:  # (no 'in epilogue <name>': the name can't be printed as it is)
             raise self.dialect.name_error(
-                f"epilogue name {short_repr(epilogue)} {problem}", loc=loc,
+                f"epilogue name {short_repr(epilogue)} {problem}", loc=loc, anchor="names",
                 hint="the name goes into the emitted C++ and file names: use an identifier such as 'bias_relu' "
                      "(ASCII letters, digits, '_')")
         self.epilogue = epilogue
@@ -333,11 +334,11 @@ class IRBuilder:
         if problem is not None:
             self.fail(self.dialect.signature_error, f"parameter name {short_repr(name)} {problem}", loc,
                       hint="parameter names become C++ identifiers and Python keyword arguments: use ASCII "
-                           "letters, digits and '_'")
+                           "letters, digits and '_'", anchor="names")
         why = reserved_parameter(name)
         if why is not None:
             self.fail(self.dialect.signature_error, f"a parameter can't be named '{name}': {why}", loc,
-                      hint="rename the parameter")
+                      hint="rename the parameter", anchor="names")
 
     def check_output_name(self, name: Any, loc: SourceLoc | None) -> None:
         """Check that an output may be called ``name``: an identifier that can reach C++, not
@@ -349,11 +350,11 @@ class IRBuilder:
         cls, anchor = self.dialect.output_error, self.dialect.output_anchor
         problem = name_problem(name)
         if problem is not None:
-            self.fail(cls, f"output name {short_repr(name)} {problem}", loc, anchor=anchor,
+            self.fail(cls, f"output name {short_repr(name)} {problem}", loc, anchor="names",
                       hint="output names become C++ identifiers and dict keys: use ASCII letters, digits and '_'")
         why = reserved_output(name)
         if why is not None:
-            self.fail(cls, f"an output can't be named '{name}': {why}", loc, hint="rename the output", anchor=anchor)
+            self.fail(cls, f"an output can't be named '{name}': {why}", loc, hint="rename the output", anchor="names")
         if name in self._input_names:
             self.fail(cls, f"output '{name}' has the name of a parameter", loc, anchor=anchor,
                       hint="give outputs names different from the parameters")

@@ -70,7 +70,8 @@ _RESERVED_PARAMETERS = {
     "B": "it is the GEMM's B operand (Gemm.__call__'s second argument, and the p_B/ld_B/bs_B fields of the C ABI)",
     "out": "Gemm.__call__ takes the preallocated outputs as out=",
     "stream": "Gemm.__call__ takes the CUDA stream as stream=",
-    "self": "Gemm.__call__ is a method: a keyword argument 'self' can't be passed to it",
+    "self": "Gemm.__call__ is a method, so a keyword argument 'self' can't be passed to it (for a method, "
+            "trace the bound method obj.method)",
     "inf": "the IR text reads it as a number",
     "nan": "the IR text reads it as a number",
 }

@@ -60,7 +60,9 @@ class Bcast(enum.Enum):
         return Bcast.MN
 
 
-_SLOTS = dict(frozen=True, eq=False, slots=True)
+# repr=False: every kind shares Node.__repr__, which shows inputs by kind and name only (the
+# generated repr would recurse down the whole graph, and a 2000-node chain exhausts the stack).
+_SLOTS = dict(frozen=True, eq=False, slots=True, repr=False)
 
 
 class _Memo:
@@ -132,6 +134,31 @@ class Node(_Memo):
 
     def __reduce__(self):
         return (_rebuild, (type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}))
+
+    def __repr__(self) -> str:
+        """The fields as a dataclass shows them, but inputs only by kind and name
+        (``Compute(dtype=f32, op='relu', args=(<Accumulator acc>,), attrs=())``): one node, never
+        the graph below it."""
+        parts = []
+        for f in dataclasses.fields(self):
+            if not f.repr:
+                continue
+            v = getattr(self, f.name)
+            if isinstance(v, Node):
+                text = v._brief()
+            elif f.name == "args" and isinstance(v, tuple):
+                text = "(" + ", ".join(a._brief() if isinstance(a, Node) else repr(a) for a in v) + \
+                    ("," if len(v) == 1 else "") + ")"
+            else:
+                text = repr(v)
+            parts.append(f"{f.name}={text}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _brief(self) -> str:
+        """``<Accumulator acc>``, ``<Compute relu>``, ``<Immediate 2.0>``: a node inside
+        another's repr."""
+        what = getattr(self, "name", "") or getattr(self, "op", "") or repr(getattr(self, "value", ""))
+        return f"<{type(self).__name__} {what}>"
 
 
 # ---- leaves: inputs of the epilogue ---------------------------------------------------------
