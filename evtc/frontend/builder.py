@@ -279,12 +279,12 @@ class IRBuilder:
             graph, duplicates included.
 
     Raises:
-        EvtcError (the dialect's ``signature_error``): ``epilogue`` is not a name that can
-            reach C++.
+        EvtcError (the dialect's ``name_error``): ``epilogue`` is not a name that can reach
+            C++ (:mod:`evtc.ir.names`).
     """
 
     def __init__(self, epilogue: str, *, c: DType | None = None, d: DType = dtypes.bf16,
-                 dialect: Dialect = None, loc: SourceLoc | None = None,  # type: ignore[assignment]
+                 dialect: Dialect | None = None, loc: SourceLoc | None = None,
                  name_loc: SourceLoc | None = None, intern: bool = True) -> None:
         self.dialect = dialect or PYTHON
         self.epilogue = epilogue if isinstance(epilogue, str) else repr(epilogue)

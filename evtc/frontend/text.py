@@ -4,7 +4,11 @@ Input: text in one of the two forms of ``grammar/epilogue.lark``. Output:
 :class:`evtc.ir.graph.Graph`, the same graph the tracer (:mod:`evtc.frontend.trace`) builds.
 
 Both forms are parsed by one LALR(1) Lark parser with two start symbols and read by
-Transformers that share one base (:class:`_TextBuilder`: locations, numbers, dtypes, errors).
+non-recursive Lark Transformers that share one base (:class:`_TextReader`: locations, numbers,
+dtypes, errors). The readers only read: what the text means is decided by the
+:class:`~evtc.frontend.builder.IRBuilder` the tracer drives too (the expression form with the
+tracer's semantics, the IR text without hash-consing or folding), so both frontends give the
+same graph and the same message for the same mistake.
 
 **IR text** (:func:`parse_ir`) reads back what :func:`evtc.ir.printer.print_graph` writes, so
 ``parse_ir(print_graph(g)) == g``. Every line becomes one node, exactly as written (no
@@ -42,7 +46,11 @@ one per distinct value (the text can't tell shared constants from copies).
   ``x ** y`` needs a constant ``y`` (a constant base gives ``pow(2.0, x)``, as ``__rpow__``
   does), and an output's dtype is that of a top-level ``to(...)``, else ``d`` (matrices) or f32
   (reductions). Equal subexpressions are one node (:class:`~evtc.ir.graph.GraphBuilder`).
+  Integer constants fold exactly, as in Python, up to 4096 bits (``9**9**9`` is an error, not a
+  hang); every constant used must be a finite f32, ``inf`` or ``nan``.
 * ``to``, ``inf`` and ``nan`` are reserved words; function names can't be used as inputs.
+  Input and output names follow :mod:`evtc.ir.names` (``A``, ``B``, ``out``, ``stream`` and
+  C++ keywords can't name inputs; ``A`` and ``B`` can't name outputs).
 
 Errors are :class:`~evtc.errors.EvtcError` subclasses located in the text (file ``<expr>`` or
 ``<ir>``, line, columns, the line itself) so the message shows a caret: :class:`GrammarError`

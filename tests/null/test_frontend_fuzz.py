@@ -248,9 +248,9 @@ def to_python(e, params) -> str:
     if kind == "to":
         return f"evtc.to({to_python(e[1], params)}, {e[2]!r})"
     inner = to_python(e[2], params)
-    return {"len": f"len({inner})", "index": f"{inner}[0]", "if": f"(1.0 if {inner} else 2.0)",
+    return {"len": f"len({inner})", "index": f"({inner})[0]", "if": f"(1.0 if {inner} else 2.0)",
             "float": f"float({inner})", "math": f"math.exp({inner})", "str": f"({inner} * 'x')",
-            "list": f"([{inner}] * 2)", "attr": f"{inner}.exp()"}[e[1]]
+            "list": f"([{inner}] * 2)", "attr": f"({inner}).exp()"}[e[1]]
 
 
 def to_expr(e, params) -> str:
