@@ -42,7 +42,7 @@ class Epilogue:
                                          hint="decorate a def (or pass a lambda) whose parameters are the inputs")
         functools.update_wrapper(self, fn)  # first: it copies fn.__dict__, which must not hide ours
         self.fn = fn
-        self.name = name if name is not None else default_name(fn)
+        self.name = name or default_name(fn)
         self.default_c = dtypes.coerce(c) if c is not None else None
         self.default_d = dtypes.coerce(d)
         self._cache: dict[tuple, Graph] = {}

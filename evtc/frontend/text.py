@@ -665,8 +665,10 @@ def parse_ir(text: str, *, file: str = IR_FILE) -> Graph:
             defined or defined twice, a name that can't reach C++ (:mod:`evtc.ir.names`);
             located in the text.
     """
+    if not isinstance(text, str):
+        raise GrammarError(f"IR text is a str, not {type(text).__name__}", hint="e.g. parse_ir(str(graph))")
     epilogue = _epilogue_of_ir(text)
-    src = _Source(text, file)
+    src = _Source(text, str(file))
     tree = _parse(src, "ir", epilogue)
     return _IRReader(src, epilogue).run(tree)
 
@@ -954,17 +956,15 @@ def from_expr(text: str, *, c: DType | str | None = None, d: DType | str = dtype
         GrammarError, TraceError, EpilogueTypeError: located in ``text`` (file ``<expr>``).
         EpilogueSignatureError: ``name`` is not an identifier that can reach C++.
     """
-    epilogue = name if name is not None else "expr"
+    epilogue = name or "expr"
+    builder = IRBuilder(epilogue, dialect=EXPRESSION)  # checks the name first: messages quote it
     try:
-        dd = dtypes.coerce(d)
-        cc = dtypes.coerce(c) if c is not None else dd
+        builder.d = dtypes.coerce(d)
+        builder.c = dtypes.coerce(c) if c is not None else builder.d
     except UnknownDTypeError as e:
-        raise EpilogueTypeError(e.message, epilogue=epilogue if isinstance(epilogue, str) else None,
-                                hint=e.hint) from None
+        raise EpilogueTypeError(e.message, epilogue=epilogue, hint=e.hint) from None
     if not isinstance(text, str):
-        raise GrammarError(f"an expression is text, not {type(text).__name__}", epilogue=None,
-                           hint='e.g. from_expr("D = relu(acc)")')
-    builder = IRBuilder(epilogue, c=cc, d=dd, dialect=EXPRESSION)
+        raise GrammarError(f"an expression is a str, not {type(text).__name__}", hint='e.g. from_expr("D = relu(acc)")')
     src = _Source(text, EXPR_FILE)
     tree = _parse(src, "exprs", epilogue)
     first = next((s for s in tree.children if s is not None), None)

@@ -551,7 +551,7 @@ def trace(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16, name:
     Raises:
         EpilogueSignatureError, TraceError, EpilogueTypeError: located at the user's line.
     """
-    epilogue = name if name is not None else default_name(fn)
+    epilogue = name or default_name(fn)
     builder = IRBuilder(epilogue, c=c or d, d=d, dialect=PYTHON, loc=_def_loc(fn))
     tracer = Tracer(builder)
     params = _parameters(fn, builder)

@@ -12,13 +12,13 @@ import pytest
 import epilogues
 import evtc
 from evtc import bf16, f16, f32
-from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, SourceLoc, TraceError, UnsupportedOpError
+from evtc.errors import EvtcError, GrammarError, SourceLoc, TraceError, UnsupportedOpError
 from evtc.frontend import builder as builder_mod
 from evtc.frontend.builder import EXPRESSION, IR_TEXT, PYTHON, IRBuilder, Pending
 from evtc.frontend.text import from_expr, parse_ir
 from evtc.frontend.trace import trace
 from evtc.ir import verify
-from evtc.ir.nodes import Accumulator, AuxLoad, ColBroadcast, Compute, Immediate, RowBroadcast, ScalarBroadcast, Source
+from evtc.ir.nodes import Accumulator, AuxLoad, ColBroadcast, Compute, RowBroadcast, ScalarBroadcast, Source
 
 LOC = SourceLoc("<fx>", 1, 0, 1, "x")
 

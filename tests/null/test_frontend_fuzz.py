@@ -154,7 +154,8 @@ def test_async_and_generator_functions():
             trace(fn)
 
 
-@pytest.mark.parametrize("body,exc", [("return acc * undefined_name", "NameError"), ("return acc * (1 / 0)", "ZeroDivisionError"),
+@pytest.mark.parametrize("body,exc", [("return acc * undefined_name", "NameError"),
+                                      ("return acc * (1 / 0)", "ZeroDivisionError"),
                                       ("assert False, 'no'\n    return acc", "AssertionError"),
                                       ("return acc()", "TypeError"), ("return [1][acc]", "TraceError"),
                                       ("return helper(acc)", "RecursionError")])
@@ -334,7 +335,20 @@ def test_random_ir_text_raises_only_evtc_errors(program, data):
         g = from_expr("D = relu(acc * alpha + bias[n])", name="fuzz")
     text = str(g)
     pos = data.draw(st.integers(0, len(text)))
-    insert = data.draw(st.sampled_from(["", "A", "int", "é", "__x", "1e39", "9" * 400, ": aux", "\n  B = store(acc) : bf16",
-                                        ", out: f32 scalar", "%0", "reduce_max", "(", ")"]))
+    insert = data.draw(st.sampled_from(["", "A", "int", "é", "__x", "1e39", "9" * 400, ": aux", "%0", "(", ")",
+                                        "\n  B = store(acc) : bf16", ", out: f32 scalar", "reduce_max"]))
     cut = data.draw(st.integers(0, 4))
     _only_evtc_errors(lambda: parse_ir(text[:pos] + insert + text[pos + cut:]))
+
+
+@pytest.mark.parametrize("fn,arg", [(parse_ir, None), (parse_ir, b"epilogue e(acc: f32 accumulator):\n"),
+                                    (from_expr, 3), (from_expr, b"D = acc")])
+def test_text_entry_points_take_only_text(fn, arg):
+    with pytest.raises(evtc.GrammarError, match="is a str, not"):
+        fn(arg)
+
+
+@pytest.mark.parametrize("kw", [dict(name=3), dict(name="a.b"), dict(d="f64"), dict(c=object())])
+def test_expression_arguments_are_checked(kw):
+    with pytest.raises(EvtcError):
+        from_expr("D = acc", **kw)

@@ -148,7 +148,8 @@ def test_integer_power_tower_is_refused_at_once():
     assert f"more than {MAX_INT_BITS} bits" in err.message and (err.loc.line, err.loc.col) == (1, 10)
 
 
-@pytest.mark.parametrize("text", ["D = acc * 99999999999 ** 99999", "D = acc * (10**1000) * (10**1000) * (10**1000) * 10**1000",
+@pytest.mark.parametrize("text", ["D = acc * 99999999999 ** 99999",
+                                  "D = acc * (10**1000) * (10**1000) * (10**1000) * 10**1000",
                                   "D = acc * (2**4000 + 2**4000 + 2**4095 * 2)"])
 def test_big_integer_arithmetic_is_bounded(text):
     start = time.perf_counter()
@@ -191,7 +192,13 @@ def test_constants_must_be_finite_f32_or_inf_or_nan(value, ok):
     def ep(acc):
         return acc * value
 
-    text = f"D = acc * {repr(value) if math.isfinite(value) else ('inf' if value > 0 else '(-inf)') if value == value else 'nan'}"
+    if math.isnan(value):
+        literal = "nan"
+    elif math.isinf(value):
+        literal = "inf" if value > 0 else "(-inf)"
+    else:
+        literal = repr(value)
+    text = f"D = acc * {literal}"
     for build in (lambda: trace(ep), lambda: from_expr(text)):
         if ok:
             build()
