@@ -91,7 +91,7 @@ from evtc.ir.nodes import (
 
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
-    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "KIND_WORDS",
+    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error", "KIND_WORDS",
 ]
 
 #: integer constants are folded exactly (as Python does) up to this many bits; a result that
@@ -255,6 +255,12 @@ def not_elementwise_error(name: str, dialect: Dialect, loc: SourceLoc | None, ep
     return dialect.trace_error(f"{dialect.fn(name)}() takes one value and reduces it", loc=loc, epilogue=epilogue,
                                hint=f"for the elementwise {name} of two values use {dialect.fn(name + 'imum')}(a, b); "
                                     "pass the axis as dim=")
+
+
+def constant_reduction_error(loc: SourceLoc | None, epilogue: str | None) -> EvtcError:
+    """The error for a reduction of a constant (``sum(2.0)``; also raised when no trace is
+    running)."""
+    return EpilogueTypeError("reducing a constant; reductions take an M x N value", loc=loc, epilogue=epilogue)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,7 +669,7 @@ class IRBuilder:
         if op == "amax":
             x, op = self.call("abs", (x,), loc), "max"
         if is_constant(x):
-            self.fail(EpilogueTypeError, "reducing a constant; reductions take an M x N value", loc)
+            raise constant_reduction_error(loc, self.epilogue)
         node = self.lift(x, loc)
         if node.bcast is not Bcast.MN:
             self.fail(EpilogueTypeError, f"reducing a {node.bcast.value} value; reductions take an M x N value", loc)

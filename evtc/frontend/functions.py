@@ -20,7 +20,8 @@ import numpy as np
 
 from evtc import ops
 from evtc.dtypes import DType
-from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce
+from evtc.frontend.builder import constant_reduction_error, is_constant
+from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
 
 __all__ = [
     "relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "gelu_grad", "silu", "hardswish",
@@ -212,6 +213,8 @@ def to(x, dtype: DType | str):
 def _reduce(op: str, x, dim: int | None):
     if isinstance(x, (Value, Reduced)):
         return reduce(op, x, dim)
+    if is_constant(x):  # a number has no M x N tile (and numpy has no axis -1 to reduce)
+        raise constant_reduction_error(user_loc(), None)
     torch = _torch_of((x,))
     axes = None if dim is None else ((-1,) if dim % 2 == 1 else (-2,))
     if axes is None:

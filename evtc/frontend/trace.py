@@ -342,7 +342,8 @@ class Value:
 
     def __getitem__(self, item):
         raise self._tracer.error(TraceError, "indexing a traced value",
-                                 hint="epilogue values are elementwise; broadcast vectors are declared with evtc.RowVector / evtc.ColVector")
+                                 hint="epilogue values are elementwise; broadcast vectors are declared with "
+                                      "evtc.RowVector / evtc.ColVector")
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -515,20 +516,39 @@ def signature_kinds(fn: Callable, epilogue: str) -> list[tuple[str, ParamKind]]:
     return [(p.name, kind) for p, kind, _ in _parameters(fn, builder)]
 
 
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(str(Path(paths[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                 if k in paths)
+
+
 def _raised_by_the_function(err: Exception, epilogue: str) -> TraceError:
-    """A TraceError for an exception the epilogue function raised while traced, located at the
-    innermost frame outside evtc."""
-    loc = None
+    """A TraceError for an exception raised while the epilogue function ran, located at the
+    innermost frame of the user's own code (not evtc's, not a library's). When evtc's frames lie
+    between that line and the one that raised, evtc itself failed on what the line asked for,
+    and the message says so."""
+    frames = []
     tb = err.__traceback__
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if not _is_evtc_file(code.co_filename):
-            loc = _frame_loc(code, tb.tb_lineno, tb.tb_lasti)
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno, tb.tb_lasti))
         tb = tb.tb_next
+    user = [i for i, (code, _, _) in enumerate(frames)
+            if not _is_evtc_file(code.co_filename) and not code.co_filename.startswith(_library_dirs())]
+    if not user:
+        user = [i for i, (code, _, _) in enumerate(frames) if not _is_evtc_file(code.co_filename)]
+    loc = _frame_loc(*frames[user[-1]]) if user else None
+    below = frames[user[-1] + 1:] if user else frames
     text = str(err)
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
     text = text if len(text) <= 300 else text[:297] + "..."
-    return TraceError(f"the epilogue function raised {type(err).__name__}" + (f": {text}" if text else ""),
-                      loc=loc, epilogue=epilogue,
+    if any(_is_evtc_file(code.co_filename) for code, _, _ in below):
+        return TraceError(f"evtc raised {text} while tracing this line", loc=loc, epilogue=epilogue,
+                          hint="this may be a bug in evtc: please report it with the epilogue "
+                               "(EVTC_TRACEBACK=full shows evtc's frames)")
+    return TraceError(f"the epilogue function raised {text}", loc=loc, epilogue=epilogue,
                       hint="the function runs once, on traced values, when evtc traces it; fix the error at this "
                            "line (EVTC_TRACEBACK=full shows the whole traceback)")
 
@@ -565,8 +585,8 @@ def trace(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16, name:
             kwargs[p.name] = Value(tracer, leaf)
     try:
         result = fn(*args, **kwargs)
-    except EvtcError:
-        raise
+    except EvtcError as err:
+        raise err.with_context(epilogue=builder.epilogue)  # (errors of eager evtc.* calls know no epilogue)
     except Exception as err:  # noqa: BLE001 - the user's own error, located at their line
         raise _raised_by_the_function(err, builder.epilogue) from err
     if inspect.iscoroutine(result):

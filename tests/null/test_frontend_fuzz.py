@@ -352,3 +352,29 @@ def test_text_entry_points_take_only_text(fn, arg):
 def test_expression_arguments_are_checked(kw):
     with pytest.raises(EvtcError):
         from_expr("D = acc", **kw)
+
+
+def test_reducing_a_number_is_a_type_error_in_both_frontends():
+    def ep(acc):
+        return acc * evtc.sum(2.0, dim=1)
+
+    with pytest.raises(evtc.EpilogueTypeError, match="reducing a constant") as ei:
+        trace(ep)
+    assert ei.value.epilogue == "ep" and ei.value.loc.file == __file__
+    with pytest.raises(evtc.EpilogueTypeError, match="reducing a constant"):
+        from_expr("D = acc; s = sum(2.0, dim=1)")
+
+
+def test_an_error_inside_evtc_is_told_apart_from_the_functions_own(monkeypatch):
+    from evtc import dtypes
+    from evtc.frontend import builder
+
+    # a builder method that fails inside evtc (round_to of something that is not an array)
+    monkeypatch.setattr(builder.IRBuilder, "negate", lambda self, x, loc: dtypes.round_to(object(), None))
+    with pytest.raises(TraceError) as ei:
+        trace(lambda acc: -acc)
+    assert ei.value.message.startswith("evtc raised ") and "bug in evtc" in ei.value.hint
+    assert ei.value.loc.file == __file__
+    with pytest.raises(TraceError) as ei:
+        trace(lambda acc: acc * {}["missing"])
+    assert ei.value.message == "the epilogue function raised KeyError: 'missing'"
