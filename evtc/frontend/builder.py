@@ -32,6 +32,26 @@ the spelling of the functions it offers (``evtc.exp`` in Python, ``exp`` in expr
     b.output("row_max", m, loc=loc4)
     graph = b.graph()
 
+The methods, by what they do (each documents its rules and the errors it raises):
+
+===================  ===========================================================================
+declare inputs       ``input(name, kind, dtype=None, *, by_pointer, loc, dtype_loc)``
+compute (Python's    ``binary(op, a, b, loc)`` (``add sub mul div gt ge lt le eq ne``),
+semantics, folding)  ``negate(x, loc)``, ``plus(x, loc)``, ``power(base, exponent, loc)``,
+                     ``call(op, args, loc)`` (``evtc.<op>``), ``convert(x, dtype, loc)``,
+                     ``reduce(op, x, dim, loc)`` (``sum max min amax``)
+raw nodes            ``apply(op, args, loc, *, dtype, attrs)`` (no folding), ``lift(x, loc)``,
+                     ``add_output(node)``
+outputs, the graph   ``output(name, value, loc)``, ``graph(loc=None)``
+checks alone         ``check_input_name``, ``check_output_name``, ``check_input_dtype``,
+                     ``check_op``, ``dtype(value, loc)``, ``constant(x, loc)``,
+                     ``literal(text, loc)``, ``rename(name, loc)``
+===================  ===========================================================================
+
+A new frontend defines its own :class:`Dialect` (which error classes it raises, how it spells
+functions in hints) or uses :data:`PYTHON`. The API is internal to evtc (not yet pinned): a
+change to it changes the frontends in the same commit.
+
 *Values* passed to and returned by the builder are of three sorts: a :class:`~evtc.ir.nodes.Node`
 (a traced value, already interned by the builder), a :class:`Pending` reduction (the result of
 :meth:`~IRBuilder.reduce`: it can only become an output, or be converted), and a Python
