@@ -248,8 +248,9 @@ F = TypeVar("F", bound=Callable)
 
 
 def _is_internal(frame: types.FrameType) -> bool:
-    filename = frame.f_code.co_filename
-    return filename.startswith(_PACKAGE_DIR) and "/tests/" not in filename
+    # The package folder with its separator: a checkout under a folder named 'tests', or a
+    # sibling folder 'evtc_examples', is not evtc.
+    return frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep)
 
 
 def filter_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:

@@ -1,2 +1,4 @@
-"""Frontends: the Python tracer and the textual grammar (a torch.fx importer is not built yet). Each one
-produces an :class:`evtc.ir.Graph`."""
+"""Frontends: the Python tracer (:mod:`~evtc.frontend.trace`) and the textual forms
+(:mod:`~evtc.frontend.text`), each producing an :class:`evtc.ir.Graph` by driving the one IR
+builder (:mod:`~evtc.frontend.builder`) that holds the semantics and the error messages; a
+torch.fx importer, not built yet, would drive the same builder (its API is documented there)."""

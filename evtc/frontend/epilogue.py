@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from evtc import dtypes
 from evtc.dtypes import DType
-from evtc.errors import api_boundary
-from evtc.frontend.trace import signature_kinds, trace
+from evtc.errors import EpilogueSignatureError, api_boundary
+from evtc.frontend.trace import default_name, signature_kinds, trace
 from evtc.ir.graph import Graph
 
 
@@ -21,7 +21,9 @@ class Epilogue:
 
     Attributes:
         fn: the original function; calling the Epilogue calls it (eagerly, on tensors).
-        name: the epilogue's name, used in errors, the IR and the emitted code.
+        name: the epilogue's name, used in errors, the IR and the emitted code: ``name=`` or
+            the function's name (:func:`~evtc.frontend.trace.default_name`). It must be an
+            identifier that can reach C++ (:mod:`evtc.ir.names`); tracing checks it.
 
     Example::
 
@@ -35,12 +37,15 @@ class Epilogue:
 
     def __init__(self, fn: Callable, *, name: str | None = None, c: DType | str | None = None,
                  d: DType | str = dtypes.bf16) -> None:
+        if not callable(fn):
+            raise EpilogueSignatureError(f"evtc.epilogue takes a function, not {type(fn).__name__} {fn!r:.40}",
+                                         hint="decorate a def (or pass a lambda) whose parameters are the inputs")
+        functools.update_wrapper(self, fn)  # first: it copies fn.__dict__, which must not hide ours
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "epilogue")
+        self.name = name or default_name(fn)
         self.default_c = dtypes.coerce(c) if c is not None else None
         self.default_d = dtypes.coerce(d)
         self._cache: dict[tuple, Graph] = {}
-        functools.update_wrapper(self, fn)
 
     @api_boundary
     def trace(self, *, c: DType | str | None = None, d: DType | str | None = None) -> Graph:

@@ -20,7 +20,8 @@ import numpy as np
 
 from evtc import ops
 from evtc.dtypes import DType
-from evtc.frontend.trace import Reduced, Value, apply, reduce
+from evtc.frontend.builder import constant_reduction_error, is_constant
+from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
 
 __all__ = [
     "relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "gelu_grad", "silu", "hardswish",
@@ -44,7 +45,7 @@ def _torch_of(args):
 
 def _call(name: str, *args: Any):
     if _is_traced(args):
-        return apply(name, *args)
+        return call(name, *args)
     op = ops.get(name)
     torch = _torch_of(args)
     if torch is not None and op.torch is not None:
@@ -133,8 +134,6 @@ def erf(x):
 
 def pow(x, exponent: float):  # noqa: A001
     """x ** exponent; the exponent must be a Python number."""
-    if _is_traced((x, exponent)):
-        return x ** exponent if isinstance(x, Value) else apply("pow", x, exponent)
     return _call("pow", x, exponent)
 
 
@@ -194,7 +193,7 @@ def ne(a, b):
 
 def to(x, dtype: DType | str):
     """``x.to(dtype)``: round to ``dtype`` (fp8 saturates to its finite range)."""
-    if isinstance(x, Value):
+    if isinstance(x, (Value, Reduced)):
         return x.to(dtype)
     from evtc import dtypes as _dt
 
@@ -214,6 +213,8 @@ def to(x, dtype: DType | str):
 def _reduce(op: str, x, dim: int | None):
     if isinstance(x, (Value, Reduced)):
         return reduce(op, x, dim)
+    if is_constant(x):  # a number has no M x N tile (and numpy has no axis -1 to reduce)
+        raise constant_reduction_error(user_loc(), None)
     torch = _torch_of((x,))
     axes = None if dim is None else ((-1,) if dim % 2 == 1 else (-2,))
     if axes is None:
@@ -253,14 +254,5 @@ def amax(x, dim: int | None = None):
 
 
 def _no_elementwise(name: str, x, rest) -> None:
-    if not rest:
-        return
-    from evtc.errors import TraceError
-    from evtc.frontend.trace import user_loc
-
-    epilogue = x._tracer.epilogue if isinstance(x, Value) else None
-    raise TraceError(
-        f"evtc.{name} takes one value and reduces it",
-        loc=user_loc(), epilogue=epilogue,
-        hint=f"for the elementwise {name} of two values use evtc.{name}imum(a, b); pass the axis as dim=",
-    )
+    if rest:
+        raise not_elementwise(name, (x, *rest))

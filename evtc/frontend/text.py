@@ -4,7 +4,11 @@ Input: text in one of the two forms of ``grammar/epilogue.lark``. Output:
 :class:`evtc.ir.graph.Graph`, the same graph the tracer (:mod:`evtc.frontend.trace`) builds.
 
 Both forms are parsed by one LALR(1) Lark parser with two start symbols and read by
-Transformers that share one base (:class:`_TextBuilder`: locations, numbers, dtypes, errors).
+non-recursive Lark Transformers that share one base (:class:`_TextReader`: locations, numbers,
+dtypes, errors). The readers only read: what the text means is decided by the
+:class:`~evtc.frontend.builder.IRBuilder` the tracer drives too (the expression form with the
+tracer's semantics, the IR text without hash-consing or folding), so both frontends give the
+same graph and the same message for the same mistake.
 
 **IR text** (:func:`parse_ir`) reads back what :func:`evtc.ir.printer.print_graph` writes, so
 ``parse_ir(print_graph(g)) == g``. Every line becomes one node, exactly as written (no
@@ -42,7 +46,11 @@ one per distinct value (the text can't tell shared constants from copies).
   ``x ** y`` needs a constant ``y`` (a constant base gives ``pow(2.0, x)``, as ``__rpow__``
   does), and an output's dtype is that of a top-level ``to(...)``, else ``d`` (matrices) or f32
   (reductions). Equal subexpressions are one node (:class:`~evtc.ir.graph.GraphBuilder`).
+  Integer constants fold exactly, as in Python, up to 4096 bits (``9**9**9`` is an error, not a
+  hang); every constant used must be a finite f32, ``inf`` or ``nan``.
 * ``to``, ``inf`` and ``nan`` are reserved words; function names can't be used as inputs.
+  Input and output names follow :mod:`evtc.ir.names` (``A``, ``B``, ``out``, ``stream`` and
+  C++ keywords can't name inputs; ``A`` and ``B`` can't name outputs).
 
 Errors are :class:`~evtc.errors.EvtcError` subclasses located in the text (file ``<expr>`` or
 ``<ir>``, line, columns, the line itself) so the message shows a caret: :class:`GrammarError`
@@ -56,25 +64,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 import re
 from typing import Any, Callable, NamedTuple, NoReturn, Union
 
 import numpy as np
-from lark import Lark, Token, Transformer, Tree, v_args
+from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from evtc import dtypes, ops
 from evtc.dtypes import DType, f32
 from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, SourceLoc, TraceError, UnknownDTypeError, api_boundary
-from evtc.ir.graph import Graph, GraphBuilder
+from evtc.frontend.builder import EXPRESSION, IR_TEXT, KIND_WORDS, IRBuilder, Pending
+from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
     LEAF_KINDS,
     Accumulator,
     AuxLoad,
-    Bcast,
     ColBroadcast,
-    Compute,
     Immediate,
     Leaf,
     Node,
@@ -412,7 +418,7 @@ def _syntax_error(err: UnexpectedInput, src: _Source, start: str, epilogue: str)
 
 
 # ---------------------------------------------------------------------------------------------
-# The shared base of both builders
+# The shared base of both readers
 # ---------------------------------------------------------------------------------------------
 
 
@@ -425,20 +431,25 @@ class _Kwarg:
     loc: SourceLoc
 
 
-class _TextBuilder(Transformer):
-    """What both forms share: locations, numbers, dtype names, located errors.
+class _TextReader(Transformer_NonRecursive):
+    """What both forms share: locations, numbers, dtype names, located errors, and the
+    :class:`~evtc.frontend.builder.IRBuilder` that owns the semantics.
 
-    A subclass's callbacks build nodes as Lark calls them bottom-up, statement (or line) after
-    statement, so a name assigned (or defined) on one is known to the next.
+    A subclass's callbacks build nodes as Lark calls them bottom-up (children left to right,
+    then the parent: the same order as the recursive ``Transformer``), statement (or line)
+    after statement, so a name assigned (or defined) on one is known to the next. The walk is
+    Lark's non-recursive one, so a 2000-deep nesting or a 100 KB expression can't exhaust
+    Python's recursion limit.
     """
 
-    #: the error an unknown dtype name raises
-    dtype_error: type[EvtcError] = EpilogueTypeError
-
-    def __init__(self, src: _Source, epilogue: str) -> None:
+    def __init__(self, src: _Source, builder: IRBuilder) -> None:
         super().__init__(visit_tokens=False)
         self.src = src
-        self.epilogue = epilogue
+        self.builder = builder
+
+    @property
+    def epilogue(self) -> str:
+        return self.builder.epilogue
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -450,11 +461,7 @@ class _TextBuilder(Transformer):
 
     def dtype(self, tok: Token) -> DType:
         """The dtype named by ``tok`` (evtc names and aliases)."""
-        try:
-            return dtypes.by_name(str(tok))
-        except KeyError:
-            self.fail(self.dtype_error, f"unknown dtype '{tok}'", tok,
-                      hint=f"dtypes: {', '.join(d.name for d in dtypes.ALL)}")
+        return self.builder.dtype(str(tok), self.loc(tok))
 
     def run(self, tree: Tree) -> Any:
         """Transform ``tree``, letting EvtcErrors through unwrapped (Lark wraps exceptions
@@ -475,9 +482,7 @@ class _TextBuilder(Transformer):
 
     def number(self, children: list[Token]) -> int | float:
         (tok,) = children
-        if tok.type == "INT":
-            return int(tok)
-        return float(tok)  # FLOAT, and 'inf' / 'nan' which float() reads
+        return self.builder.literal(str(tok), self.loc(tok))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,53 +490,66 @@ class _TextBuilder(Transformer):
 # ---------------------------------------------------------------------------------------------
 
 
-class _IRBuilder(_TextBuilder):
-    """Builds a Graph from the canonical IR text, one node per line. Everything wrong in IR
-    text is a GrammarError."""
+@dataclasses.dataclass(frozen=True)
+class _Param:
+    """A parameter of the IR header, read but not yet declared."""
 
-    dtype_error = GrammarError
+    name: str
+    kind: type[Leaf]
+    dtype: DType
+    by_pointer: bool
+    loc: SourceLoc
+
+
+class _IRReader(_TextReader):
+    """Reads the canonical IR text, one node per line, exactly as written: the builder checks
+    the names (inputs, outputs, the epilogue's) and the ops, without hash-consing or folding.
+    Everything wrong in IR text is a GrammarError (the builder's :data:`IR_TEXT` dialect)."""
 
     def __init__(self, src: _Source, epilogue: str) -> None:
-        super().__init__(src, epilogue)
-        self.name = epilogue
+        builder = IRBuilder("ir", dialect=IR_TEXT, intern=False)
+        builder.epilogue = epilogue  # for messages until the header is read (checked there)
+        super().__init__(src, builder)
         self.header_loc: SourceLoc | None = None
-        self.inputs: list[Leaf] = []
         self.values: dict[str, Node] = {}  # parameter, %k and output names
-        self.outputs: list[Output] = []
         self.constants: dict[str, Immediate] = {}  # by repr, so -0.0 and 0.0 stay apart
 
     def _define(self, name: str, node: Node, at: Any) -> None:
+        self._check_new(name, at)
+        self.values[name] = node
+
+    def _check_new(self, name: str, at: Any) -> None:
         if name in self.values:
             self.fail(GrammarError, f"'{name}' is defined twice", at)
-        self.values[name] = node
 
     # ---- header -----------------------------------------------------------------------------
 
     @v_args(meta=True)
-    def param(self, meta, children) -> Leaf:
+    def param(self, meta, children) -> _Param:
         name, dtype_tok, kind_tok = children
         dt = self.dtype(dtype_tok)
         kind = str(kind_tok)
         loc = self.loc(meta)
         if kind == "devscalar":
-            return ScalarBroadcast(dt, name=str(name), by_pointer=True, loc=loc)
+            return _Param(str(name), ScalarBroadcast, dt, True, loc)
         cls = LEAF_KINDS.get(kind)
         if cls is None:
             self.fail(GrammarError, f"unknown input kind '{kind}'", kind_tok,
                       hint=f"kinds: {', '.join([*LEAF_KINDS, 'devscalar'])}")
-        return cls(dt, name=str(name), loc=loc)
+        return _Param(str(name), cls, dt, False, loc)
 
     @v_args(meta=True)
     def header(self, meta, children) -> None:
         name, *params = children
-        self.name = str(name)
-        self.epilogue = self.name
         self.header_loc = self.loc(meta)
-        for leaf in params:
-            if leaf is None:
+        self.builder.rename(str(name), self.loc(name))
+        self.builder.loc = self.header_loc
+        for p in params:
+            if p is None:
                 continue
-            self._define(leaf.name, leaf, leaf.loc)
-            self.inputs.append(leaf)
+            self._check_new(p.name, p.loc)
+            leaf = self.builder.input(p.name, p.kind, p.dtype, by_pointer=p.by_pointer, loc=p.loc)
+            self._define(p.name, leaf, p.loc)
 
     # ---- operands -------------------------------------------------------------------------
 
@@ -588,21 +606,17 @@ class _IRBuilder(_TextBuilder):
         if target.type == "VALUE_ID":
             node = self._compute(op_tok, args, attrs or (), dt, loc)
         else:
-            node = self._output(str(target), op_tok, args, attrs, dt, loc)
-            self.outputs.append(node)
+            self._check_new(str(target), target)
+            node = self.builder.add_output(self._output(str(target), op_tok, args, attrs, dt, loc))
         self._define(str(target), node, target)
 
-    def _compute(self, op_tok: Token, args: list, attrs: tuple, dt: DType, loc: SourceLoc) -> Compute:
+    def _compute(self, op_tok: Token, args: list, attrs: tuple, dt: DType, loc: SourceLoc) -> Node:
         op = str(op_tok)
         if op == "store" or op in _IR_REDUCERS:
             self.fail(GrammarError, f"'{op}' defines an output: write 'NAME = {op}(...)'", op_tok)
-        if op not in ops.OPS:
-            self.fail(GrammarError, f"unknown op '{op}'", op_tok, hint=f"known ops: {', '.join(sorted(ops.OPS))}")
-        arity = ops.OPS[op].arity
-        if len(args) != arity:
-            self.fail(GrammarError, f"op '{op}' takes {arity} operand{'s' * (arity != 1)}, got {len(args)}", loc)
+        self.builder.check_op(op, len(args), loc, op_loc=self.loc(op_tok))
         nodes = tuple(self._operand(a, loc) for a in args)
-        return Compute(dt, op=op, args=nodes, attrs=attrs, loc=loc)
+        return self.builder.apply(op, nodes, loc, dtype=dt, attrs=attrs)
 
     def _output(self, name: str, op_tok: Token, args: list, attrs: Any, dt: DType, loc: SourceLoc) -> Output:
         op = str(op_tok)
@@ -632,7 +646,9 @@ class _IRBuilder(_TextBuilder):
         return Reduction(dt, name=name, value=value, op=_IR_REDUCERS[op], dim=dim, loc=loc)
 
     def ir(self, children) -> Graph:
-        return Graph(self.name, tuple(self.inputs), tuple(self.outputs), self.header_loc)
+        # Not builder.graph(): the text may hold no output (the verifier says so, not the reader).
+        b = self.builder
+        return Graph(b.epilogue, tuple(b.inputs), tuple(b.outputs), self.header_loc)
 
 
 @api_boundary
@@ -646,12 +662,15 @@ def parse_ir(text: str, *, file: str = IR_FILE) -> Graph:
 
     Raises:
         GrammarError: a syntax error, an unknown op/dtype/kind, a name used before it is
-            defined or defined twice; located in the text.
+            defined or defined twice, a name that can't reach C++ (:mod:`evtc.ir.names`);
+            located in the text.
     """
+    if not isinstance(text, str):
+        raise GrammarError(f"IR text is a str, not {type(text).__name__}", hint="e.g. parse_ir(str(graph))")
     epilogue = _epilogue_of_ir(text)
-    src = _Source(text, file)
+    src = _Source(text, str(file))
     tree = _parse(src, "ir", epilogue)
-    return _IRBuilder(src, epilogue).run(tree)
+    return _IRReader(src, epilogue).run(tree)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -659,36 +678,14 @@ def parse_ir(text: str, *, file: str = IR_FILE) -> Graph:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Reduced:
-    """A reduction being built: it can only become an output (the tracer's ``Reduced``).
-    ``loc`` is where this use of it is written (the call, or a name it was assigned to)."""
-
-    node: Reduction
-    loc: SourceLoc
-
-    def describe(self) -> str:
-        dim = "" if self.node.dim is None else f", dim={self.node.dim}"
-        return f"{self.node.op.value}(...{dim})"
-
-
 #: a value while evaluating an expression: a traced node, a pending reduction, or a Python
 #: constant (int, float, bool or a 0-d numpy value, exactly what Python would hold)
-_Val = Union[Node, _Reduced, int, float, bool, np.generic, np.ndarray]
-
-
-def _short(x: Any, width: int = 32) -> str:
-    text = repr(x)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _is_const(x: Any) -> bool:
-    return not isinstance(x, (Node, _Reduced))
+_Val = Union[Node, Pending, int, float, bool, np.generic, np.ndarray]
 
 
 @dataclasses.dataclass
 class _InputDecl:
-    """An input of an expression, from its references (see :meth:`_ExprBuilder.declare`)."""
+    """An input of an expression, from its references (see :meth:`_ExprReader.declare`)."""
 
     name: str
     cls: type[Leaf]
@@ -702,55 +699,35 @@ _INDEX_KINDS: dict[tuple[str, ...], type[Leaf]] = {
     ("m",): ColBroadcast, ("n",): RowBroadcast, ("m", "n"): AuxLoad,
 }
 
-_KIND_WORDS = {
-    Accumulator: "the accumulator", Source: "the source matrix C", ScalarBroadcast: "a scalar",
-    RowBroadcast: "a row vector [n]", ColBroadcast: "a column vector [m]", AuxLoad: "an M x N input [m, n]",
-}
-
-_BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
-    "gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le,
-    "eq": operator.eq, "ne": operator.ne,
-}
-_OP_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "gt": ">", "ge": ">=", "lt": "<", "le": "<=",
-               "eq": "==", "ne": "!="}
-#: Python evaluates ``const OP value`` with the value's reflected comparison
-_REFLECTED = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}
-
-_USED_INSIDE_HINT = "a reduction is only complete after every tile is done, so it can only be returned as an output"
-
 
 def _binary_rule(op: str) -> Callable:
     @v_args(meta=True)
-    def rule(self: "_ExprBuilder", meta, children) -> _Val:
+    def rule(self: "_ExprReader", meta, children) -> _Val:
         a, b = children
-        return self.binary(op, a, b, self.loc(meta))
+        return self.builder.binary(op, a, b, self.loc(meta))
 
     rule.__name__ = op
     rule.__doc__ = f"``a {op} b`` (Python's operator semantics on traced values and constants)."
     return rule
 
 
-class _ExprBuilder(_TextBuilder):
-    """Builds a Graph from the expression form, with the tracer's semantics (see the module
-    docstring): values are nodes, pending reductions, or Python constants folded eagerly."""
+class _ExprReader(_TextReader):
+    """Reads the expression form with the tracer's semantics (see the module docstring), all of
+    them the builder's (:data:`EXPRESSION` dialect): values are nodes, pending reductions, or
+    Python constants folded as Python would."""
 
-    def __init__(self, src: _Source, epilogue: str, *, c: DType, d: DType) -> None:
-        super().__init__(src, epilogue)
-        self.c = c
-        self.d = d
-        self.builder = GraphBuilder()
+    def __init__(self, src: _Source, builder: IRBuilder) -> None:
+        super().__init__(src, builder)
         self.leaves: dict[str, Leaf] = {}
         self.values: dict[str, _Val] = {}
-        self.outputs: list[Output] = []
         self.functions = frozenset(expr_functions())
 
     # ---- pass 1: the inputs ---------------------------------------------------------------
 
     def declare(self, tree: Tree) -> tuple[Leaf, ...]:
         """Find the inputs from the references in ``tree``, statement by statement (a name is
-        an input where it is not yet assigned), check that each is used one way, and create
-        their leaves: ``acc`` first, then in order of first appearance."""
+        an input where it is not yet assigned), check that each is used one way, and declare
+        them: ``acc`` first, then in order of first appearance."""
         decls: dict[str, _InputDecl] = {}
         assigned: dict[str, SourceLoc] = {}
         for stmt in tree.children:
@@ -762,7 +739,7 @@ class _ExprBuilder(_TextBuilder):
                 self._declare_ref(ref, decls, assigned)
             name = str(target)
             if name in ("acc", "C"):
-                kind = _KIND_WORDS[Accumulator if name == "acc" else Source]
+                kind = KIND_WORDS[Accumulator if name == "acc" else Source]
                 self.fail(GrammarError, f"'{name}' is an input ({kind}) and can't be assigned", target,
                           hint="give the output another name, e.g. 'D'")
             if name in decls:
@@ -774,23 +751,15 @@ class _ExprBuilder(_TextBuilder):
                 first = assigned[name]
                 self.fail(GrammarError, f"'{name}' is assigned twice (first at {first.line}:{(first.col or 0) + 1})",
                           target, hint="use a new name for each value")
+            if not name.startswith("_"):
+                self.builder.check_output_name(name, self.loc(target))
             assigned[name] = self.loc(target)
 
         order = sorted(decls.values(), key=lambda dcl: (dcl.cls is not Accumulator, dcl.loc.line, dcl.loc.col or 0))
-        leaves = []
         for dcl in order:
-            if dcl.cls is Accumulator:
-                dt = f32
-            elif dcl.cls is Source:
-                dt = dcl.dtype or self.c
-            elif dcl.cls is AuxLoad:
-                dt = dcl.dtype or self.d
-            else:
-                dt = dcl.dtype or f32
-            leaf = self.builder.add(dcl.cls(dt, name=dcl.name, loc=dcl.loc))
-            self.leaves[dcl.name] = leaf  # type: ignore[assignment]
-            leaves.append(leaf)
-        return tuple(leaves)  # type: ignore[return-value]
+            self.leaves[dcl.name] = self.builder.input(dcl.name, dcl.cls, dcl.dtype, loc=dcl.loc,
+                                                       dtype_loc=dcl.dtype_loc)
+        return tuple(self.builder.inputs)
 
     def _declare_ref(self, ref: Tree, decls: dict[str, _InputDecl], assigned: dict[str, SourceLoc]) -> None:
         name_tok, subscript, dtype_tok = ref.children
@@ -819,20 +788,19 @@ class _ExprBuilder(_TextBuilder):
         else:
             cls = ScalarBroadcast if index is None else _INDEX_KINDS[index]
         if cls in (Accumulator, Source) and index is not None:
-            self.fail(GrammarError, f"'{name}' is {_KIND_WORDS[cls]}: write it without an index", subscript)
+            self.fail(GrammarError, f"'{name}' is {KIND_WORDS[cls]}: write it without an index", subscript)
         dt = None
         if dtype_tok is not None:
             dt = self.dtype(dtype_tok)
-            if cls is Accumulator and dt is not f32:
-                self.fail(EpilogueTypeError, f"the accumulator is f32, not {dt}", dtype_tok,
-                          hint="convert values with to(acc, dtype)")
+            self.builder.check_input_dtype(cls, dt, self.loc(dtype_tok))
         decl = decls.get(name)
         if decl is None:
+            self.builder.check_input_name(name, loc)
             decls[name] = _InputDecl(name, cls, form, loc, dt, self.loc(dtype_tok) if dtype_tok is not None else None)
             return
         if decl.cls is not cls:
             self.fail(EpilogueTypeError,
-                      f"'{name}' is used as {_KIND_WORDS[cls]} here but as {_KIND_WORDS[decl.cls]} "
+                      f"'{name}' is used as {KIND_WORDS[cls]} here but as {KIND_WORDS[decl.cls]} "
                       f"('{decl.form}') at {decl.loc.line}:{(decl.loc.col or 0) + 1}", ref,
                       hint="reference each input the same way every time")
         if dt is not None:
@@ -842,79 +810,6 @@ class _ExprBuilder(_TextBuilder):
                           f"and {dt} here", dtype_tok, hint="give an input's dtype once")
             decl.dtype, decl.dtype_loc = dt, self.loc(dtype_tok)
 
-    # ---- values ---------------------------------------------------------------------------
-
-    def lift(self, x: _Val, loc: SourceLoc) -> Node:
-        """The node of ``x``: a traced node itself, or an f32 Immediate for a constant (as the
-        tracer's ``_lift``)."""
-        if isinstance(x, Node):
-            return x
-        if isinstance(x, _Reduced):
-            self.fail(TraceError, f"the {x.node.role} '{x.describe()}' was used inside the epilogue",
-                      x.loc, hint=_USED_INSIDE_HINT)
-        try:
-            value = float(x)
-        except (OverflowError, TypeError, ValueError) as e:
-            self.fail(TraceError, f"the constant {_short(x)} is not a float: {e}", loc)
-        return self.builder.add(Immediate(f32, value=value, loc=loc))
-
-    def compute(self, op: str, args: tuple[_Val, ...], loc: SourceLoc, dtype: DType = f32) -> Node:
-        """Record ``op(*args)`` (the tracer's ``apply``)."""
-        nodes = tuple(self.lift(a, loc) for a in args)
-        return self.builder.add(Compute(dtype, op=op, args=nodes, loc=loc))
-
-    def fold(self, what: str, fn: Callable[[], Any], loc: SourceLoc) -> Any:
-        """Evaluate a constant expression as Python would; its errors become TraceErrors."""
-        try:
-            with np.errstate(all="ignore"):
-                out = fn()
-        except ArithmeticError as e:
-            self.fail(TraceError, f"evaluating the constant expression ({what}) fails: {e}", loc)
-        if isinstance(out, complex):
-            self.fail(TraceError, f"the constant expression ({what}) is complex: {_short(out)}", loc,
-                      hint="a negative number to a fractional power has no real value")
-        return out
-
-    def binary(self, op: str, a: _Val, b: _Val, loc: SourceLoc) -> _Val:
-        if _is_const(a) and _is_const(b):
-            return self.fold(_OP_SYMBOLS[op], lambda: _BINARY[op](a, b), loc)
-        if op in _REFLECTED and _is_const(a) and isinstance(b, Node):
-            # Python tries the constant's operator first, which declines: `2 < x` is `x > 2`.
-            return self.compute(_REFLECTED[op], (b, a), loc)
-        return self.compute(op, (a, b), loc)
-
-    def power(self, base: _Val, exponent: _Val, loc: SourceLoc) -> _Val:
-        """``base ** exponent`` as Python does it on traced values (Value.__pow__/__rpow__)."""
-        if _is_const(base) and _is_const(exponent):
-            return self.fold("**", lambda: base ** exponent, loc)
-        if isinstance(base, Node) and not _is_const(exponent):
-            self.fail(TraceError, "x ** y needs a constant exponent y", loc,
-                      hint="write the exponent as a number, or use exp(y * log(x))")
-        return self.compute("pow", (base, exponent), loc)
-
-    def elementwise(self, op: str, args: tuple[_Val, ...], loc: SourceLoc) -> _Val:
-        """``evtc.<op>(*args)``: recorded when an argument is traced, else evaluated eagerly
-        with the op's float64 reference, as the Python function does."""
-        if all(_is_const(a) for a in args):
-            ref = ops.get(op).numpy
-            return self.fold(f"{op}(...)", lambda: ref(*[np.asarray(a, dtype=np.float64) for a in args]), loc)
-        return self.compute(op, args, loc)
-
-    def reduction(self, op: str, x: _Val, dim: Any, loc: SourceLoc, dim_loc: SourceLoc) -> _Reduced:
-        """The tracer's ``reduce``: checks the axis and that ``x`` is an M x N value."""
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))
-                                or dim not in (0, 1, -1, -2)):
-            self.fail(TraceError, f"dim={dim!r} is not a reduction axis of an M x N tile", dim_loc,
-                      hint="dim=1 (or -1) reduces over N, one value per row; dim=0 (or -2) over M; no dim: both")
-        if dim is not None:
-            dim = int(dim) % 2
-        if _is_const(x):
-            self.fail(EpilogueTypeError, "reducing a constant; reductions take an M x N value", loc)
-        node = self.lift(x, loc)
-        if node.bcast is not Bcast.MN:
-            self.fail(EpilogueTypeError, f"reducing a {node.bcast.value} value; reductions take an M x N value", loc)
-        return _Reduced(Reduction(f32, name="", value=node, op=ReduceOp(op), dim=dim, loc=loc), loc)
-
     # ---- rules: atoms -----------------------------------------------------------------------
 
     @v_args(meta=True)
@@ -923,8 +818,8 @@ class _ExprBuilder(_TextBuilder):
         if name not in self.values:
             return self.leaves[name]
         value = self.values[name]
-        if isinstance(value, _Reduced):
-            return dataclasses.replace(value, loc=self.loc(meta))
+        if isinstance(value, Pending):
+            return value.at(self.loc(meta))
         return value
 
     def subscript(self, children) -> None:  # checked by declare()
@@ -944,21 +839,17 @@ class _ExprBuilder(_TextBuilder):
     @v_args(meta=True)
     def neg(self, meta, children) -> _Val:
         (x,) = children
-        if _is_const(x):
-            return self.fold("-x", lambda: -x, self.loc(meta))
-        return self.compute("neg", (x,), self.loc(meta))
+        return self.builder.negate(x, self.loc(meta))
 
     @v_args(meta=True)
     def pos(self, meta, children) -> _Val:
         (x,) = children
-        if isinstance(x, _Reduced):
-            self.lift(x, self.loc(meta))  # raises: a reduction used inside
-        return +x if _is_const(x) else x
+        return self.builder.plus(x, self.loc(meta))
 
     @v_args(meta=True)
     def pow(self, meta, children) -> _Val:
         base, exponent = children
-        return self.power(base, exponent, self.loc(meta))
+        return self.builder.power(base, exponent, self.loc(meta))
 
     # ---- rules: calls ---------------------------------------------------------------------
 
@@ -973,13 +864,7 @@ class _ExprBuilder(_TextBuilder):
     @v_args(meta=True)
     def convert(self, meta, children) -> _Val:
         x, dtype_tok = children
-        dt = self.dtype(dtype_tok)
-        loc = self.loc(meta)
-        if isinstance(x, _Reduced):  # Reduced.to: sets the output dtype; accumulation stays f32
-            return _Reduced(dataclasses.replace(x.node, dtype=dt), loc)
-        if _is_const(x):
-            return self.fold("to(...)", lambda: dtypes.round_to(np.asarray(x, dtype=np.float64), dt), loc)
-        return self.compute("convert", (x,), loc, dtype=dt)
+        return self.builder.convert(x, str(dtype_tok), self.loc(meta), dtype_loc=self.loc(dtype_tok))
 
     @v_args(meta=True)
     def call(self, meta, children) -> _Val:
@@ -1004,26 +889,24 @@ class _ExprBuilder(_TextBuilder):
         if keywords:
             self.fail(GrammarError, f"{name}() takes no keyword arguments", keywords[0].loc,
                       hint="pass the arguments by position")
+        b = self.builder
         if name == "clamp":
             self._check_arity(name, positional, 3, loc)
             x, lo, hi = positional
-            return self.elementwise("minimum", (self.elementwise("maximum", (x, lo), loc), hi), loc)
+            return b.call("minimum", (b.call("maximum", (x, lo), loc), hi), loc)
         self._check_arity(name, positional, ops.get(name).arity, loc)
-        if name == "pow" and not all(_is_const(a) for a in positional):
-            return self.power(positional[0], positional[1], loc)
-        return self.elementwise(name, positional, loc)
+        return b.call(name, positional, loc)
 
     def _check_arity(self, name: str, args: tuple, arity: int, loc: SourceLoc) -> None:
         if len(args) != arity:
             plural = "s" if arity != 1 else ""
             self.fail(GrammarError, f"{name}() takes {arity} argument{plural}, got {len(args)}", loc)
 
-    def _reduction_call(self, name: str, positional: tuple, keywords: list[_Kwarg], loc: SourceLoc) -> _Reduced:
+    def _reduction_call(self, name: str, positional: tuple, keywords: list[_Kwarg], loc: SourceLoc) -> Pending:
         if not positional:
             self.fail(GrammarError, f"{name}() needs the value to reduce", loc)
         if name in ("max", "min") and len(positional) > 1:
-            self.fail(TraceError, f"{name}() takes one value and reduces it", loc,
-                      hint=f"for the elementwise {name} of two values use {name}imum(a, b); pass the axis as dim=")
+            self.builder.not_elementwise(name, loc)
         if len(positional) > 2:
             self.fail(GrammarError, f"{name}() takes a value and a dim, got {len(positional)} arguments", loc)
         dim: Any = positional[1] if len(positional) == 2 else None
@@ -1033,10 +916,7 @@ class _ExprBuilder(_TextBuilder):
                 what = "dim is given twice" if kw.name == "dim" else f"unexpected keyword argument '{kw.name}'"
                 self.fail(GrammarError, f"{name}(): {what}", kw.loc, hint="reductions take dim=0, dim=1 or no dim")
             dim, dim_loc = kw.value, kw.loc
-        x = positional[0]
-        if name == "amax":  # max(abs(x)), as evtc.amax
-            return self.reduction("max", self.elementwise("abs", (x,), loc), dim, loc, dim_loc)
-        return self.reduction(name, x, dim, loc, dim_loc)
+        return self.builder.reduce(name, positional[0], dim, loc, dim_loc=dim_loc)
 
     # ---- rules: statements ----------------------------------------------------------------
 
@@ -1046,28 +926,14 @@ class _ExprBuilder(_TextBuilder):
         name = str(target)
         loc = self.loc(meta)
         if name.startswith("_"):
-            if isinstance(value, _Reduced):
+            if isinstance(value, Pending):
                 self.fail(TraceError, f"the {value.node.role} '{value.describe()}' is assigned to the "
                           f"temporary '{name}'", loc,
                           hint="a reduction can only be an output: give it a name not starting with '_'")
             self.values[name] = value
             return
         self.values[name] = value
-        self.outputs.append(self.output(name, value, loc))
-
-    def output(self, name: str, value: _Val, loc: SourceLoc) -> Output:
-        """The output ``name`` (the tracer's ``_collect_outputs`` rule for one item)."""
-        if isinstance(value, _Reduced):
-            return self.builder.add(dataclasses.replace(value.node, name=name))  # type: ignore[return-value]
-        if _is_const(value):
-            self.fail(EpilogueTypeError, f"output '{name}' is the constant {float(value)!r}, not an M x N matrix", loc,
-                      hint="outputs must depend on acc, C or an M x N input")
-        node = value
-        if node.bcast is not Bcast.MN:
-            self.fail(EpilogueTypeError, f"output '{name}' is a {node.bcast.value} value, not an M x N matrix", loc,
-                      hint="outputs must depend on acc, C or an M x N input; vectors come out of reductions")
-        dt = node.dtype if (isinstance(node, Compute) and node.op == "convert") else self.d
-        return self.builder.add(Store(dt, name=name, value=node, loc=loc))  # type: ignore[return-value]
+        self.builder.output(name, value, loc)
 
 
 @api_boundary
@@ -1088,21 +954,25 @@ def from_expr(text: str, *, c: DType | str | None = None, d: DType | str = dtype
 
     Raises:
         GrammarError, TraceError, EpilogueTypeError: located in ``text`` (file ``<expr>``).
+        EpilogueSignatureError: ``name`` is not an identifier that can reach C++.
     """
     epilogue = name or "expr"
+    builder = IRBuilder(epilogue, dialect=EXPRESSION)  # checks the name first: messages quote it
     try:
-        dd = dtypes.coerce(d)
-        cc = dtypes.coerce(c) if c is not None else dd
+        builder.d = dtypes.coerce(d)
+        builder.c = dtypes.coerce(c) if c is not None else builder.d
     except UnknownDTypeError as e:
         raise EpilogueTypeError(e.message, epilogue=epilogue, hint=e.hint) from None
+    if not isinstance(text, str):
+        raise GrammarError(f"an expression is a str, not {type(text).__name__}", hint='e.g. from_expr("D = relu(acc)")')
     src = _Source(text, EXPR_FILE)
     tree = _parse(src, "exprs", epilogue)
-    builder = _ExprBuilder(src, epilogue, c=cc, d=dd)
-    inputs = builder.declare(tree)
-    builder.run(tree)
+    first = next((s for s in tree.children if s is not None), None)
+    builder.loc = src.loc(first) if first is not None else None
+    reader = _ExprReader(src, builder)
+    reader.declare(tree)
+    reader.run(tree)
     if not builder.outputs:
         raise TraceError("the expression has no outputs", loc=src.loc_at(0), epilogue=epilogue,
                          hint="assign at least one name not starting with '_', e.g. 'D = relu(acc)'")
-    first = next((s for s in tree.children if s is not None), None)
-    loc = src.loc(first) if first is not None else None
-    return Graph(epilogue, inputs, tuple(builder.outputs), loc)
+    return builder.graph()

@@ -4,72 +4,99 @@ Input: a Python function and the dtypes of C and D. Output: :class:`evtc.ir.grap
 
 Tracing is by operator overloading (torch.fx's ``Proxy``, JAX's tracers), not by re-parsing
 the function's AST: the function runs once with :class:`Value` proxies for its parameters,
-and every operation on a proxy adds a node through the trace's
-:class:`~evtc.ir.graph.GraphBuilder`. Each node records the user's source line
-(``file:line:col``), found by walking the stack to the first frame outside the evtc package
-(torch.fx ``record_stack_traces``).
+and every operation on a proxy asks the trace's :class:`~evtc.frontend.builder.IRBuilder` for a
+node; the builder holds the semantics and the messages shared with the text forms. Each node
+records the user's source line (``file:line:col``), found by walking the stack to the first
+frame outside the evtc package (torch.fx ``record_stack_traces``).
 
 What can't be traced raises a located :class:`~evtc.errors.TraceError`: Python ``if``/``while``/
 ``bool()``/``and``/``or`` on a traced value (use :func:`evtc.where`), ``float(x)``/``math.*``
 (use the ``evtc.*`` op), numpy ufuncs, iterating, indexing, and using a reduction result
-inside the epilogue.
+inside the epilogue. An exception the function itself raises while it is traced (a
+``NameError``, ``1/0``) comes out as a TraceError located at the line that raised it.
+
+What a function may be: a ``def`` or a ``lambda``, with positional-only, ordinary and
+keyword-only parameters (defaults are ignored: every parameter is a runtime input), a
+``functools.partial`` (parameters it binds by keyword are constants, not inputs), a bound method,
+or an object with ``__call__``. ``*args``/``**kwargs`` parameters are an
+:class:`~evtc.errors.EpilogueSignatureError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import linecache
+import os
+import re
 import sys
+import types
 from pathlib import Path
 from typing import Any, Callable
 
 from evtc import dtypes
 from evtc.dtypes import DType, f32
-from evtc.errors import EpilogueSignatureError, EpilogueTypeError, SourceLoc, TraceError, UnknownDTypeError
-from evtc.ir.graph import Graph, GraphBuilder
+from evtc.errors import EpilogueSignatureError, EvtcError, SourceLoc, TraceError
+from evtc.frontend.builder import PYTHON, IRBuilder, Pending, is_constant, not_elementwise_error
+from evtc.ir.graph import Graph
+from evtc.ir.names import name_problem
 from evtc.ir.nodes import (
     Accumulator,
     AuxLoad,
-    Bcast,
     ColBroadcast,
-    Compute,
-    Immediate,
     Leaf,
     Node,
-    Output,
-    ReduceOp,
     Reduction,
     RowBroadcast,
     ScalarBroadcast,
     Source,
-    Store,
 )
 
-_EVTC_DIR = str(Path(__file__).resolve().parent.parent)
+__all__ = [
+    "user_loc", "ParamKind", "Scalar", "DeviceScalar", "RowVector", "ColVector", "Matrix", "SourceMatrix", "Acc",
+    "classify_parameter", "signature_kinds", "default_name", "Tracer", "Value", "Reduced", "apply", "reduce",
+    "trace",
+]
+
+#: the evtc package's folder, with a trailing separator (a frame whose file is below it is evtc's)
+_EVTC_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+def _is_evtc_file(filename: str) -> bool:
+    return filename.startswith(_EVTC_DIR) or filename == "<evtc>"
+
+
+@functools.lru_cache(maxsize=512)
+def _positions(code: types.CodeType) -> tuple:
+    """The (line, end_line, col, end_col) of each instruction of ``code`` (cached: a long
+    epilogue asks once per traced operation)."""
+    return tuple(code.co_positions())
+
+
+def _frame_loc(code: types.CodeType, lineno: int | None, lasti: int) -> SourceLoc:
+    filename = code.co_filename
+    lineno = lineno or code.co_firstlineno
+    col = end_col = None
+    try:
+        pos = _positions(code)[lasti // 2]
+        if pos[0] == lineno and pos[1] == lineno:
+            col, end_col = pos[2], pos[3]
+    except (IndexError, TypeError, AttributeError):
+        pass
+    text = linecache.getline(filename, lineno).rstrip("\n") or None
+    return SourceLoc(filename, lineno, col, end_col, text)
 
 
 def user_loc(skip_internal: bool = True) -> SourceLoc | None:
     """The location of the innermost stack frame outside the evtc package (the user's line),
     with the column span of the expression being evaluated when Python knows it (3.11+)."""
     frame = sys._getframe(1)
-    while frame is not None and skip_internal and frame.f_code.co_filename.startswith(_EVTC_DIR):
+    while frame is not None and skip_internal and _is_evtc_file(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return None
-    filename = frame.f_code.co_filename
-    lineno = frame.f_lineno
-    col = end_col = None
-    positions = getattr(frame.f_code, "co_positions", None)
-    if positions is not None:
-        try:
-            pos = list(positions())[frame.f_lasti // 2]
-            if pos[0] == lineno and pos[1] == lineno:
-                col, end_col = pos[2], pos[3]
-        except (IndexError, TypeError):
-            pass
-    text = linecache.getline(filename, lineno).rstrip("\n") or None
-    return SourceLoc(filename, lineno, col, end_col, text)
+    return _frame_loc(frame.f_code, frame.f_lineno, frame.f_lasti)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,16 +138,21 @@ Acc = ParamKind(Accumulator, f32, label="Accumulator")
 
 def classify_parameter(epilogue: str, param: inspect.Parameter, annotation: Any, index: int,
                        loc: SourceLoc | None) -> ParamKind:
-    """Decide the kind of one parameter from its annotation and name.
+    """Decide the kind of one parameter from its annotation and name (its name itself is
+    checked by the builder, :meth:`~evtc.frontend.builder.IRBuilder.check_input_name`).
 
     Raises:
-        EpilogueSignatureError: the kind can't be inferred or the annotation is not one evtc
-            knows; the message says which annotations are accepted.
+        EpilogueSignatureError: a ``*args``/``**kwargs`` parameter, or the kind can't be
+            inferred or the annotation is not one evtc knows; the message says which
+            annotations are accepted.
     """
     name = param.name
-    if name in ("inf", "nan"):
-        raise EpilogueSignatureError(f"a parameter can't be named '{name}': the IR text reads it as a number",
-                                     loc=loc, epilogue=epilogue, hint="rename the parameter")
+    if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        stars = "*" if param.kind is inspect.Parameter.VAR_POSITIONAL else "**"
+        raise EpilogueSignatureError(
+            f"parameter '{stars}{name}' can't be traced: epilogue parameters must be named one by one",
+            loc=loc, epilogue=epilogue,
+        )
     if isinstance(annotation, ParamKind):
         return annotation
     if annotation is float or annotation is int:
@@ -130,75 +162,74 @@ def classify_parameter(epilogue: str, param: inspect.Parameter, annotation: Any,
             return Acc
         if name == "C":
             return SourceMatrix
-    if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-        raise EpilogueSignatureError(
-            f"parameter '*{name}' can't be traced: epilogue parameters must be named one by one",
-            loc=loc, epilogue=epilogue,
-        )
     got = "no annotation" if annotation is inspect.Parameter.empty else f"annotation {annotation!r}"
-    raise EpilogueSignatureError(
-        f"can't infer what parameter '{name}' is ({got})",
-        loc=loc,
-        epilogue=epilogue,
-        hint=(
-            "name the accumulator 'acc' and the source matrix 'C', and annotate every other "
+    hint = ("name the accumulator 'acc' and the source matrix 'C', and annotate every other "
             "parameter: float or evtc.Scalar[dtype] (runtime scalar), evtc.RowVector[dtype] "
-            "(length N), evtc.ColVector[dtype] (length M), evtc.Matrix[dtype] (M x N aux load)"
-        ),
-    )
+            "(length N), evtc.ColVector[dtype] (length M), evtc.Matrix[dtype] (M x N aux load)")
+    if param.default is not inspect.Parameter.empty:
+        hint += ("; a default value doesn't make a parameter a constant: bind constants with "
+                 "functools.partial(fn, name=value) or a closure")
+    raise EpilogueSignatureError(f"can't infer what parameter '{name}' is ({got})", loc=loc, epilogue=epilogue,
+                                 hint=hint)
 
 
 # ---------------------------------------------------------------------------------------------
-# The proxy
+# The proxies
 # ---------------------------------------------------------------------------------------------
 
 
 class Tracer:
-    """State of one trace: the builder, the epilogue's name, and the output dtypes."""
+    """State of one trace: the :class:`~evtc.frontend.builder.IRBuilder` it drives."""
 
-    def __init__(self, epilogue: str) -> None:
-        self.epilogue = epilogue
-        self.builder = GraphBuilder()
+    def __init__(self, builder: IRBuilder) -> None:
+        self.builder = builder
 
-    def add(self, node: Node) -> Node:
-        return self.builder.add(node)
+    @property
+    def epilogue(self) -> str:
+        return self.builder.epilogue
 
-    def error(self, cls: type[TraceError] | type, message: str, hint: str | None = None, loc=None):
+    def error(self, cls: type[EvtcError], message: str, hint: str | None = None, loc=None) -> EvtcError:
         return cls(message, loc=loc or user_loc(), epilogue=self.epilogue, hint=hint)
 
+    def operand(self, x: Any, loc: SourceLoc | None) -> Any:
+        """What the builder takes for ``x``: a Value's node, a Reduced's pending reduction
+        (located at this use), or ``x`` itself (a constant, or something the builder rejects)."""
+        if isinstance(x, Value):
+            if x._tracer is not self:
+                raise self.error(TraceError, "a value from another epilogue's trace was used here", loc=loc)
+            return x._node
+        if isinstance(x, Reduced):
+            return x._pending.at(loc)
+        return x
 
-def _lift(tracer: Tracer, x: Any) -> Node:
-    """A node for ``x``: a Value's node, or an Immediate for a Python number."""
-    if isinstance(x, Value):
-        if x._tracer is not tracer:
-            raise tracer.error(TraceError, "a value from another epilogue's trace was used here")
-        return x._node
-    if isinstance(x, Reduced):
-        raise tracer.error(
-            TraceError,
-            f"the {x._node.role} '{x._describe()}' was used inside the epilogue",
-            hint="a reduction is only complete after every tile is done, so it can only be returned as an output",
-        )
-    if isinstance(x, bool):
-        return tracer.add(Immediate(f32, value=1.0 if x else 0.0, loc=user_loc()))
-    if isinstance(x, (int, float)):
-        return tracer.add(Immediate(f32, value=float(x), loc=user_loc()))
-    if type(x).__module__.startswith("numpy") and getattr(x, "shape", None) == ():
-        return tracer.add(Immediate(f32, value=float(x), loc=user_loc()))
-    raise tracer.error(
-        TraceError,
-        f"a {type(x).__name__} can't be used in a traced epilogue",
-        hint="use traced parameters and Python numbers; pass tensors as parameters annotated with evtc.Matrix/RowVector/ColVector",
-    )
+    def value(self, x: Any) -> Any:
+        """A proxy for what the builder returned: a Value for a node, a Reduced for a pending
+        reduction (a constant stays a constant)."""
+        if isinstance(x, Node):
+            return Value(self, x)
+        if isinstance(x, Pending):
+            return Reduced(self, x)
+        return x
+
+
+def _tracer_of(args: tuple) -> Tracer | None:
+    return next((a._tracer for a in args if isinstance(a, (Value, Reduced))), None)
 
 
 def apply(op: str, *args: Any, dtype: DType = f32, tracer: Tracer | None = None) -> "Value":
-    """Record ``op(*args)`` and return its proxy (one of ``args`` must be a Value)."""
-    if tracer is None:
-        tracer = next(a._tracer for a in args if isinstance(a, (Value, Reduced)))
-    nodes = tuple(_lift(tracer, a) for a in args)
-    node = tracer.add(Compute(dtype, op=op, args=nodes, loc=user_loc()))
-    return Value(tracer, node)
+    """Record ``op(*args)`` as it is (no folding) and return its proxy (one of ``args`` must be
+    a Value or Reduced, or ``tracer`` given)."""
+    tracer = tracer or _tracer_of(args)
+    loc = user_loc()
+    nodes = tuple(tracer.operand(a, loc) for a in args)
+    return tracer.value(tracer.builder.apply(op, nodes, loc, dtype=dtype))
+
+
+def call(op: str, *args: Any) -> Any:
+    """``evtc.<op>(*args)`` with at least one traced argument (the builder's ``call``)."""
+    tracer = _tracer_of(args)
+    loc = user_loc()
+    return tracer.value(tracer.builder.call(op, tuple(tracer.operand(a, loc) for a in args), loc))
 
 
 class Value:
@@ -223,29 +254,33 @@ class Value:
     def dtype(self) -> DType:
         return self._node.dtype
 
+    def _binary(self, op: str, a: Any, b: Any) -> Any:
+        tr = self._tracer
+        loc = user_loc()
+        return tr.value(tr.builder.binary(op, tr.operand(a, loc), tr.operand(b, loc), loc))
+
     # arithmetic
-    def __add__(self, o): return apply("add", self, o)
-    def __radd__(self, o): return apply("add", o, self)
-    def __sub__(self, o): return apply("sub", self, o)
-    def __rsub__(self, o): return apply("sub", o, self)
-    def __mul__(self, o): return apply("mul", self, o)
-    def __rmul__(self, o): return apply("mul", o, self)
-    def __truediv__(self, o): return apply("div", self, o)
-    def __rtruediv__(self, o): return apply("div", o, self)
-    def __neg__(self): return apply("neg", self)
+    def __add__(self, o): return self._binary("add", self, o)
+    def __radd__(self, o): return self._binary("add", o, self)
+    def __sub__(self, o): return self._binary("sub", self, o)
+    def __rsub__(self, o): return self._binary("sub", o, self)
+    def __mul__(self, o): return self._binary("mul", self, o)
+    def __rmul__(self, o): return self._binary("mul", o, self)
+    def __truediv__(self, o): return self._binary("div", self, o)
+    def __rtruediv__(self, o): return self._binary("div", o, self)
+    def __neg__(self): return self._tracer.value(self._tracer.builder.negate(self._node, user_loc()))
     def __pos__(self): return self
-    def __abs__(self): return apply("abs", self)
+    def __abs__(self): return call("abs", self)
 
     def __pow__(self, o):
-        if isinstance(o, (Value, Reduced)):
-            raise self._tracer.error(
-                TraceError, "x ** y needs a constant exponent y",
-                hint="write the exponent as a Python number, or use evtc.exp(y * evtc.log(x))",
-            )
-        return apply("pow", self, o)
+        tr = self._tracer
+        loc = user_loc()
+        return tr.value(tr.builder.power(self._node, tr.operand(o, loc), loc))
 
     def __rpow__(self, o):
-        return apply("pow", o, self)
+        tr = self._tracer
+        loc = user_loc()
+        return tr.value(tr.builder.power(tr.operand(o, loc), self._node, loc))
 
     def __floordiv__(self, o):
         raise self._tracer.error(TraceError, "'//' (floor division) is not supported in epilogues",
@@ -258,22 +293,21 @@ class Value:
         raise self._tracer.error(TraceError, "'@' inside an epilogue: the GEMM itself is outside the epilogue",
                                  hint="the epilogue receives the product as 'acc'")
 
+    __rmatmul__ = __matmul__
+
     # comparisons give 1.0 / 0.0 masks
-    def __gt__(self, o): return apply("gt", self, o)
-    def __ge__(self, o): return apply("ge", self, o)
-    def __lt__(self, o): return apply("lt", self, o)
-    def __le__(self, o): return apply("le", self, o)
-    def __eq__(self, o): return apply("eq", self, o)  # type: ignore[override]
-    def __ne__(self, o): return apply("ne", self, o)  # type: ignore[override]
+    def __gt__(self, o): return self._binary("gt", self, o)
+    def __ge__(self, o): return self._binary("ge", self, o)
+    def __lt__(self, o): return self._binary("lt", self, o)
+    def __le__(self, o): return self._binary("le", self, o)
+    def __eq__(self, o): return self._binary("eq", self, o)  # type: ignore[override]
+    def __ne__(self, o): return self._binary("ne", self, o)  # type: ignore[override]
     __hash__ = object.__hash__
 
     def to(self, dtype: DType | str) -> "Value":
         """Convert to ``dtype`` (rounding to nearest; fp8 saturates to its finite range)."""
-        try:
-            dt = dtypes.coerce(dtype)
-        except UnknownDTypeError as e:
-            raise self._tracer.error(EpilogueTypeError, e.message, hint=e.hint) from None
-        return apply("convert", self, dtype=dt)
+        tr = self._tracer
+        return tr.value(tr.builder.convert(self._node, dtype, user_loc()))
 
     # things that can't be traced
     def __bool__(self):
@@ -294,6 +328,10 @@ class Value:
     def __int__(self): self._not_a_number("int()")
     def __index__(self): self._not_a_number("using as an index")
     def __complex__(self): self._not_a_number("complex()")
+    def __round__(self, ndigits=None): self._not_a_number("round()")
+    def __trunc__(self): self._not_a_number("math.trunc()")
+    def __floor__(self): self._not_a_number("math.floor()")
+    def __ceil__(self): self._not_a_number("math.ceil()")
 
     def __iter__(self):
         raise self._tracer.error(TraceError, "a traced value can't be iterated or unpacked",
@@ -304,7 +342,8 @@ class Value:
 
     def __getitem__(self, item):
         raise self._tracer.error(TraceError, "indexing a traced value",
-                                 hint="epilogue values are elementwise; broadcast vectors are declared with evtc.RowVector / evtc.ColVector")
+                                 hint="epilogue values are elementwise; broadcast vectors are declared with "
+                                      "evtc.RowVector / evtc.ColVector")
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -323,51 +362,50 @@ class Value:
 
 class Reduced:
     """The result of :func:`evtc.sum` / ``max`` / ``min`` / ``amax`` while tracing: it can only
-    be returned as an output."""
+    be returned as an output (or converted with ``.to(dtype)`` first)."""
 
-    __slots__ = ("_tracer", "_node")
+    __slots__ = ("_tracer", "_pending")
 
-    def __init__(self, tracer: Tracer, node: Reduction) -> None:
+    def __init__(self, tracer: Tracer, pending: Pending) -> None:
         self._tracer = tracer
-        self._node = node
+        self._pending = pending
 
-    def _describe(self) -> str:
-        dim = "" if self._node.dim is None else f", dim={self._node.dim}"
-        return f"{self._node.op.value}(...{dim})"
+    @property
+    def _node(self) -> Reduction:
+        return self._pending.node
+
+    def __repr__(self) -> str:
+        return f"<evtc traced {self._node.role} {self._pending.describe()}>"
 
     def _use(self, *_a, **_k):
-        raise self._tracer.error(
-            TraceError,
-            f"the {self._node.role} '{self._describe()}' was used inside the epilogue",
-            hint="a reduction is only complete after every tile is done, so it can only be returned as an output",
-        )
+        loc = user_loc()
+        self._tracer.builder.lift(self._pending.at(loc), loc)  # raises: a reduction used inside
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _use
-    __truediv__ = __rtruediv__ = __neg__ = __pow__ = __bool__ = __float__ = _use
-    __gt__ = __lt__ = __ge__ = __le__ = _use
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _use
+    __neg__ = __pos__ = __abs__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _use
+    __bool__ = __float__ = __int__ = __index__ = __complex__ = __iter__ = __len__ = __getitem__ = _use
+    __gt__ = __lt__ = __ge__ = __le__ = __eq__ = __ne__ = _use  # type: ignore[assignment]
+    __hash__ = object.__hash__
+    __array_ufunc__ = None
 
     def to(self, dtype):
         """Set the output dtype of the reduction (accumulation stays f32)."""
-        try:
-            dt = dtypes.coerce(dtype)
-        except UnknownDTypeError as e:
-            raise self._tracer.error(EpilogueTypeError, e.message, hint=e.hint) from None
-        return Reduced(self._tracer, self._tracer.add(dataclasses.replace(self._node, dtype=dt)))
+        loc = user_loc()
+        return Reduced(self._tracer, self._tracer.builder.convert(self._pending, dtype, loc))
 
 
 def reduce(op: str, x: Any, dim: int | None) -> Reduced:
-    """Record a reduction of the traced value ``x``."""
+    """Record a reduction (``sum``, ``max``, ``min``) of the traced value ``x``."""
     tracer = x._tracer
-    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)) or dim not in (None, 0, 1, -1, -2):
-        raise tracer.error(TraceError, f"dim={dim!r} is not a reduction axis of an M x N tile",
-                           hint="dim=1 (or -1) reduces over N, one value per row; dim=0 (or -2) over M; no dim: both")
-    if dim is not None:
-        dim = dim % 2
-    node = _lift(tracer, x)
-    if node.bcast is not Bcast.MN:
-        raise tracer.error(EpilogueTypeError, f"reducing a {node.bcast.value} value; reductions take an M x N value")
-    red = Reduction(f32, name="", value=node, op=ReduceOp(op), dim=dim, loc=user_loc())
-    return Reduced(tracer, red)
+    loc = user_loc()
+    return Reduced(tracer, tracer.builder.reduce(op, tracer.operand(x, loc), dim, loc))
+
+
+def not_elementwise(name: str, args: tuple) -> EvtcError:
+    """The error for ``evtc.max(a, b)`` meant elementwise (traced or not)."""
+    tracer = _tracer_of(args)
+    return not_elementwise_error(name, PYTHON, user_loc(), tracer.epilogue if tracer else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,12 +413,31 @@ def reduce(op: str, x: Any, dim: int | None) -> Reduced:
 # ---------------------------------------------------------------------------------------------
 
 
-def _def_loc(fn: Callable) -> SourceLoc | None:
+def _source_object(fn: Callable) -> Any:
+    """What holds ``fn``'s source: the function under a partial, the ``__call__`` of an
+    object that is not a function."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isclass(fn)) and callable(fn):
+        fn = getattr(type(fn), "__call__", fn)
+    return fn
+
+
+def _source_lines(fn: Callable) -> tuple[str, list[str], int] | None:
+    obj = _source_object(fn)
     try:
-        file = inspect.getsourcefile(fn) or "<unknown>"
-        lines, start = inspect.getsourcelines(fn)
-    except (OSError, TypeError):
+        file = inspect.getsourcefile(obj) or "<unknown>"
+        lines, start = inspect.getsourcelines(obj)
+    except (OSError, TypeError, IndexError):
         return None
+    return file, lines, start
+
+
+def _def_loc(fn: Callable) -> SourceLoc | None:
+    src = _source_lines(fn)
+    if src is None:
+        return None
+    file, lines, start = src
     # Point at the 'def' line, after any decorators.
     for i, text in enumerate(lines):
         if text.lstrip().startswith(("def ", "async def ")):
@@ -392,13 +449,10 @@ def _param_loc(fn: Callable, name: str, default: SourceLoc | None) -> SourceLoc 
     """The location of parameter ``name`` in the def line(s) of ``fn``, if it can be found."""
     if default is None:
         return None
-    try:
-        lines, start = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or default.file
-    except (OSError, TypeError):
+    src = _source_lines(fn)
+    if src is None:
         return default
-    import re
-
+    file, lines, start = src
     pat = re.compile(rf"\b{re.escape(name)}\b")
     for i in range(default.line - start, len(lines)):
         m = pat.search(lines[i])
@@ -409,24 +463,94 @@ def _param_loc(fn: Callable, name: str, default: SourceLoc | None) -> SourceLoc 
     return default
 
 
-def signature_kinds(fn: Callable, epilogue: str) -> list[tuple[str, ParamKind]]:
-    """The (name, kind) of every parameter of ``fn``, in order.
+def default_name(fn: Callable) -> str:
+    """The epilogue name of ``fn`` when none is given: its ``__name__`` (of the function under
+    a partial, of the class of a callable object), made an identifier (``<lambda>`` becomes
+    ``lambda``), or ``epilogue``."""
+    base = fn
+    while isinstance(base, functools.partial):
+        base = base.func
+    name = getattr(base, "__name__", None)
+    if not isinstance(name, str):
+        name = type(base).__name__
+    if name_problem(name) is not None:
+        name = re.sub(r"[^A-Za-z0-9_]", "", name)
+    return name if name_problem(name) is None else "epilogue"
 
-    Raises:
-        EpilogueSignatureError: a parameter's kind can't be inferred, or its annotation can't be
-            evaluated.
-    """
-    loc = _def_loc(fn)
+
+def _parameters(fn: Callable, builder: IRBuilder) -> list[tuple[inspect.Parameter, ParamKind, SourceLoc | None]]:
+    """(parameter, kind, loc) of every parameter of ``fn`` that is an input, in order: the
+    names checked by the builder, the kinds by :func:`classify_parameter`."""
+    epilogue = builder.epilogue
+    loc = builder.loc
     try:
-        annotations = inspect.get_annotations(fn, eval_str=True)
-    except Exception as e:  # a string annotation that doesn't evaluate
+        inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise EpilogueSignatureError(f"can't read the signature of {fn!r:.60}: {e}", loc=loc, epilogue=epilogue,
+                                     hint="an epilogue is a Python function (def or lambda) of its inputs") from None
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except Exception as e:  # noqa: BLE001 - a string annotation that doesn't evaluate
         raise EpilogueSignatureError(f"the annotations of '{epilogue}' could not be evaluated: {e}",
                                      loc=loc, epilogue=epilogue) from None
+    bound = set(fn.keywords) if isinstance(fn, functools.partial) else set()
     out = []
-    for i, p in enumerate(inspect.signature(fn).parameters.values()):
-        ann = annotations.get(p.name, inspect.Parameter.empty)
-        out.append((p.name, classify_parameter(epilogue, p, ann, i, _param_loc(fn, p.name, loc))))
+    for i, p in enumerate(sig.parameters.values()):
+        if p.name in bound:
+            continue  # a constant bound by functools.partial
+        ploc = _param_loc(fn, p.name, loc)
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            builder.check_input_name(p.name, ploc)
+        out.append((p, classify_parameter(epilogue, p, p.annotation, i, ploc), ploc))
     return out
+
+
+def signature_kinds(fn: Callable, epilogue: str) -> list[tuple[str, ParamKind]]:
+    """The (name, kind) of every parameter of ``fn`` that is an input, in order.
+
+    Raises:
+        EpilogueSignatureError: a parameter's name or kind is not accepted, its annotation
+            can't be evaluated, or the epilogue's name is not an identifier.
+    """
+    builder = IRBuilder(epilogue, dialect=PYTHON, loc=_def_loc(fn))
+    return [(p.name, kind) for p, kind, _ in _parameters(fn, builder)]
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(str(Path(paths[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                 if k in paths)
+
+
+def _raised_by_the_function(err: Exception, epilogue: str) -> TraceError:
+    """A TraceError for an exception raised while the epilogue function ran, located at the
+    innermost frame of the user's own code (not evtc's, not a library's). When evtc's frames lie
+    between that line and the one that raised, evtc itself failed on what the line asked for,
+    and the message says so."""
+    frames = []
+    tb = err.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno, tb.tb_lasti))
+        tb = tb.tb_next
+    user = [i for i, (code, _, _) in enumerate(frames)
+            if not _is_evtc_file(code.co_filename) and not code.co_filename.startswith(_library_dirs())]
+    if not user:
+        user = [i for i, (code, _, _) in enumerate(frames) if not _is_evtc_file(code.co_filename)]
+    loc = _frame_loc(*frames[user[-1]]) if user else None
+    below = frames[user[-1] + 1:] if user else frames
+    text = str(err)
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    text = text if len(text) <= 300 else text[:297] + "..."
+    if any(_is_evtc_file(code.co_filename) for code, _, _ in below):
+        return TraceError(f"evtc raised {text} while tracing this line", loc=loc, epilogue=epilogue,
+                          hint="this may be a bug in evtc: please report it with the epilogue "
+                               "(EVTC_TRACEBACK=full shows evtc's frames)")
+    return TraceError(f"the epilogue function raised {text}", loc=loc, epilogue=epilogue,
+                      hint="the function runs once, on traced values, when evtc traces it; fix the error at this "
+                           "line (EVTC_TRACEBACK=full shows the whole traceback)")
 
 
 def trace(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16, name: str | None = None) -> Graph:
@@ -438,7 +562,7 @@ def trace(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16, name:
             (defaults to ``d``).
         d: dtype of M x N outputs that don't set their own with ``.to(dtype)``, and of bare
             ``evtc.Matrix`` aux loads.
-        name: the epilogue's name (defaults to the function's ``__name__``).
+        name: the epilogue's name (defaults to :func:`default_name`).
 
     Returns:
         The traced, not yet simplified, Graph. Outputs are in the order returned; a bare
@@ -447,39 +571,34 @@ def trace(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16, name:
     Raises:
         EpilogueSignatureError, TraceError, EpilogueTypeError: located at the user's line.
     """
-    epilogue = name or getattr(fn, "__name__", "epilogue")
-    tracer = Tracer(epilogue)
-    loc = _def_loc(fn)
-    kinds = signature_kinds(fn, epilogue)
-    c = c or d
-    leaves: list[Leaf] = []
-    proxies: dict[str, Value] = {}
-    for pname, kind in kinds:
-        if kind.leaf is Accumulator:
-            dt = f32
-        elif kind.leaf is Source:
-            dt = kind.dtype or c
+    epilogue = name or default_name(fn)
+    builder = IRBuilder(epilogue, c=c or d, d=d, dialect=PYTHON, loc=_def_loc(fn))
+    tracer = Tracer(builder)
+    params = _parameters(fn, builder)
+    args: list[Value] = []
+    kwargs: dict[str, Value] = {}
+    for p, kind, ploc in params:
+        leaf = builder.input(p.name, kind.leaf, kind.dtype, by_pointer=kind.by_pointer, loc=ploc)
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+            args.append(Value(tracer, leaf))
         else:
-            dt = kind.dtype or d
-        extra = {"by_pointer": True} if kind.by_pointer else {}
-        leaf = tracer.add(kind.leaf(dt, name=pname, loc=_param_loc(fn, pname, loc), **extra))
-        leaves.append(leaf)  # type: ignore[arg-type]
-        proxies[pname] = Value(tracer, leaf)
-    n_src = sum(isinstance(l, Source) for l in leaves)
-    n_acc = sum(isinstance(l, Accumulator) for l in leaves)
-    if n_src > 1 or n_acc > 1:
-        raise EpilogueSignatureError(
-            "an epilogue has at most one accumulator and one source C",
-            loc=loc, epilogue=epilogue, hint="declare extra M x N inputs with evtc.Matrix[dtype]",
-        )
-
-    result = fn(**proxies)
-    outputs = _collect_outputs(tracer, result, d, loc)
-    return Graph(epilogue, tuple(leaves), tuple(outputs), loc)
+            kwargs[p.name] = Value(tracer, leaf)
+    try:
+        result = fn(*args, **kwargs)
+    except EvtcError as err:
+        raise err.with_context(epilogue=builder.epilogue)  # (errors of eager evtc.* calls know no epilogue)
+    except Exception as err:  # noqa: BLE001 - the user's own error, located at their line
+        raise _raised_by_the_function(err, builder.epilogue) from err
+    if inspect.iscoroutine(result):
+        result.close()
+    _collect_outputs(tracer, result, builder.loc)
+    return builder.graph()
 
 
-def _collect_outputs(tracer: Tracer, result: Any, d: DType, loc: SourceLoc | None) -> list[Output]:
-    epilogue = tracer.epilogue
+def _collect_outputs(tracer: Tracer, result: Any, loc: SourceLoc | None) -> None:
+    """Declare the outputs of ``result``: a traced value (the output ``D``) or a dict."""
+    builder = tracer.builder
+    epilogue = builder.epilogue
     if isinstance(result, (Value, Reduced)):
         items = [("D", result)]
     elif isinstance(result, dict):
@@ -500,33 +619,20 @@ def _collect_outputs(tracer: Tracer, result: Any, d: DType, loc: SourceLoc | Non
             hint="return an expression of the parameters (e.g. 'return acc * alpha'), or a dict of them",
             anchor="trace-return",
         )
-    outputs: list[Output] = []
-    seen: set[str] = set()
-    input_names = {n.name for n in tracer.builder._table.values() if isinstance(n, Leaf)}
     for key, val in items:
-        if not isinstance(key, str) or not key.isidentifier():
-            raise TraceError(f"output name {key!r} is not an identifier", loc=loc, epilogue=epilogue,
-                             anchor="trace-return")
-        if key in input_names:
-            raise TraceError(f"output '{key}' has the name of a parameter", loc=loc, epilogue=epilogue,
-                             hint="give outputs names different from the parameters", anchor="trace-return")
-        seen.add(key)
+        builder.check_output_name(key, loc)  # at the def line: the dict has no location of its own
         if isinstance(val, Reduced):
-            outputs.append(tracer.add(dataclasses.replace(val._node, name=key)))  # type: ignore[arg-type]
+            if val._tracer is not tracer:
+                raise tracer.error(TraceError, "a value from another epilogue's trace was used here", loc=loc)
+            builder.output(key, val._pending, loc)
         elif isinstance(val, Value):
-            node = val._node
-            if node.bcast is not Bcast.MN:
-                raise EpilogueTypeError(
-                    f"output '{key}' is a {node.bcast.value} value, not an M x N matrix",
-                    loc=node.loc or loc, epilogue=epilogue,
-                    hint="outputs must depend on acc, C or an M x N aux input; vectors come out of reductions",
-                )
-            dt = node.dtype if (isinstance(node, Compute) and node.op == "convert") else d
-            outputs.append(tracer.add(Store(dt, name=key, value=node, loc=node.loc or loc)))  # type: ignore[arg-type]
+            node = tracer.operand(val, loc)
+            builder.output(key, node, node.loc or loc)
+        elif is_constant(val):
+            builder.output(key, val, loc)
         else:
             raise TraceError(
                 f"output '{key}' is a {type(val).__name__}, not a traced value",
                 loc=loc, epilogue=epilogue, hint="every output must be computed from the parameters",
                 anchor="trace-return",
             )
-    return outputs

@@ -2,7 +2,9 @@
 
 Input: nodes (:mod:`evtc.ir.nodes`). Output: :class:`Graph`, the object every stage passes on.
 
-The graph stores its outputs and its declared inputs; everything else is derived. networkx is
+The graph stores its outputs and its declared inputs; everything else is derived, once per graph
+(the topological order, the users, the text form: a Graph and its nodes are immutable), and no
+walk recurses, so a chain of thousands of nodes is as easy as a short one. networkx is
 an analysis view built on demand (:meth:`Graph.to_networkx`) for dominators, cycles and
 liveness, not the storage. Construction goes through :class:`GraphBuilder`, which hash-conses
 nodes so that one graph never holds two structurally equal nodes (``x*y`` written twice is one
@@ -117,7 +119,7 @@ class Graph:
     def users_of(self, node: Node) -> tuple[Node, ...]:
         return self.users.get(id(node), ())
 
-    @property
+    @functools.cached_property
     def used_inputs(self) -> tuple[Leaf, ...]:
         """Declared inputs that some output depends on, in signature order."""
         live = {id(n) for n in self.nodes}
@@ -164,10 +166,15 @@ class Graph:
 
     # ---- text form and equality -------------------------------------------------------------
 
-    def __str__(self) -> str:
+    @functools.cached_property
+    def text(self) -> str:
+        """The canonical text form (:func:`evtc.ir.printer.print_graph`), printed once."""
         from evtc.ir.printer import print_graph
 
         return print_graph(self)
+
+    def __str__(self) -> str:
+        return self.text
 
     def __eq__(self, other: object) -> bool:
         """Structural equality: same canonical text (names, kinds, dtypes, ops, order)."""

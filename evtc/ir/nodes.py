@@ -60,11 +60,30 @@ class Bcast(enum.Enum):
         return Bcast.MN
 
 
-_SLOTS = dict(frozen=True, eq=False, slots=True)
+# repr=False: every kind shares Node.__repr__, which shows inputs by kind and name only (the
+# generated repr would recurse down the whole graph, and a 2000-node chain exhausts the stack).
+_SLOTS = dict(frozen=True, eq=False, slots=True, repr=False)
+
+
+class _Memo:
+    """Slots for what a node derives from its fields, computed once per node (not dataclass
+    fields: they take no part in construction, ``dataclasses.replace``, ``key()`` or ``repr``).
+
+    ``_bcast`` is set at construction from the inputs' own (already computed) classes, so it
+    costs O(arity) per node and no walk of the graph: a chain of reuse like ``x = x + gelu(x)``
+    repeated n times is O(n), not O(2^n) (issue 10). ``_key`` is filled on first use.
+    """
+
+    __slots__ = ("_bcast", "_key")
+
+
+def _rebuild(cls: type, fields: dict) -> "Node":
+    """Unpickle/copy a node by constructing it again, so its memo slots are recomputed."""
+    return cls(**fields)
 
 
 @dataclasses.dataclass(**_SLOTS)
-class Node:
+class Node(_Memo):
     """Base of all node kinds.
 
     Attributes:
@@ -79,20 +98,67 @@ class Node:
     #: short name of the kind in the canonical text form
     kind: ClassVar[str] = "node"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_bcast", self._derive_bcast())
+
+    def _derive_bcast(self) -> Bcast | None:
+        """The broadcast class from the fields (None for the abstract bases)."""
+        return None
+
     @property
     def inputs(self) -> tuple["Node", ...]:
         return ()
 
     @property
     def bcast(self) -> Bcast:
-        raise NotImplementedError
+        """The broadcast class of the value (computed once, at construction)."""
+        b = self._bcast
+        if b is None:
+            raise NotImplementedError(f"{type(self).__name__} has no broadcast class")
+        return b
 
     def key(self) -> tuple:
-        """Structural identity, with inputs by object id (used for hash-consing)."""
+        """Structural identity, with inputs by object id (used for hash-consing); computed once."""
+        try:
+            return self._key
+        except AttributeError:
+            key = self._derive_key()
+            object.__setattr__(self, "_key", key)
+            return key
+
+    def _derive_key(self) -> tuple:
         fields = tuple(
             getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("loc", "inputs", "input")
         )
         return (type(self).__name__, fields, tuple(id(i) for i in self.inputs))
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}))
+
+    def __repr__(self) -> str:
+        """The fields as a dataclass shows them, but inputs only by kind and name
+        (``Compute(dtype=f32, op='relu', args=(<Accumulator acc>,), attrs=())``): one node, never
+        the graph below it."""
+        parts = []
+        for f in dataclasses.fields(self):
+            if not f.repr:
+                continue
+            v = getattr(self, f.name)
+            if isinstance(v, Node):
+                text = v._brief()
+            elif f.name == "args" and isinstance(v, tuple):
+                text = "(" + ", ".join(a._brief() if isinstance(a, Node) else repr(a) for a in v) + \
+                    ("," if len(v) == 1 else "") + ")"
+            else:
+                text = repr(v)
+            parts.append(f"{f.name}={text}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _brief(self) -> str:
+        """``<Accumulator acc>``, ``<Compute relu>``, ``<Immediate 2.0>``: a node inside
+        another's repr."""
+        what = getattr(self, "name", "") or getattr(self, "op", "") or repr(getattr(self, "value", ""))
+        return f"<{type(self).__name__} {what}>"
 
 
 # ---- leaves: inputs of the epilogue ---------------------------------------------------------
@@ -114,8 +180,7 @@ class Leaf(Node):
 class Accumulator(Leaf):
     kind: ClassVar[str] = "accumulator"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.MN
 
     @property
@@ -129,8 +194,7 @@ class Source(Leaf):
 
     kind: ClassVar[str] = "source"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.MN
 
 
@@ -141,8 +205,7 @@ class ScalarBroadcast(Leaf):
     by_pointer: bool = False
     kind: ClassVar[str] = "scalar"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.SCALAR
 
     @property
@@ -156,8 +219,7 @@ class RowBroadcast(Leaf):
 
     kind: ClassVar[str] = "row"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.ROW
 
 
@@ -167,8 +229,7 @@ class ColBroadcast(Leaf):
 
     kind: ClassVar[str] = "col"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.COL
 
 
@@ -178,8 +239,7 @@ class AuxLoad(Leaf):
 
     kind: ClassVar[str] = "aux"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.MN
 
 
@@ -190,8 +250,7 @@ class Immediate(Node):
     value: float = 0.0
     kind: ClassVar[str] = "const"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.SCALAR
 
 
@@ -217,11 +276,10 @@ class Compute(Node):
     def inputs(self) -> tuple[Node, ...]:
         return self.args
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         out = Bcast.SCALAR
         for a in self.args:
-            out = out.join(a.bcast)
+            out = out.join(a.bcast)  # the argument's stored class: O(arity), no walk
         return out
 
     def attr(self, name: str, default: Any = None) -> Any:
@@ -230,7 +288,7 @@ class Compute(Node):
                 return v
         return default
 
-    def key(self) -> tuple:
+    def _derive_key(self) -> tuple:
         return ("Compute", self.op, self.dtype, self.attrs, tuple(id(a) for a in self.args))
 
 
@@ -248,7 +306,7 @@ class Output(Node):
     def inputs(self) -> tuple[Node, ...]:
         return (self.value,) if self.value is not None else ()
 
-    def key(self) -> tuple:
+    def _derive_key(self) -> tuple:
         fields = tuple(
             getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("loc", "value")
         )
@@ -261,8 +319,7 @@ class Store(Output):
 
     kind: ClassVar[str] = "store"
 
-    @property
-    def bcast(self) -> Bcast:
+    def _derive_bcast(self) -> Bcast:
         return Bcast.MN
 
 
@@ -292,9 +349,8 @@ class Reduction(Output):
     dim: int | None = None
     kind: ClassVar[str] = "reduce"
 
-    @property
-    def bcast(self) -> Bcast:
-        return {1: Bcast.COL, 0: Bcast.ROW, None: Bcast.SCALAR}[self.dim]
+    def _derive_bcast(self) -> Bcast | None:
+        return {1: Bcast.COL, 0: Bcast.ROW, None: Bcast.SCALAR}.get(self.dim)
 
     @property
     def role(self) -> str:
