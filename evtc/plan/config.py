@@ -43,6 +43,8 @@ RUNTIME_FIELDS_SM90 = ("swizzle", "raster", "split_k", "decomposition")
 # 8-tile bands, so it keeps one tile. sm80: 8 tiles, the CUTLASS profiler's usual
 # GemmIdentityThreadblockSwizzle<8>.
 DEFAULT_SWIZZLE = {"sm90": {"cooperative": 3, "pingpong": 0}, "sm80": 3}
+#: the schedule of a GemmConfig that names none, by arch
+ARCH_SCHEDULE = {"sm90": "cooperative", "sm80": "multistage"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +53,10 @@ class GemmConfig:
 
     Attributes:
         tile: CTA tile (M, N, K) in elements.
-        cluster: thread block cluster shape (M, N, 1); sm90 only.
-        schedule: sm90 kernel schedule, ``"cooperative"`` or ``"pingpong"``.
+        cluster: thread block cluster shape (M, N, 1); sm90 only. None: (2, 1, 1) on sm90,
+            (1, 1, 1) on sm80 (filled in by :func:`validate`).
+        schedule: sm90 kernel schedule, ``"cooperative"`` or ``"pingpong"``; sm80's is
+            ``"multistage"``. None: the arch's (cooperative on sm90).
         stages: mainloop pipeline stages, or None for as many as fit beside the epilogue's
             shared memory (CUTLASS ``StageCountAutoCarveout``).
         epilogue_tile: (M, N) of the epilogue subtile, or None to let the planner choose.
@@ -82,8 +86,8 @@ class GemmConfig:
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
-    cluster: tuple[int, int, int] = (2, 1, 1)
-    schedule: str = "cooperative"
+    cluster: tuple[int, int, int] | None = None
+    schedule: str | None = None
     stages: int | None = None
     epilogue_tile: tuple[int, int] | None = None
     scheduler: str = "persistent"
@@ -136,8 +140,8 @@ class GemmConfig:
     def name(self) -> str:
         """A short stable name, e.g. ``128x256x64_2x1_coop``."""
         t = "x".join(map(str, self.tile))
-        c = "x".join(map(str, self.cluster[:2]))
-        s = {"cooperative": "coop", "pingpong": "pp"}.get(self.schedule, self.schedule)
+        c = "x".join(map(str, (self.cluster or (2, 1, 1))[:2]))
+        s = {"cooperative": "coop", "pingpong": "pp", None: "default"}.get(self.schedule, self.schedule)
         extra = ""
         if self.stages:
             extra += f"_s{self.stages}"
@@ -192,6 +196,10 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     if not isinstance(config, GemmConfig):
         raise ConfigError(f"config = {config!r} is not a GemmConfig",
                           hint="pass evtc.GemmConfig(...) or a dict of its fields")
+    if config.schedule is None:
+        config = config.replace(schedule=ARCH_SCHEDULE[arch])
+    if config.cluster is None:
+        config = config.replace(cluster=(2, 1, 1) if arch == "sm90" else (1, 1, 1))
     _check_types(config, arch)
     if a != b and not (a.is_fp8 and b.is_fp8):
         raise ConfigError(f"A is {a.name} and B is {b.name}: the tensor core MMAs take two operands of one 16-bit type "
@@ -256,6 +264,12 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
         if config.split_k != 1 or config.decomposition != "heuristic":
             raise ConfigError("split_k / decomposition are arguments of sm90's stream-K tile scheduler",
                               hint="on sm80 use scheduler='streamk' (ThreadblockSwizzleStreamK)")
+        if config.schedule != "multistage":
+            raise ConfigError(f"schedule '{config.schedule}': sm80 kernels are multistage (cp.async) GEMMs",
+                              hint="leave schedule unset on sm80 (pingpong and cooperative are sm90 schedules)")
+        if tuple(config.cluster) != (1, 1, 1):
+            raise ConfigError(f"cluster {config.cluster}: thread block clusters are sm90's (sm80 has none)",
+                              hint="leave cluster unset on sm80")
         wm, wn, wk = config.warp_tile or (64, 64, tk)
         if tm % wm or tn % wn or wm % 16 or wn % 16 or tm % 32 or tn % 32:
             raise ConfigError(f"sm80 tile {config.tile} / warp tile {config.warp_tile} don't divide")
