@@ -210,6 +210,14 @@ class ArgumentError(EvtcError, TypeError):
     anchor = "arguments"
 
 
+class MisalignedError(ArgumentError):
+    """A tensor's base address is not aligned as the kernel's TMA accesses need (16 bytes). A
+    kernel family retries such a call on a member that needs no TMA for that tensor; a pinned
+    kernel raises it."""
+
+    anchor = "arguments"
+
+
 class LaunchError(EvtcError, RuntimeError):
     """CUDA or CUTLASS reported an error while launching the kernel."""
 

@@ -3,22 +3,24 @@
 Input: an epilogue (``@evtc.epilogue`` function, a Graph, or a textual expression), operand and
 output dtypes, an arch and optional configuration. Output: a callable GEMM.
 
-``Gemm(...)`` traces, runs the passes, plans and emits right away (so errors in the epilogue
-surface at construction, located at the user's line); the nvcc build happens on the first call
-or on :meth:`Gemm.build` and is cached on disk.
+``Gemm(...)`` traces, runs the passes, plans and emits its primary kernel right away (so errors
+in the epilogue surface at construction, located at the user's line). A Gemm is a *kernel
+family* (:mod:`evtc.family.spec`): each call picks a kernel by the problem (M, N, K, L,
+alignment), from the tuner's stored choices if any, else by the heuristic; kernels a call needs
+are built on demand, :meth:`Gemm.build` builds the whole default family at once, and nvcc builds
+are cached on disk. A pinned :class:`~evtc.plan.config.GemmConfig` is a family of one.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Mapping
 
 from evtc import dtypes, passes
 from evtc.compiler import cache
 from evtc.dtypes import DType
 from evtc.abi import abi_fields, ctypes_struct
-from evtc.errors import ConfigError, api_boundary
+from evtc.errors import ArgumentError, ConfigError, MisalignedError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
@@ -27,8 +29,11 @@ from evtc.plan.config import validate as validate_config
 from evtc.plan import plan as make_plan
 from evtc.plan.plan import Plan
 from evtc.ir.printer import print_graph
-from evtc.runtime.bind import Binder
-from evtc.runtime.launch import KernelLibrary, Launcher
+from evtc.family.spec import KernelSpec, Problem, choose, default_family, on_demand
+from evtc.ir.nodes import AuxLoad, Source, Store
+from evtc.runtime import tensors
+from evtc.runtime.bind import ALIGN, Binder
+from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
 
 
 def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> Graph:
@@ -57,8 +62,83 @@ def emit(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     return emit_sm80(graph, plan, name=name)
 
 
+class Kernel:
+    """One kernel of a Gemm's family: its configuration, plan and source, and its library once
+    built. Specs that differ only in run-time fields (split-K, decomposition, tile order) share
+    one Kernel.
+
+    Attributes:
+        spec: the family member it was made for.
+        arch: the arch it is built for.
+        graph: the epilogue it computes: the Gemm's, or its transpose under swap-AB.
+        plan: its Plan; ``config`` its validated configuration.
+        source: the emitted ``.cu``.
+        library: the loaded :class:`KernelLibrary`, or None before :meth:`build`.
+    """
+
+    def __init__(self, gemm: "Gemm", spec: KernelSpec, policy: str = "evtc", rank: int = 0,
+                 fixed: Mapping | None = None) -> None:
+        self.spec = spec
+        self.arch = spec.arch
+        self.name = gemm.name
+        graph = gemm.graph_for(spec.arch)
+        if spec.config.swap_ab:
+            from evtc.family.swap_ab import transpose
+
+            graph = transpose(graph)
+        self.graph = graph
+        self.plan = make_plan(graph, spec.arch, a=gemm.a, b=gemm.b, config=spec.config, policy=policy, rank=rank,
+                              fixed=fixed or {})
+        self.config = self.plan.config
+        self.source = emit(graph, self.plan)
+        self.library: KernelLibrary | None = None
+        self.artifact: cache.Artifact | None = None
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.name}[{self.spec.name}]"
+
+    def job(self) -> cache.BuildJob:
+        """The build job of this kernel (for :func:`evtc.compiler.build_many`)."""
+        return cache.BuildJob(self.source, self.arch, self.job_name)
+
+    def load(self, art: cache.Artifact) -> None:
+        """Load ``art`` (this kernel's build) and check it is this kernel (ABI, IR, name)."""
+        if self.library is not None and self.artifact is not None and self.artifact.key == art.key:
+            return
+        library = KernelLibrary(art.verified_library_path())
+        library.verify(fields=abi_fields(self.graph, self.arch), ir=print_graph(self.graph), name=self.name,
+                       arch=self.arch)
+        self.library, self.artifact = library, art
+
+    def build(self, timeout: float | None = None) -> cache.Artifact:
+        """Compile (or fetch from the cache) and load."""
+        art = cache.build(self.source, arch=self.arch, name=self.job_name, timeout=timeout)
+        self.load(art)
+        return art
+
+
+def _scheduler_args(config: GemmConfig, arch: str) -> dict[str, int]:
+    """The sm90 tile scheduler's run-time arguments of ``config`` (fields of ``evtc_args_t``)."""
+    if arch != "sm90":
+        return {}
+    return {"max_swizzle_size": 1 << config.swizzle, "raster_order": RASTER_ORDERS.index(config.raster),
+            "splits": config.split_k, "decomposition_mode": DECOMPOSITIONS.index(config.decomposition),
+            "reduction_mode": 0}
+
+
+def _aligned_rows(v: tensors.TensorView, eb: int) -> bool:
+    """TMA can read ``v``: 16-byte aligned base, row and batch strides."""
+    if v.ptr % ALIGN:
+        return False
+    if len(v.shape) >= 2 and v.shape[-2] > 1 and (v.strides[-2] * eb) % ALIGN:
+        return False
+    return not (len(v.shape) == 3 and v.shape[0] > 1 and (v.strides[0] * eb) % ALIGN)
+
+
 class Gemm:
-    """A GEMM ``D = epilogue(A @ B.T, ...)`` compiled for one arch and set of dtypes.
+    """A GEMM ``D = epilogue(A @ B.T, ...)`` for one arch and set of dtypes: a family of kernels,
+    one picked per problem.
 
     Args:
         epilogue: an ``@evtc.epilogue`` function, a Graph, or a textual expression
@@ -68,16 +148,20 @@ class Gemm:
         c: dtype of the source C (default: ``d``).
         d: dtype of M x N outputs that don't choose their own with ``.to()``.
         arch: ``"sm90"`` (Hopper, TMA warp-specialized) or ``"sm80"`` (Ampere, register-only).
-        config: a :class:`~evtc.plan.config.GemmConfig` (tile, cluster, schedule, stages...);
-            default :func:`~evtc.plan.config.default_config`.
+        config: a :class:`~evtc.plan.config.GemmConfig` (tile, cluster, schedule, stages...):
+            pins one kernel (a family of one). Default: the arch's family
+            (:func:`evtc.family.spec.default_family`), whose first member is
+            :func:`~evtc.plan.config.default_config`.
         plan: ``"evtc"`` (evtc's shared-memory planner) or ``"cutlass"`` (stock CUTLASS's
-            additive rule, for comparison).
-        plan_rank: take the n-th best plan of the cost model (the autotuner tries a few).
+            additive rule, for comparison), or a dict of fixed planner decisions (for the
+            primary kernel).
+        plan_rank: take the n-th best plan of the cost model for the primary kernel.
 
     Attributes:
         graph: the Graph after passes. ``str(gemm.graph)`` is its IR text.
-        plan: the :class:`~evtc.plan.plan.Plan`; ``print(gemm.plan)`` shows it on one screen.
-        source: the emitted ``.cu`` text.
+        family: the family's members, name -> :class:`~evtc.family.spec.KernelSpec`.
+        plan, config, source, kernel_graph: those of the primary kernel (the family's first
+            member, or the pinned one): ``print(gemm.plan)`` shows its buffer table.
 
     Raises:
         EvtcError: a subclass located at the epilogue's line: trace, type, legalization,
@@ -99,7 +183,7 @@ class Gemm:
         self.d = dtypes.coerce(d) if d is not None else d_default
         self.c = dtypes.coerce(c) if c is not None else None
         self.arch = arch
-        target = get_target(arch)
+        self.target = get_target(arch)
         for name, dt in (("a", self.a), ("b", self.b)):
             if dt not in dtypes.MAINLOOP_DTYPES[arch]:
                 allowed = ", ".join(x.name for x in dtypes.MAINLOOP_DTYPES[arch])
@@ -109,74 +193,238 @@ class Gemm:
             raise ConfigError(f"A is {self.a.name} and B is {self.b.name}: mixed-width mainloops are not supported")
         if isinstance(config, Mapping):
             config = GemmConfig.from_json(dict(config))
-        self.config = validate_config(default_config(arch, self.a, self.b) if config is None else config,
-                                      arch, self.a, self.b)
-        traced = as_graph(epilogue, c=self.c, d=self.d)
-        self.name = traced.name
-        self.graph = passes.run(traced, arch)
+        pinned = config is not None
+        config = validate_config(default_config(arch, self.a, self.b) if config is None else config,
+                                 arch, self.a, self.b)
+        self._traced = as_graph(epilogue, c=self.c, d=self.d)
+        self.name = self._traced.name
+        self._graphs: dict[str, Graph] = {}
+        self.graph = self.graph_for(arch)
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
-        policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
-        # swap-AB kernels run the epilogue of the transposed problem (evtc.family.swap_ab)
-        self.kernel_graph = self.graph
-        if self.config.swap_ab:
-            from evtc.family.swap_ab import transpose
+        self._policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
+        if pinned:
+            self.family = {"pinned": KernelSpec("pinned", config, arch)}
+        else:
+            self.family = {s.name: s for s in default_family(arch, self.a, self.b)}
+        primary_spec = next(iter(self.family.values()))
+        self._kernels: dict[str, Kernel] = {}
+        self._primary = self._kernels[self._kernel_key(primary_spec)] = Kernel(
+            self, primary_spec, self._policy, plan_rank, fixed)
+        self._launchers: dict[tuple, Launcher] = {}
+        self._dispatch: dict[tuple, Launcher] = {}
+        self._single: Launcher | None = None  # a pinned family's launcher, once built
+        self._prober = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, arch)), arch=arch)
+        self._tuned = None
 
-            self.kernel_graph = transpose(self.graph)
-        self.plan = make_plan(self.kernel_graph, arch, a=self.a, b=self.b, config=self.config, policy=policy,
-                              rank=plan_rank, fixed=fixed)
-        self.config = self.plan.config  # validated: defaults that depend on the arch filled in
-        self.source = emit(self.kernel_graph, self.plan)
-        self.target = target
-        self._library: KernelLibrary | None = None
-        self._library_key: str | None = None
-        # sm90's register-direct accesses are whole 16-byte vectors (the Binder checks N); sm80
-        # picks its access width at run time, so it has no such rule.
-        self._direct = frozenset(b.name for b in self.plan.buffers if b.mode == "direct"
-                                 and b.role in ("aux_load", "aux_store")) if self.plan.arch == "sm90" else frozenset()
-        self._scheduler = {"max_swizzle_size": 1 << self.config.swizzle,
-                           "raster_order": RASTER_ORDERS.index(self.config.raster),
-                           "splits": self.config.split_k,
-                           "decomposition_mode": DECOMPOSITIONS.index(self.config.decomposition),
-                           "reduction_mode": 0} if arch == "sm90" else {}
-        self._binder = self._make_binder(ctypes_struct(abi_fields(self.graph, arch)))
+    # ---- the primary kernel (what a family of one is) ----------------------------------------------
 
-    def _make_binder(self, Args) -> Binder:
-        self._launcher: Launcher | None = None
-        return Binder(self.graph, self.a, self.b, Args, self._direct, self._scheduler, arch=self.arch)
+    @property
+    def plan(self) -> Plan:
+        return self._primary.plan
+
+    @property
+    def config(self) -> GemmConfig:
+        return self._primary.config
+
+    @property
+    def source(self) -> str:
+        return self._primary.source
+
+    @property
+    def kernel_graph(self) -> Graph:
+        return self._primary.graph
+
+    @property
+    def artifact(self) -> cache.Artifact | None:
+        return self._primary.artifact
+
+    @property
+    def _direct(self) -> frozenset[str]:
+        """The primary kernel's register-direct aux tensors (sm90's 16-byte vectors)."""
+        if self.arch != "sm90" or self.config.unaligned:
+            return frozenset()
+        return frozenset(b.name for b in self.plan.buffers if b.mode == "direct" and b.role in ("aux_load", "aux_store"))
+
+    @property
+    def _binder(self) -> Binder:
+        """The primary kernel's argument checker (before it is built: the ABI from the graph)."""
+        k = self._primary
+        Args = k.library.Args if k.library is not None else ctypes_struct(abi_fields(self.graph, self.arch))
+        return Binder(self.graph, self.a, self.b, Args, self._direct, _scheduler_args(self.config, self.arch),
+                      arch=self.arch, swap=self.config.swap_ab, mn_tma=self.arch == "sm90" and not self.config.unaligned)
+
+    @property
+    def _launcher(self) -> Launcher | None:
+        """The launcher every call goes through, when one is fixed (a pinned family once built)."""
+        return self._single
+
+    @_launcher.setter
+    def _launcher(self, launcher: Launcher | None) -> None:
+        self._single = launcher
+
+    def graph_for(self, arch: str) -> Graph:
+        """The epilogue after passes, legalized for ``arch`` (an sm90 family's fallback for A and B
+        rows TMA can't read is an sm80 kernel)."""
+        g = self._graphs.get(arch)
+        if g is None:
+            g = self._graphs[arch] = passes.run(self._traced, arch)
+        return g
+
+    # ---- the family -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _kernel_key(spec: KernelSpec) -> str:
+        return json.dumps([spec.arch, spec.config.kernel_json(spec.arch)], sort_keys=True)
+
+    def kernel(self, spec: KernelSpec | str) -> Kernel:
+        """The (planned, maybe not built) kernel of a family member, by spec or member name."""
+        if isinstance(spec, str):
+            spec = self.family[spec] if spec in self.family else on_demand(self.arch, self.a, self.b, spec)
+        key = self._kernel_key(spec)
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = Kernel(self, spec, self._policy)
+        return k
+
+    def kernels(self) -> list[Kernel]:
+        """The kernels of the default family (planned and emitted, not built)."""
+        return [self.kernel(s) for s in self.family.values()]
+
+    def choose(self, M: int, N: int, K: int, L: int = 1, *, aligned_mn: bool = True, aligned_k: bool = True,
+               sm_count: int | None = None, device: str | None = None) -> KernelSpec:
+        """The family member (with its run-time arguments) a problem runs on: the tuner's stored
+        choice for its shape bucket on ``device`` if there is one, else the heuristic's
+        (:func:`evtc.family.spec.choose`)."""
+        if len(self.family) == 1 and "pinned" in self.family:
+            return self.family["pinned"]
+        p = Problem(M, N, K, L, aligned_mn, aligned_k, sm_count or self.target.sm_count)
+        if aligned_mn and aligned_k and device is not None:
+            tuned = self.tuned_choice(p, device)
+            if tuned is not None:
+                return tuned
+        return choose(self.family, p, self.arch, self.a, self.b)
+
+    def tuned_choice(self, p: Problem, device: str) -> KernelSpec | None:
+        """The tuner's stored choice for ``p`` on ``device`` (:mod:`evtc.family.tune`), or None."""
+        from evtc.family import tune
+
+        if self._tuned is None:
+            self._tuned = tune.TuneStore.for_gemm(self)
+        rec = self._tuned.get(tune.shape_bucket(p.M, p.N, p.K, p.L), device)
+        if rec is None:
+            return None
+        try:
+            base = self.family[rec["member"]]
+        except KeyError:
+            return None
+        return base.with_runtime(**{k: rec["runtime"][k] for k in ("split_k", "decomposition") if k in rec["runtime"]})
+
+    @api_boundary
+    def tune(self, shapes, *, iters: int = 30, limit_s: float = 2.0, store: bool = True, verbose: bool = False):
+        """Time the family's kernels on ``shapes`` ((M, N, K) or (M, N, K, L)) on the current GPU
+        and store the fastest per shape bucket, for this and later processes (see
+        :mod:`evtc.family.tune`).
+
+        Returns:
+            One dict per shape: the winner, every candidate's median ms, the heuristic's pick.
+
+        Raises:
+            NoDeviceError: no CUDA GPU.
+        """
+        from evtc.family.tune import tune
+
+        return tune(self, shapes, iters=iters, limit_s=limit_s, store=store, verbose=verbose)
 
     # ---- building -------------------------------------------------------------------------------
 
     @api_boundary
-    def build(self, timeout: float | None = None) -> cache.Artifact:
-        """Compile (or fetch from the cache) and load the kernel.
+    def build(self, timeout: float | None = None, *, executor=None, family: bool = True) -> cache.Artifact:
+        """Compile (or fetch from the cache) and load the family's kernels, in parallel (with a
+        progress bar when it takes over a second).
+
+        Args:
+            timeout: seconds before an nvcc is killed.
+            executor: a :class:`concurrent.futures.Executor` to build on (see
+                :func:`evtc.compiler.build_many`).
+            family: build every default member (default), or only the primary kernel.
+
+        Returns:
+            The primary kernel's Artifact.
 
         Raises:
             BuildError: nvcc failed (the source and log are kept and named).
             NoDeviceError: no nvcc.
         """
-        art = cache.build(self.source, arch=self.arch, name=self.name, timeout=timeout)
-        if self._library is None or self._library_key != art.key:
-            library = KernelLibrary(art.verified_library_path())
-            library.verify(fields=abi_fields(self.kernel_graph, self.arch), ir=print_graph(self.kernel_graph),
-                           name=self.name, arch=self.arch)
-            self._library = library
-            self._library_key = art.key
-            self._binder = self._make_binder(library.Args)
-        self.artifact = art
-        return art
+        kernels = self.kernels() if family else [self._primary]
+        if len(kernels) == 1:
+            return kernels[0].build(timeout)
+        results = cache.build_many([k.job() for k in kernels], executor=executor, timeout=timeout)
+        for k, r in zip(kernels, results):
+            if isinstance(r, Exception):
+                raise r
+            k.load(r)
+        return self._primary.artifact  # type: ignore[return-value]
 
     @property
     def library(self) -> KernelLibrary:
-        if self._library is None:
-            self.build()
-        assert self._library is not None
-        return self._library
+        """The primary kernel's library (built on first use)."""
+        if self._primary.library is None:
+            self._primary.build()
+        assert self._primary.library is not None
+        return self._primary.library
 
     def info(self) -> dict:
-        """The built kernel's info (plan, ABI, ``sizeof`` of the epilogue storage, stages)."""
+        """The primary kernel's info (plan, ABI, ``sizeof`` of the epilogue storage, stages)."""
         return self.library.info
 
     # ---- running ----------------------------------------------------------------------------------
+
+    def launcher(self, spec: KernelSpec) -> Launcher:
+        """The launcher of a family member with its run-time arguments (builds its kernel on
+        first use)."""
+        key = (self._kernel_key(spec), json.dumps(spec.config.to_json(), sort_keys=True))
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            kernel = self.kernel(spec)
+            if kernel.library is None:
+                kernel.build()
+            plan = kernel.plan
+            unaligned = spec.config.unaligned
+            direct = frozenset() if unaligned or spec.arch != "sm90" else frozenset(
+                b.name for b in plan.buffers if b.mode == "direct" and b.role in ("aux_load", "aux_store"))
+            binder = Binder(self.graph_for(spec.arch), self.a, self.b, kernel.library.Args, direct,
+                            _scheduler_args(spec.config.replace(swizzle=spec.config.swizzle if spec.config.swizzle
+                                                                 is not None else kernel.config.swizzle), spec.arch),
+                            arch=spec.arch, swap=spec.config.swap_ab, mn_tma=spec.arch == "sm90" and not unaligned)
+            launcher = self._launchers[key] = Launcher(binder, kernel.library, self.name)
+        return launcher
+
+    def _problem_of(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any) -> dict:
+        """M, N, K, L and the alignment of A, B and every M x N tensor the caller passes."""
+        g = self.graph
+        va, vb = tensors.view(A, "A", g.name), tensors.view(B, "B", g.name)
+        if len(va.shape) not in (2, 3) or len(vb.shape) not in (2, 3):
+            raise ArgumentError(f"A and B must be 2-D or 3-D, got A {tuple(va.shape)} and B {tuple(vb.shape)}",
+                                epilogue=g.name)
+        M, K = va.shape[-2:]
+        N = vb.shape[-2]
+        L = max(va.shape[0] if len(va.shape) == 3 else 1, vb.shape[0] if len(vb.shape) == 3 else 1)
+        aligned_k = _aligned_rows(va, self.a.bytes) and _aligned_rows(vb, self.b.bytes)
+        aligned_mn = True
+        mxn = [(kwargs[n.name], n.dtype) for n in g.used_inputs
+               if isinstance(n, (Source, AuxLoad)) and n.name in kwargs]
+        given = out if isinstance(out, Mapping) else ({g.outputs[0].name: out} if out is not None else {})
+        mxn += [(given[o.name], o.dtype) for o in g.outputs if isinstance(o, Store) and given.get(o.name) is not None]
+        for x, dt in mxn:
+            if not _aligned_rows(tensors.view(x, "tensor", g.name), dt.bytes):
+                aligned_mn = False
+        return dict(M=M, N=N, K=K, L=L, aligned_mn=aligned_mn, aligned_k=aligned_k, device=va.device)
+
+    def _select(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any) -> Launcher:
+        p = self._problem_of(A, B, kwargs, out)
+        device = p.pop("device")
+        spec = self.choose(**p, device=tensors.device_name(device) if device >= 0 else None)
+        return self.launcher(spec)
 
     @api_boundary
     def __call__(self, A: Any, B: Any, *, out: Any = None, stream: Any = None, **kwargs: Any):
@@ -198,24 +446,46 @@ class Gemm:
             order the epilogue returned them. Reductions are (L, M) / (L, N) / (L,) (without
             L for unbatched problems).
 
-        Zero sizes behave like torch (empty outputs for M, N or L = 0, the epilogue of a zero
-        accumulator for K = 0), outputs may be exactly an M x N input (in place, ``out=C``), and
-        the call can be captured in a CUDA graph (``torch.cuda.graph``): see
-        :mod:`evtc.runtime.bind` for every rule.
+        The kernel is the family member :meth:`choose` picks for the problem (cached per call
+        signature); one the cache lacks is built first. Zero sizes behave like torch (empty
+        outputs for M, N or L = 0, the epilogue of a zero accumulator for K = 0), outputs may be
+        exactly an M x N input (in place, ``out=C``), and the call can be captured in a CUDA
+        graph (``torch.cuda.graph``): see :mod:`evtc.runtime.bind` for every rule.
 
         Raises:
             ArgumentError: a missing, extra or malformed argument (named).
             LaunchError: CUDA reported an error.
         """
-        launcher = self._launcher
+        single = self._single
+        if single is not None:
+            return single(A, B, kwargs, out, stream)
+        if "pinned" in self.family:
+            single = self._single = self.launcher(self.family["pinned"])
+            return single(A, B, kwargs, out, stream)
+        key, ptrs = probe_call(self._prober, A, B, kwargs, out)
+        launcher = self._dispatch.get(key) if key is not None else None
         if launcher is None:
-            library = self.library  # builds (and makes the Binder of the loaded ABI) on first use
-            launcher = self._launcher = Launcher(self._binder, library, self.name)
-        return launcher(A, B, kwargs, out, stream)
+            try:
+                launcher = self._select(A, B, kwargs, out)
+            except ArgumentError:
+                # a malformed call: the full checks of the primary kernel's binder say what is wrong
+                self._prober.signature(A, B, kwargs, out)
+                raise
+            if key is not None:
+                self._dispatch[key] = launcher
+        try:
+            return launcher.run(key, ptrs, A, B, kwargs, out, stream)
+        except MisalignedError:
+            # a base address TMA can't use, with strides it can: this call (only) goes to the member
+            # chosen from its real alignment
+            return self._select(A, B, kwargs, out)(A, B, kwargs, out, stream)
 
     def __repr__(self) -> str:
-        return f"<evtc.Gemm {self.name} {self.arch} a={self.a} b={self.b} tile={self.config.name} plan={self.plan.policy}>"
+        members = ", ".join(self.family)
+        return (f"<evtc.Gemm {self.name} {self.arch} a={self.a} b={self.b} family=[{members}] "
+                f"tile={self.config.name} plan={self.plan.policy}>")
 
     def describe(self) -> str:
-        """The IR, the plan and the configuration, as text."""
-        return f"{self.graph}\n{self.plan}\nconfig: {json.dumps(self.config.to_json())}\n"
+        """The IR, the primary plan and the family, as text."""
+        fam = "\n".join(f"  {n}: {s.config.schedule_name} ({s.arch})" for n, s in self.family.items())
+        return f"{self.graph}\n{self.plan}\nconfig: {json.dumps(self.config.to_json())}\nfamily:\n{fam}\n"

@@ -16,8 +16,7 @@ the H100's 132 SMs (docs/performance.md has the measurements behind each):
   (CUTLASS's balanced K ranges); the partial accumulators are reduced before the epilogue
   runs once per tile, so aux stores and reductions are exact;
 * ``swap``: swap-AB (``D^T = B A^T``) with a 128x32x64 cooperative stream-K tile: decode-sized M
-  (<= 32) puts the long N on the tile's M and splits K to fill the machine;
-* ``swap64``: the same with a 128x64 tile for 32 < M <= 64.
+  (<= 64) puts the long N on the tile's M and splits K to fill the machine.
 
 Built on demand, never by default: ``unaligned`` (the large tile with every M x N tensor
 register-direct, for rows not 16-byte aligned) and, for A or B rows not 16-byte aligned (K not a
@@ -86,7 +85,6 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("large", base, arch),
         KernelSpec("streamk", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("swap", GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True), arch),
-        KernelSpec("swap64", GemmConfig(tile=(128, 64, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True), arch),
     )
 
 
@@ -105,13 +103,12 @@ def _tiles(M: int, N: int, L: int, tile: tuple[int, int, int]) -> int:
 
 
 def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = 4, max_splits: int = 16) -> int:
-    """K splits that fill the machine: enough that tiles x splits reaches the SM count, each split
-    at least ``min_k_tiles`` K tiles long (shorter ones spend more on the reduction than they
-    save), at most ``max_splits``."""
+    """K splits that fill the machine in one wave: the most with tiles x splits <= the SM count,
+    each split at least ``min_k_tiles`` K tiles long (shorter ones spend more on the reduction
+    than they save), at most ``max_splits``."""
     if tiles >= sm_count:
         return 1
-    want = math.ceil(sm_count / tiles)
-    return max(1, min(want, k_tiles // min_k_tiles, max_splits))
+    return max(1, min(sm_count // tiles, k_tiles // min_k_tiles, max_splits))
 
 
 def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType) -> KernelSpec:
@@ -131,7 +128,7 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
         return family.get("unaligned") or on_demand(arch, a, b, "unaligned")
     large = family["large"]
     if p.M <= 64 and p.N >= 256 and "swap" in family:
-        spec = family["swap" if p.M <= 32 or "swap64" not in family else "swap64"]
+        spec = family["swap"]
         tiles = _tiles(p.N, p.M, p.L, spec.config.tile)
         k_tiles = math.ceil(p.K / spec.config.tile[2])
         splits = split_count(tiles, k_tiles, p.sm_count)

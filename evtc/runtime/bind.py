@@ -58,7 +58,7 @@ from typing import Any, Mapping
 
 from evtc.abi import AbiField, abi_fields, call_fields
 from evtc.dtypes import DType, f32
-from evtc.errors import ArgumentError
+from evtc.errors import ArgumentError, MisalignedError
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
     Accumulator,
@@ -239,19 +239,27 @@ class Binder:
         scheduler: the sm90 tile scheduler's run-time arguments, name -> value
             (``max_swizzle_size``, ``raster_order``; see :mod:`evtc.abi`).
         arch: ``sm90`` or ``sm80`` (default: sm90 if ``Args`` has scheduler fields).
+        swap: the kernel computes ``D^T = B A^T`` (swap-AB, :mod:`evtc.family.swap_ab`): the
+            call's tensors are checked as the user sees them and the struct gets M and N, A and
+            B (their pointers, row and batch strides) exchanged.
+        mn_tma: M x N tensors (C, aux loads and stores, D) go through TMA, so their rows must be
+            16-byte aligned; False for kernels that access them register-direct one element at
+            a time (sm80, sm90's unaligned variant). Default: the arch's (True on sm90).
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure],
                  direct: frozenset[str] = frozenset(), scheduler: Mapping[str, int] | None = None,
-                 arch: str | None = None) -> None:
+                 arch: str | None = None, *, swap: bool = False, mn_tma: bool | None = None) -> None:
         self.graph = graph
         self.direct = direct
+        self.swap = swap
         self.scheduler = dict(scheduler or {})
         self.a = a
         self.b = b
         self.Args = Args
         names = {n for n, _ in Args._fields_}
         self.arch = arch or ("sm90" if "max_swizzle_size" in names else "sm80")
+        self.mn_tma = (self.arch == "sm90") if mn_tma is None else mn_tma
         self.fields: tuple[AbiField, ...] = abi_fields(graph, self.arch)
         self.names = [i.name for i in graph.inputs if not isinstance(i, Accumulator)]
         self.used = {i.name for i in graph.used_inputs}
@@ -279,8 +287,9 @@ class Binder:
     # ---- checks of one tensor ---------------------------------------------------------------------
 
     def _check(self, v: TensorView, name: str, dtype: DType, shapes: list[tuple[int, ...]], device: int,
-               rows_16b: bool, *, tma: bool = False, output: bool = False) -> None:
-        """Dtype, device, shape, strides and (for the base address) alignment of one tensor."""
+               rows_16b: bool, *, tma: bool = False, output: bool = False, align16: bool = True) -> None:
+        """Dtype, device, shape, strides and (for the base address) alignment of one tensor.
+        ``rows_16b``: a matrix whose rows are checked (and, with ``align16``, 16-byte aligned)."""
         if v.dtype is not dtype:
             raise self.error(f"argument '{name}' has dtype {v.dtype_name}, the epilogue declares {dtype.name}",
                              hint=f"convert it with .to({dtype.torch})" if dtype.torch else None)
@@ -315,7 +324,7 @@ class Binder:
             raise self.error(f"output '{name}' overlaps itself (shape {tuple(v.shape)}, strides {tuple(v.strides)}): "
                              "several results would be written to the same memory",
                              hint="pass a tensor with distinct memory for every element, e.g. torch.empty(...)")
-        if rows_16b:
+        if rows_16b and align16:
             if v.ptr % ALIGN:
                 raise self.error(f"argument '{name}' starts at an address that is not 16-byte aligned",
                                  hint="TMA needs 16-byte aligned tensors; pass a fresh allocation, not an offset view")
@@ -441,10 +450,11 @@ class Binder:
             v = tensors.view(x, n, g.name)
             eb = leaf.dtype.bytes
             if isinstance(leaf, (Source, AuxLoad)):
-                self._check(v, n, leaf.dtype, [(M, N), (L, M, N)], dev, True, tma=tma)
+                self._check(v, n, leaf.dtype, [(M, N), (L, M, N)], dev, True, tma=tma, align16=self.mn_tma)
                 values[f"ld_{n}"] = v.strides[-2] if M > 1 else _round_up(N, ALIGN // eb)
                 values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 3 and L > 1 else 0
-                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=ALIGN - 1, mxn=True, inplace=True)
+                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=(ALIGN - 1) if self.mn_tma else eb - 1, mxn=True,
+                    inplace=True)
             elif isinstance(leaf, (RowBroadcast, ColBroadcast)):
                 ext = N if isinstance(leaf, RowBroadcast) else M
                 self._check(v, n, leaf.dtype, [(ext,), (L, ext)], dev, False)
@@ -473,8 +483,10 @@ class Binder:
             index = len(ops)
             if n in given:
                 v = tensors.view(given[n], label, g.name)
-                self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True)
-                add(v, label, f"p_{n}", o.dtype, output=True, mask=(ALIGN - 1) if isinstance(o, Store) else eb - 1,
+                self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True,
+                            align16=self.mn_tma)
+                add(v, label, f"p_{n}", o.dtype, output=True,
+                    mask=(ALIGN - 1) if isinstance(o, Store) and self.mn_tma else eb - 1,
                     mxn=isinstance(o, Store), inplace=isinstance(o, Store))
                 shape, strides = tuple(v.shape), tuple(v.strides)
             else:
@@ -502,6 +514,10 @@ class Binder:
                     continue
                 exact_ok = (not oj.output and oi.inplace and oj.inplace and oi.layout == oj.layout)
                 overlaps.append((i, j, exact_ok))
+        if self.swap:  # the kernel's problem is the transposed one: N x M, A' = B, B' = A
+            values["M"], values["N"] = values["N"], values["M"]
+            for f in ("ld", "bs"):
+                values[f"{f}_A"], values[f"{f}_B"] = values[f"{f}_B"], values[f"{f}_A"]
         sig = Signature(M, N, K, L, batched, dev, va.framework, mode, tuple(ops), values, checks, tuple(overlaps),
                         tuple(allocs), tuple(fills), kpad)
         # the pointer-dependent checks, on this call's pointers
@@ -566,8 +582,9 @@ class Binder:
         if not p:
             raise self.error(f"argument '{op.name}' is a null pointer", hint="pass an allocated tensor")
         if op.mask == ALIGN - 1:
-            raise self.error(f"argument '{op.name}' starts at an address that is not 16-byte aligned",
-                             hint="TMA needs 16-byte aligned tensors; pass a fresh allocation, not an offset view")
+            raise MisalignedError(f"argument '{op.name}' starts at an address that is not 16-byte aligned",
+                                  epilogue=self.graph.name,
+                                  hint="TMA needs 16-byte aligned tensors; pass a fresh allocation, not an offset view")
         raise self.error(f"argument '{op.name}' starts at an address that is not a multiple of its element size "
                          f"({op.mask + 1} bytes)", hint="pass a fresh allocation or a .clone(), not a byte-offset view")
 

@@ -187,6 +187,57 @@ class KernelLibrary:
             self.raise_status(status, epilogue)
 
 
+def probe_call(b: Binder, A: Any, B: Any, kwargs: dict, out: Any):
+    """The cache key of a call and its pointers (``evtc_call_t`` order; 0 for outputs evtc
+    allocates), or (None, None) when the call must take the full path."""
+    if len(kwargs) != b.n_kwargs:
+        return None, None
+    try:
+        objs = [A, B] + [kwargs[n] for n in b.tensor_names]
+        for n in b.other_names:  # present, so that no unknown name took their place
+            kwargs[n]
+    except KeyError:
+        return None, None
+    if out is None:
+        form = 0
+    elif type(out) is dict:
+        form = 2
+        outs = [out.get(n) for n in b.output_names]
+        if len(out) != len(outs) - outs.count(None):
+            return None, None
+        objs += outs
+    elif b.single:
+        form = 1
+        objs.append(out)
+    else:
+        return None, None
+    keys: list = [type(A), form]
+    ptrs: list[int] = []
+    probes = tensors._PROBES
+    for x in objs:
+        if x is None:
+            keys.append(None)
+            ptrs.append(0)
+            continue
+        probe = probes.get(type(x))
+        if probe is None:
+            probe = tensors.probe_for(type(x))
+            if probe is None:
+                if not hasattr(x, "__cuda_array_interface__"):  # an instance attribute, not the class's
+                    return None, None
+                probe = tensors.cai_probe
+        try:
+            k, p = probe(x)
+        except Exception:
+            return None, None
+        keys.append(k)
+        ptrs.append(p)
+    if form == 0:
+        ptrs += b.no_outputs
+    return tuple(keys), ptrs
+
+
+
 class Launcher:
     """Runs calls of one Gemm on its library (NOTE [The launch path]).
 
@@ -218,8 +269,14 @@ class Launcher:
             ArgumentError: a bad argument, named.
             LaunchError: CUDA or CUTLASS refused the launch.
         """
-        b = self.binder
         key, ptrs = self._probe(A, B, kwargs, out)
+        return self.run(key, ptrs, A, B, kwargs, out, stream)
+
+    def run(self, key: tuple | None, ptrs: list[int] | None, A: Any, B: Any, kwargs: dict, out: Any = None,
+            stream: Any = None):
+        """:meth:`__call__` after :meth:`_probe` (a kernel family probes once, picks a kernel, and
+        hands the probe to its launcher)."""
+        b = self.binder
         sig = self._signatures.get(key) if key is not None else None
         if sig is None:
             sig, ptrs = b.signature(A, B, kwargs, out)
@@ -282,54 +339,7 @@ class Launcher:
         return {n: made[n] if made and n in made else out[n] for n in b.output_names}
 
     def _probe(self, A: Any, B: Any, kwargs: dict, out: Any):
-        """The cache key of a call and its pointers (``evtc_call_t`` order; 0 for outputs evtc
-        allocates), or (None, None) when the call must take the full path."""
-        b = self.binder
-        if len(kwargs) != b.n_kwargs:
-            return None, None
-        try:
-            objs = [A, B] + [kwargs[n] for n in b.tensor_names]
-            for n in b.other_names:  # present, so that no unknown name took their place
-                kwargs[n]
-        except KeyError:
-            return None, None
-        if out is None:
-            form = 0
-        elif type(out) is dict:
-            form = 2
-            outs = [out.get(n) for n in b.output_names]
-            if len(out) != len(outs) - outs.count(None):
-                return None, None
-            objs += outs
-        elif b.single:
-            form = 1
-            objs.append(out)
-        else:
-            return None, None
-        keys: list = [type(A), form]
-        ptrs: list[int] = []
-        probes = tensors._PROBES
-        for x in objs:
-            if x is None:
-                keys.append(None)
-                ptrs.append(0)
-                continue
-            probe = probes.get(type(x))
-            if probe is None:
-                probe = tensors.probe_for(type(x))
-                if probe is None:
-                    if not hasattr(x, "__cuda_array_interface__"):  # an instance attribute, not the class's
-                        return None, None
-                    probe = tensors.cai_probe
-            try:
-                k, p = probe(x)
-            except Exception:
-                return None, None
-            keys.append(k)
-            ptrs.append(p)
-        if form == 0:
-            ptrs += b.no_outputs
-        return tuple(keys), ptrs
+        return probe_call(self.binder, A, B, kwargs, out)
 
     def _buffer(self):
         tls = self._tls
@@ -345,6 +355,8 @@ class Launcher:
         sig.handle, sig.workspace = self.library.prepare(args, sig.device, self.name)
 
     def _run(self, sig: Signature, ptrs: list[int], scalars: list, stream: int, alloc_bytes, scratch) -> None:
+        if self.binder.swap:  # swap-AB: the kernel's A is the call's B (Binder's values are swapped too)
+            ptrs = [ptrs[1], ptrs[0], *ptrs[2:]]
         if sig.handle < 0:
             self._prepare(sig, ptrs, scalars)
         ws_obj, ws_ptr = alloc_bytes(sig.workspace) if sig.workspace else (None, 0)

@@ -13,6 +13,7 @@ DLPack (a legacy ``dltensor`` capsule, read with ctypes and left unconsumed).
 from __future__ import annotations
 
 import ctypes
+import functools
 import dataclasses
 import sys
 from typing import Any
@@ -435,3 +436,21 @@ def _memset(cu, ok, ptr: int, pattern: int, element_bytes: int, count: int, stre
     finally:
         cu.cuCtxPopCurrent()
         cu.cuDevicePrimaryCtxRelease(dev)
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: int) -> str:
+    """The name of CUDA device ``device`` (``NVIDIA H100 80GB HBM3``), through torch when it is
+    loaded, else the CUDA runtime of cuda-python; ``cuda:N`` if neither can tell."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None:
+            return str(torch.cuda.get_device_name(device))
+        from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
+
+        err, prop = cudart.cudaGetDeviceProperties(device)
+        if int(err) == 0:
+            return prop.name.decode(errors="replace").rstrip("\x00")
+    except Exception:  # noqa: BLE001 - a name is only a key for the tuner's store
+        pass
+    return f"cuda:{device}"

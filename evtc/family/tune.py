@@ -1,0 +1,217 @@
+"""The autotuner: time a family's kernels on the GPU and remember the fastest per shape bucket.
+
+Input: a :class:`evtc.Gemm` and problem shapes. Output: per (epilogue, dtypes, arch, device,
+shape bucket), the member and run-time arguments that ran fastest, stored as JSON under the
+kernel cache directory (``<cache>/tuning/<key>.json``) so that later processes reuse them;
+:meth:`evtc.Gemm.choose` consults the store before its heuristic.
+
+Candidates are the family's members with the run-time variants the stream-K kernels offer
+(split-K with 1, 2, 4, 8 and 16 splits; CUTLASS's stream-K decomposition). Each is timed with
+CUDA events on fresh random inputs, several sets rotated so that they don't all sit in L2, after a
+warm-up, median of many runs (:func:`evtc.bench.time_interleaved`); a candidate whose first call
+takes more than ``limit_s`` on the GPU is dropped (it is never waited for forever: the tuner polls
+an event). The result is deterministic given the store: the same shapes pick the same kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from filelock import FileLock
+
+from evtc.family.spec import KernelSpec, Problem
+
+__all__ = ["TuneStore", "candidates", "shape_bucket", "tune"]
+
+STORE_FORMAT = 1
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def shape_bucket(M: int, N: int, K: int, L: int = 1) -> str:
+    """Problems whose M, N and K round up to the same powers of two share a tuned choice (and
+    batched problems are tuned apart from unbatched ones)."""
+    return f"{_pow2(M)}x{_pow2(N)}x{_pow2(K)}{'xL' if L > 1 else ''}"
+
+
+class TuneStore:
+    """The stored choices of one epilogue (one JSON file, updated under a file lock).
+
+    Args:
+        path: the JSON file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._data: dict | None = None
+
+    @classmethod
+    def for_gemm(cls, gemm) -> "TuneStore":
+        """The store of ``gemm``: keyed by its epilogue's IR after passes, dtypes and arch."""
+        from evtc.compiler.store import cache_root
+
+        material = json.dumps([STORE_FORMAT, str(gemm.graph), gemm.a.name, gemm.b.name, gemm.arch,
+                               sorted((n, s.config.kernel_json(s.arch)) for n, s in gemm.family.items())])
+        key = hashlib.sha256(material.encode()).hexdigest()[:32]
+        return cls(cache_root(create=False).path / "tuning" / f"{key}.json")
+
+    def _load(self) -> dict:
+        if self._data is None:
+            try:
+                data = json.loads(self.path.read_text())
+                self._data = data if isinstance(data, dict) and data.get("format") == STORE_FORMAT else {}
+            except (OSError, ValueError):
+                self._data = {}
+        return self._data
+
+    def get(self, bucket: str, device: str) -> dict | None:
+        """The stored record for ``bucket`` on ``device``, or None."""
+        rec = self._load().get("choices", {}).get(device, {}).get(bucket)
+        return rec if isinstance(rec, dict) and "member" in rec else None
+
+    def put(self, bucket: str, device: str, record: dict) -> None:
+        """Store ``record`` (``member``, ``runtime``, the timings) for ``bucket`` on ``device``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with FileLock(str(self.path) + ".lock", timeout=60):
+            try:
+                data = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            if data.get("format") != STORE_FORMAT:
+                data = {"format": STORE_FORMAT, "choices": {}}
+            data.setdefault("choices", {}).setdefault(device, {})[bucket] = record
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+            self._data = data
+
+
+def candidates(gemm, p: Problem) -> list[KernelSpec]:
+    """The members and run-time variants worth timing for ``p``."""
+    out: list[KernelSpec] = []
+    for spec in gemm.family.values():
+        cfg = spec.config
+        if cfg.swap_ab and p.M > 256:
+            continue  # swap-AB is for small M
+        if cfg.scheduler == "streamk":
+            tile = cfg.tile
+            m, n = (p.N, p.M) if cfg.swap_ab else (p.M, p.N)
+            tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1]) * p.L
+            k_tiles = math.ceil(p.K / tile[2])
+            out.append(spec.with_runtime(split_k=1, decomposition="data_parallel"))
+            out.append(spec.with_runtime(split_k=1, decomposition="stream_k"))
+            for s in (2, 4, 8, 16):
+                if s <= k_tiles and tiles * s <= 4 * p.sm_count:
+                    out.append(spec.with_runtime(split_k=s, decomposition="split_k"))
+        else:
+            out.append(spec)
+    return out
+
+
+def _wait(event: Any, limit_s: float) -> bool:
+    """Poll ``event`` until it completes or ``limit_s`` passes; True if it completed."""
+    t0 = time.perf_counter()
+    while not event.query():
+        if time.perf_counter() - t0 > limit_s:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def tune(gemm, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: float = 2.0, seed: int = 0,
+         store: bool = True, verbose: bool = False) -> list[dict]:
+    """Time the candidates of every shape and store the fastest (see the module docstring).
+
+    Args:
+        gemm: a family Gemm (a pinned one has nothing to choose).
+        shapes: (M, N, K) or (M, N, K, L) problems.
+        iters: timed samples per candidate.
+        limit_s: a candidate whose first call runs longer on the GPU is dropped, in seconds.
+        seed: seed of the random inputs.
+        store: write the winners to the store.
+
+    Returns:
+        One dict per shape: ``shape``, ``bucket``, ``device``, ``times_ms`` (candidate -> median
+        ms), ``member``, ``runtime`` (the winner's run-time arguments) and ``heuristic`` (the
+        member the heuristic would pick, and its time when it was a candidate).
+
+    Raises:
+        NoDeviceError: no CUDA GPU (through torch).
+    """
+    import torch
+
+    from evtc.bench import time_interleaved
+    from evtc.compiler import cache
+    from evtc.errors import NoDeviceError
+    from evtc.testing import Problem as TestProblem
+    from evtc.testing import make_inputs
+
+    if not torch.cuda.is_available():
+        raise NoDeviceError("tuning needs a CUDA GPU", hint="run gemm.tune on the machine the kernels will run on")
+    device = torch.cuda.get_device_name()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    db = TuneStore.for_gemm(gemm)
+    results = []
+    for shape in shapes:
+        M, N, K, L = (tuple(shape) + (1,))[:4]
+        p = Problem(M, N, K, L, sm_count=sms)
+        cands = candidates(gemm, p)
+        kernels = {gemm._kernel_key(c): gemm.kernel(c) for c in cands}
+        unbuilt = [k for k in kernels.values() if k.library is None]
+        if unbuilt:
+            for k, art in zip(unbuilt, cache.build_many([k.job() for k in unbuilt])):
+                if not isinstance(art, Exception):
+                    k.load(art)
+        # a few input sets, rotated, so that A and B are not all L2 hits
+        sets = [make_inputs(gemm.graph, gemm.a, gemm.b, TestProblem(M, N, K, L), seed=seed + i) for i in range(3)]
+        fns, names = {}, {}
+        for c in cands:
+            label = c.config.schedule_name
+            if kernels[gemm._kernel_key(c)].library is None:
+                continue
+            launcher = gemm.launcher(c)
+            state = {"i": 0}
+
+            def call(launcher=launcher, state=state):
+                kw = sets[state["i"] % len(sets)]
+                state["i"] += 1
+                launcher(kw["A"], kw["B"], {k: v for k, v in kw.items() if k not in ("A", "B")})
+
+            try:
+                call()
+                ev = torch.cuda.Event()
+                ev.record()
+                if not _wait(ev, limit_s):
+                    continue
+            except Exception as e:  # noqa: BLE001 - a candidate that can't run this problem
+                if verbose:
+                    print(f"  {label}: {type(e).__name__}: {e}")
+                continue
+            fns[label], names[label] = call, c
+        if not fns:
+            continue
+        times = time_interleaved(fns, iters=iters)
+        best = min(times, key=times.get)
+        winner = names[best]
+        member = next(n for n, s in gemm.family.items() if gemm._kernel_key(s) == gemm._kernel_key(winner))
+        heur = gemm.choose(M, N, K, L)
+        rec = {"member": member, "runtime": {"split_k": winner.config.split_k,
+                                             "decomposition": winner.config.decomposition},
+               "ms": times[best], "times_ms": times, "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if store:
+            db.put(shape_bucket(M, N, K, L), device, rec)
+        results.append({"shape": [M, N, K, L], "bucket": shape_bucket(M, N, K, L), "device": device, **rec,
+                        "heuristic": {"member": heur.name, "config": heur.config.schedule_name,
+                                      "ms": times.get(heur.config.schedule_name)}})
+        if verbose:
+            print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (heuristic {heur.config.schedule_name})")
+    gemm._tuned = None  # re-read the store
+    return results

@@ -1,0 +1,142 @@
+"""Kernel families without a GPU: the default members, the heuristic's choices, swap-AB's
+struct, the unaligned variant's checks, the tuner's store."""
+
+import json
+
+import pytest
+
+import evtc
+from evtc import bf16, f32
+from evtc.family.spec import KernelSpec, Problem, choose, default_family, split_count
+from evtc.family.swap_ab import transpose
+from evtc.family.tune import TuneStore, candidates, shape_bucket
+from evtc.passes import run
+
+from test_runtime_launch import Fake  # noqa: E402
+
+
+@pytest.fixture
+def family():
+    return {s.name: s for s in default_family("sm90", bf16, bf16)}
+
+
+def pick(family, *shape, **kw):
+    return choose(family, Problem(*shape, **kw), "sm90", bf16, bf16)
+
+
+def test_the_default_family_is_few_legal_kernels(family):
+    assert list(family) == ["large", "streamk", "swap"]
+    for s in family.values():
+        evtc.plan.validate(s.config, "sm90", bf16, bf16)
+    assert family["large"].config == evtc.plan.default_config("sm90", bf16, bf16)
+    assert family["streamk"].config.scheduler == "streamk" and family["swap"].config.swap_ab
+
+
+def test_heuristic_by_shape(family):
+    assert pick(family, 8192, 8192, 8192).name == "large"
+    assert pick(family, 4096, 14336, 4096).name == "large"
+    # decode: swap-AB, K split to fill 132 SMs (N/128 = 32 tiles along the kernel's M)
+    s = pick(family, 16, 4096, 4096)
+    assert s.name == "swap" and s.config.split_k == 4 and s.config.decomposition == "split_k"
+    assert pick(family, 64, 8192, 8192).name == "swap"
+    # few tiles, long K: the stream-K kernel with splits
+    s = pick(family, 512, 512, 32768)
+    assert s.name == "streamk" and s.config.split_k > 1
+    assert pick(family, 1024, 1024, 16384).name == "streamk"
+    # alignment
+    assert pick(family, 4096, 4095, 4096, aligned_mn=False).config.unaligned
+    s = pick(family, 4096, 4096, 4095, aligned_k=False)
+    assert s.arch == "sm80"
+
+
+def test_split_count_fills_the_machine_without_tiny_splits():
+    assert split_count(132, 64, 132) == 1
+    assert split_count(32, 64, 132) == 4  # 128 CTAs: one wave
+    assert split_count(4, 8, 132) == 2  # at least 4 K tiles per split
+    assert split_count(1, 1000, 132) == 16  # at most 16
+
+
+def test_swap_ab_transposes_broadcasts_and_reductions():
+    import epilogues as E
+
+    g = run(E.row_stats.trace(), "sm90")
+    t = transpose(g)
+    assert "shift: f32 row" in str(t) and "dim=0" in str(t)
+    assert transpose(t) == g
+    # the argument structs agree field by field: the binder only swaps values
+    from evtc.abi import abi_fields
+
+    assert [f.name for f in abi_fields(g, "sm90")] == [f.name for f in abi_fields(t, "sm90")]
+
+
+def test_swap_ab_kernel_gets_n_m_and_b_a():
+    import epilogues as E
+
+    g = evtc.Gemm(E.bias_relu, a=evtc.f16, c=evtc.f16, d=evtc.f16,
+                  config=evtc.GemmConfig(tile=(128, 32, 64), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True))
+    assert "cute::Stride<cute::_1, int64_t, int64_t>" in g.source  # column-major M x N tensors
+    assert "Sm90ColBroadcast" in g.source and "Sm90RowBroadcast" not in g.source  # bias[n] along the kernel's M
+    A, B = Fake((16, 256), "<f2"), Fake((4096, 256), "<f2")
+    C = Fake((16, 4096), "<f2")
+    b = g._binder
+    assert b.swap
+    sig, ptrs = b.signature(A, B, {"C": C, "alpha": 1.0, "beta": 1.0, "bias": Fake((4096,), "<f4")})
+    assert (sig.M, sig.N) == (16, 4096)  # the user's problem
+    assert (sig.values["M"], sig.values["N"]) == (4096, 16)  # the kernel's
+    assert sig.values["ld_A"] == 256 and sig.values["ld_C"] == 4096
+
+
+def test_unaligned_variant_accepts_odd_rows_the_tma_kernel_refuses():
+    import epilogues as E
+
+    A, B = Fake((64, 64), "<f2"), Fake((63, 64), "<f2")
+    C = Fake((64, 63), "<f2")
+    kw = {"C": C, "alpha": 1.0, "beta": 1.0, "bias": Fake((63,), "<f4")}
+    tma = evtc.Gemm(E.bias_relu, c=evtc.f16, d=evtc.f16, a=evtc.f16)
+    with pytest.raises(evtc.ArgumentError, match="TMA needs a multiple of 16"):
+        tma._binder.signature(A, B, kw)
+    un = evtc.Gemm(E.bias_relu, c=evtc.f16, d=evtc.f16, a=evtc.f16, config=evtc.GemmConfig(unaligned=True))
+    sig, _ = un._binder.signature(A, B, kw)
+    assert sig.values["ld_C"] == 63
+    assert "ElementD = void" in un.source and ", 1>;" in un.source  # void D, one-element accesses
+
+
+def test_gemm_choose_uses_the_family_and_the_tuned_store(tmp_path, monkeypatch):
+    import epilogues as E
+
+    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
+    g = evtc.Gemm(E.bias_relu)
+    assert g.choose(8192, 8192, 8192).name == "large"
+    assert g.choose(16, 4096, 4096).name == "swap"
+    store = TuneStore.for_gemm(g)
+    store.put(shape_bucket(8192, 8192, 8192), "H100", {"member": "streamk",
+                                                       "runtime": {"split_k": 2, "decomposition": "split_k"}})
+    s = g.choose(8000, 8000, 8000, device="H100")  # the same bucket
+    assert s.name == "streamk" and s.config.split_k == 2
+    assert g.choose(8000, 8000, 8000, device="another GPU").name == "large"
+    assert json.loads(store.path.read_text())["format"] == 1
+    # a pinned Gemm is a family of one
+    p = evtc.Gemm(E.bias_relu, config=evtc.GemmConfig())
+    assert list(p.family) == ["pinned"] and p.choose(16, 4096, 4096).name == "pinned"
+
+
+def test_tuning_candidates_cover_splits_and_stream_k():
+    import epilogues as E
+
+    g = evtc.Gemm(E.bias_relu)
+    cands = candidates(g, Problem(512, 512, 32768))
+    names = {(c.name, c.config.split_k, c.config.decomposition) for c in cands}
+    assert ("large", 1, "heuristic") in names and ("streamk", 1, "stream_k") in names
+    assert ("streamk", 8, "split_k") in names
+    assert not any(c.config.swap_ab for c in candidates(g, Problem(4096, 4096, 4096)))
+
+
+def test_every_reference_epilogue_plans_every_family_member():
+    import epilogues as E
+
+    for name, ep in E.REFERENCE.items():
+        a = evtc.e4m3 if name == "fp8_out" else bf16
+        g = evtc.Gemm(ep, a=a, b=a)
+        for k in g.kernels():
+            assert k.plan.mainloop_stages >= 2, (name, k.spec.name)
+        assert g.kernel("unaligned").plan.config.unaligned
