@@ -12,17 +12,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 
+def unique_jobs(gemms):
+    """The build jobs of every Gemm's family (a pinned Gemm: its one kernel), each source once."""
+    jobs = {}
+    for g in gemms:
+        for j in g.jobs():
+            jobs.setdefault(j.source, (g, j))
+    return list(jobs.values())
+
+
 def build_all(gemms, label=""):
-    """Build every Gemm in parallel (one nvcc per core)."""
+    """Build every Gemm's family in parallel (one nvcc per core); returns the Gemms whose kernels
+    all built."""
     from evtc.compiler import build_many
 
     t0 = time.perf_counter()
-    res = build_many([(g.source, g.target, g.name) for g in gemms], workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
-    bad = [(g, r) for g, r in zip(gemms, res) if isinstance(r, Exception)]
-    for g, r in bad:
-        print(f"build failed for {g!r}: {r}", file=sys.stderr)
-    print(f"{label} built {len(gemms) - len(bad)}/{len(gemms)} kernels in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return [g for g, r in zip(gemms, res) if not isinstance(r, Exception)]
+    pairs = unique_jobs(gemms)
+    res = build_many([j for _, j in pairs], workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
+    bad_gemms = set()
+    for (g, j), r in zip(pairs, res):
+        if isinstance(r, Exception):
+            print(f"build failed for {j.name}: {r}", file=sys.stderr)
+            bad_gemms.add(id(g))
+    print(f"{label} built {sum(not isinstance(r, Exception) for r in res)}/{len(res)} kernels in "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return [g for g in gemms if id(g) not in bad_gemms]
 
 
 def table(rows: list[dict], cols: list[str]) -> str:

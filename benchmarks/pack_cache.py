@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def pack(jobs, output: Path | str, include_sources: bool = False):
-    """Export the cached kernels of ``jobs`` ((source, arch, name) each) into ``output``.
+    """Export the cached kernels of ``jobs`` (:class:`evtc.compiler.BuildJob` s) into ``output``.
 
     Returns:
         The :class:`evtc.compiler.store.ExportSummary` plus the names of the jobs not built yet.
@@ -29,7 +29,7 @@ def pack(jobs, output: Path | str, include_sources: bool = False):
     from evtc.compiler.archive import export_entries
     from evtc.compiler.store import cache_root
 
-    keys = {kernel_key(src, arch=arch): name for src, arch, name in jobs}
+    keys = {kernel_key(j.source, arch=j.arch): j.name for j in jobs}
     summary = export_entries(cache_root(), output, keys=sorted(keys), include_sources=include_sources)
     return summary, [keys[k] for k in summary.missing]
 
@@ -43,7 +43,9 @@ def main() -> None:
     ap.add_argument("--sources", action="store_true", help="also carry kernel.cu and build.log")
     args = ap.parse_args()
     gemms = prebuild.gemms_of(args.groups)
-    summary, missing = pack([(g.source, g.arch, g.name) for g in gemms], args.output, args.sources)
+    import common
+
+    summary, missing = pack([j for _, j in common.unique_jobs(gemms)], args.output, args.sources)
     print(f"packed {len(summary.exported)} kernels into {args.output}; {len(missing)} not built yet", file=sys.stderr)
     for name in missing:
         print(f"  missing: {name}", file=sys.stderr)

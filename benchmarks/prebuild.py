@@ -31,11 +31,14 @@ def test_gemms():
     import test_sm90_language as lang
     import test_sm90_planner as planner
 
-    out = [evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt) for n in ("linear_combination", "bias_relu", "residual_scale")
-           for dt in (bf16, f16)]
+    import test_sm90_reference as ref
+
+    out = [evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt, config=evtc.plan.default_config("sm90", dt, dt))
+           for n in ref.FIRST for dt in (bf16, f16)]
     out += [lang.make_reference_gemm(*c) for c in lang.REF_CASES]
-    out += [evtc.Gemm(E.REFERENCE[n], a=bf16, b=bf16, d=bf16, plan=dict(f)) for n, f in planner.VARIANTS]
-    out.append(evtc.Gemm(planner.two_pairs, plan={"share": True}))
+    out += [evtc.Gemm(E.REFERENCE[n], a=bf16, b=bf16, d=bf16, plan=dict(f), config=evtc.GemmConfig())
+            for n, f in planner.VARIANTS]
+    out.append(evtc.Gemm(planner.two_pairs, plan={"share": True}, config=evtc.GemmConfig()))
     out += [planner.row_direct_gemm(*c) for c in planner.ROW_DIRECT]
     return out
 
@@ -123,7 +126,30 @@ def host_gemms():
     return list(bench_host.gemms().values())
 
 
-GROUPS = {"runtime": runtime_gemms, "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
+def family_gemms():
+    """tests/gpu/test_family.py's kernels (every reference epilogue x member variant, and the
+    dispatch test's family with its on-demand members)."""
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import epilogues as E
+    import test_family as T
+
+    out = [T.make(n, v) for n in T.NAMES for v in T.VARIANTS]
+    g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16)
+    for member in ("unaligned", "unaligned_k"):
+        out.append(evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, arch=g.kernel(member).arch,
+                             config=g.kernel(member).spec.config))
+    return out + [g]
+
+
+def shapes_gemms():
+    """bench_shapes.py's kernels: three epilogues' families and their unaligned members."""
+    import bench_shapes
+
+    return bench_shapes.prebuild_gemms()
+
+
+GROUPS = {"family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
@@ -137,12 +163,11 @@ def gemms_of(names: list[str]) -> list:
         if group not in GROUPS:
             raise SystemExit(f"unknown group '{group}': one of {', '.join(sorted(GROUPS))}")
         gemms += GROUPS[group](arg) if arg else GROUPS[group]()
-    return list({g.source: g for g in gemms}.values())
+    return list({tuple(j.source for j in g.jobs()): g for g in gemms}.values())
 
 
 def main() -> None:
-    uniq = {g.source: g for g in gemms_of(sys.argv[1:] or ["tests"])}
-    common.build_all(list(uniq.values()), "prebuild")
+    common.build_all(gemms_of(sys.argv[1:] or ["tests"]), "prebuild")
 
 
 if __name__ == "__main__":

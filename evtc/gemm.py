@@ -287,8 +287,17 @@ class Gemm:
         return k
 
     def kernels(self) -> list[Kernel]:
-        """The kernels of the default family (planned and emitted, not built)."""
-        return [self.kernel(s) for s in self.family.values()]
+        """The kernels of the default family (planned and emitted, not built), one per distinct
+        build (members that differ only in run-time fields share one)."""
+        out: dict[str, Kernel] = {}
+        for s in self.family.values():
+            out.setdefault(self._kernel_key(s), self.kernel(s))
+        return list(out.values())
+
+    def jobs(self) -> list[cache.BuildJob]:
+        """The build jobs of the default family (for :func:`evtc.compiler.build_many`, or to
+        prebuild and carry kernels to a machine without nvcc)."""
+        return [k.job() for k in self.kernels()]
 
     def choose(self, M: int, N: int, K: int, L: int = 1, *, aligned_mn: bool = True, aligned_k: bool = True,
                sm_count: int | None = None, device: str | None = None) -> KernelSpec:

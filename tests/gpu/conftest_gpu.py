@@ -12,7 +12,7 @@ def prebuild(gemms):
     when it calls ``gemm.build()`` (through the cache's kept failure)."""
     from evtc.compiler import build_many
 
-    jobs = [(g.source, g.target, g.name) for g in gemms]
+    jobs = list({j.source: j for g in gemms for j in g.jobs()}.values())
     workers = int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1))
     build_many(jobs, workers=workers)
     return gemms

@@ -18,8 +18,8 @@ def gemms() -> dict:
     import epilogues as E
 
     return {
-        "bias_relu": evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16),
-        "bias_relu_f16": evtc.Gemm(E.bias_relu, a=f16, b=f16, c=f16, d=f16),
-        "stats": evtc.Gemm(stats, a=bf16, b=bf16, c=bf16, d=bf16),
+        "bias_relu": evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, config=evtc.GemmConfig()),
+        "bias_relu_f16": evtc.Gemm(E.bias_relu, a=f16, b=f16, c=f16, d=f16, config=evtc.GemmConfig()),
+        "stats": evtc.Gemm(stats, a=bf16, b=bf16, c=bf16, d=bf16, config=evtc.GemmConfig()),
         "stats_sm80": evtc.Gemm(stats, a=bf16, b=bf16, c=bf16, d=bf16, arch="sm80"),
     }

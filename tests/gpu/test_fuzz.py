@@ -23,7 +23,8 @@ SHAPES = [(333, 517, 256, 2), (129, 1031, 72, 1)]
 
 def fuzz_gemm(arch: str, epilogue) -> evtc.Gemm:
     """The Gemm the fuzz runs for one epilogue (prebuild.py's ``random``/``random80`` groups)."""
-    return evtc.Gemm(epilogue, a=bf16, b=bf16, d=bf16, arch=arch)
+    return evtc.Gemm(epilogue, a=bf16, b=bf16, d=bf16, arch=arch,
+                     config=evtc.plan.default_config(arch, bf16, bf16))
 
 
 def _cases():

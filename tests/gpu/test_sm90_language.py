@@ -8,6 +8,7 @@ import zlib
 import pytest
 
 import evtc
+from evtc.plan import default_config
 from evtc import bf16, e4m3
 
 from conftest_gpu import assert_matches, assert_outputs_match
@@ -23,9 +24,9 @@ def make_reference_gemm(name, dt):
     import epilogues as E
 
     if dt == "e4m3":
-        return evtc.Gemm(E.REFERENCE[name], a=e4m3, b=e4m3, d=e4m3)
+        return evtc.Gemm(E.REFERENCE[name], a=e4m3, b=e4m3, d=e4m3, config=default_config("sm90", e4m3, e4m3))
     d = evtc.dtypes.by_name(dt)
-    return evtc.Gemm(E.REFERENCE[name], a=d, b=d, c=d, d=d)
+    return evtc.Gemm(E.REFERENCE[name], a=d, b=d, c=d, d=d, config=default_config("sm90", d, d))
 
 
 @pytest.fixture(scope="module")

@@ -73,8 +73,9 @@ def built():
 
     table = {}
     for name, fixed in VARIANTS:
-        table[(name, str(fixed))] = evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, d=bf16, plan=dict(fixed))
-    table[("two_pairs", "share")] = evtc.Gemm(two_pairs, plan={"share": True})
+        table[(name, str(fixed))] = evtc.Gemm(E.REFERENCE[name], a=bf16, b=bf16, d=bf16, plan=dict(fixed),
+                                               config=evtc.GemmConfig())
+    table[("two_pairs", "share")] = evtc.Gemm(two_pairs, plan={"share": True}, config=evtc.GemmConfig())
     for name, config in ROW_DIRECT:
         table[(name, str(config))] = row_direct_gemm(name, config)
     prebuild(list(table.values()))

@@ -7,6 +7,7 @@ import pytest
 
 import evtc
 from evtc import bf16, f16
+from evtc.plan import default_config
 
 from conftest_gpu import assert_matches, assert_outputs_match, run_on_stream_after_a_delay
 
@@ -21,7 +22,8 @@ def gemms():
     import epilogues as E
     from conftest_gpu import prebuild
 
-    table = {(n, dt.name): evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt) for n in FIRST for dt in (bf16, f16)}
+    table = {(n, dt.name): evtc.Gemm(E.REFERENCE[n], a=dt, b=dt, c=dt, d=dt, config=default_config("sm90", dt, dt))
+             for n in FIRST for dt in (bf16, f16)}
     prebuild(list(table.values()))
     return table
 
