@@ -116,8 +116,7 @@ def main() -> None:
                 outs = {k: v.contiguous() for k, v in outs.items()}
             A, B = ins["A"], ins["B"]
             kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
-            if args.tune and not packed:
-                g.tune([(M, N, K, L)], iters=10)
+            tuned = g.tune([(M, N, K, L)], iters=10) if args.tune and not packed else []
             aligned_mn = not packed
             spec = g.choose(M, N, K, L, aligned_mn=aligned_mn, sm_count=sms, device=torch.cuda.get_device_name())
             Bt = B.transpose(-1, -2)
@@ -146,6 +145,8 @@ def main() -> None:
                    "evtc_ms": t["evtc"], "cublas_ms": t["cublas"], "eager_ms": te["eager"],
                    "evtc_over_cublas": t["evtc"] / t["cublas"], "eager_over_cublas": te["eager"] / te["cublas"],
                    "first_call_s": first_s}
+            if tuned:
+                row["tuned"] = {k: tuned[0][k] for k in ("member", "runtime", "times_ms", "heuristic")}
             if compiled is not None:
                 def comp():
                     return compiled(acc=torch.matmul(A, Bt), **call)

@@ -20,15 +20,17 @@ from pathlib import Path
 
 
 def pack(jobs, output: Path | str, include_sources: bool = False):
-    """Export the cached kernels of ``jobs`` (:class:`evtc.compiler.BuildJob` s) into ``output``.
+    """Export the cached kernels of ``jobs`` (:class:`evtc.compiler.BuildJob` s, or
+    ``(source, arch, name)`` tuples) into ``output``.
 
     Returns:
         The :class:`evtc.compiler.store.ExportSummary` plus the names of the jobs not built yet.
     """
-    from evtc.compiler import kernel_key
+    from evtc.compiler import BuildJob, kernel_key
     from evtc.compiler.archive import export_entries
     from evtc.compiler.store import cache_root
 
+    jobs = [j if hasattr(j, "source") else BuildJob(*j) for j in jobs]
     keys = {kernel_key(j.source, arch=j.arch): j.name for j in jobs}
     summary = export_entries(cache_root(), output, keys=sorted(keys), include_sources=include_sources)
     return summary, [keys[k] for k in summary.missing]

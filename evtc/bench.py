@@ -115,7 +115,7 @@ def torch_eval(graph: Graph, acc, inputs: dict[str, Any]) -> dict[str, Any]:
             out[n.name] = vals[id(n.value)].to(getattr(torch, n.dtype.torch))
         elif isinstance(n, Reduction):
             v = vals[id(n.value)].float()
-            dims = {1: (-1,), 0: (-2,), None: (-2, -1)}[n.dim]
+            dims = n.axis.torch_dims
             fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[n.op.value]
             out[n.name] = fn(v, dim=dims)
     return out

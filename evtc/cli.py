@@ -433,7 +433,7 @@ def plan(request: GemmRequest, show_ir: bool, as_json: bool, svg: Path | None, p
 
 def print_plan(p, *, file=None) -> None:
     """Print ``format_plan(p)``; on a terminal, with colour (rich), never re-wrapped."""
-    from evtc.plan.plan import format_plan
+    from evtc.plan.model import format_plan
 
     text = format_plan(p)
     out = file or sys.stdout

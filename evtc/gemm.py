@@ -26,8 +26,8 @@ from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
 from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS
 from evtc.plan.config import validate as validate_config
-from evtc.plan import plan as make_plan
-from evtc.plan.plan import Plan
+from evtc.plan import make_plan
+from evtc.plan.model import Plan
 from evtc.ir.printer import print_graph
 from evtc.family.spec import KernelSpec, Problem, choose, default_family, on_demand
 from evtc.ir.nodes import AuxLoad, Source, Store

@@ -236,7 +236,7 @@ def _batched(leaf: Node, value, L: int) -> np.ndarray:
 
 def _reduce_axis(node: Reduction):
     # Reduction.dim: 1 reduces over N (a row reduction), 0 over M, None over both
-    return {1: 2, 0: 1, None: (1, 2)}[node.dim]
+    return node.axis.numpy_axis
 
 
 def reference_and_bounds(graph: Graph, acc: np.ndarray, acc_error,
@@ -577,7 +577,7 @@ def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -
         if isinstance(o, Store):
             out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
         elif isinstance(o, Reduction):
-            ext = {1: (p.M,), 0: (p.N,), None: ()}[o.dim]
+            ext = o.axis.shape(p.M, p.N)
             shape = lead + ext
             t = padded_empty(torch, shape or (1,), o.dtype, device)
             out[o.name] = t if shape else t[0]

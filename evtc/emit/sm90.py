@@ -1,6 +1,6 @@
 """The sm90 emitter: Graph + Plan -> a CUDA C++ source of the whole fused GEMM.
 
-Input: the Graph after passes and its sm90 :class:`~evtc.plan.plan.Plan` (which carries the
+Input: the Graph after passes and its sm90 :class:`~evtc.plan.model.Plan` (which carries the
 visitor tree). Output: the ``.cu`` text, from ``codegen_templates/sm90/gemm.cu.j2``.
 
 Everything the template prints is computed here from the plan; nothing is re-derived (the
@@ -23,7 +23,7 @@ from evtc.ir.graph import Graph
 from evtc.ir.nodes import ReduceOp
 from evtc.ir.printer import print_graph
 from evtc.lower import Role, Visitor
-from evtc.plan.plan import Plan
+from evtc.plan.model import Plan
 
 FUSION = "cutlass::epilogue::fusion"
 STRIDE_ROW_MAJOR = "cute::Stride<int64_t, cute::_1, int64_t>"  # row-major M x N, batched

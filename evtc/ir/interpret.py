@@ -100,7 +100,7 @@ def interpret(graph: Graph, acc: np.ndarray, inputs: Mapping[str, object]) -> di
                 results[node.name] = round_to(np.array(v), node.dtype)
             elif isinstance(node, Reduction):
                 v = np.broadcast_to(values[id(node.value)], (L,) + acc.shape[-2:])
-                axis = {1: 2, 0: 1, None: (1, 2)}[node.dim]
+                axis = node.axis.numpy_axis
                 fn = {ReduceOp.SUM: np.sum, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}[node.op]
                 results[node.name] = round_to(fn(v, axis=axis), node.dtype)
             else:  # pragma: no cover

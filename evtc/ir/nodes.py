@@ -335,6 +335,57 @@ class ReduceOp(str, enum.Enum):
         return {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[self.value]
 
 
+class ReduceAxis(enum.Enum):
+    """Which extents a reduction reduces (see the module docstring)."""
+
+    ROW = 1
+    COLUMN = 0
+    SCALAR = None
+
+    @classmethod
+    def of(cls, dim: int | None) -> "ReduceAxis":
+        """The axis of a Reduction's ``dim`` (1, 0 or None)."""
+        return cls(dim)
+
+    @property
+    def dim(self) -> int | None:
+        return self.value
+
+    @property
+    def word(self) -> str:
+        """``row reduction``, ``column reduction`` or ``scalar reduction``."""
+        return {1: "row reduction", 0: "column reduction", None: "scalar reduction"}[self.value]
+
+    @property
+    def bcast(self) -> Bcast:
+        """Broadcast class of the result: a row reduction gives one value per row (a column
+        vector, varying along M)."""
+        return {1: Bcast.COL, 0: Bcast.ROW, None: Bcast.SCALAR}[self.value]
+
+    @property
+    def extent(self) -> str | None:
+        """The extent of the result: ``"M"``, ``"N"`` or None (a scalar)."""
+        return {1: "M", 0: "N", None: None}[self.value]
+
+    def shape(self, M: int, N: int) -> tuple[int, ...]:
+        """Shape of one batch of the result for an M x N tile of values."""
+        return {1: (M,), 0: (N,), None: ()}[self.value]
+
+    @property
+    def numpy_axis(self) -> int | tuple[int, int]:
+        """Axis argument of ``np.sum`` etc. on an ``(L, M, N)`` array."""
+        return {1: 2, 0: 1, None: (1, 2)}[self.value]
+
+    @property
+    def torch_dims(self) -> tuple[int, ...]:
+        """Dims to reduce of an ``(..., M, N)`` tensor."""
+        return {1: (-1,), 0: (-2,), None: (-2, -1)}[self.value]
+
+    def transposed(self) -> "ReduceAxis":
+        """The axis of the same reduction on the transposed problem (swap-AB)."""
+        return {ReduceAxis.ROW: ReduceAxis.COLUMN, ReduceAxis.COLUMN: ReduceAxis.ROW}.get(self, self)
+
+
 @dataclasses.dataclass(**_SLOTS)
 class Reduction(Output):
     """A reduction output.
@@ -350,11 +401,19 @@ class Reduction(Output):
     kind: ClassVar[str] = "reduce"
 
     def _derive_bcast(self) -> Bcast | None:
-        return {1: Bcast.COL, 0: Bcast.ROW, None: Bcast.SCALAR}.get(self.dim)
+        try:
+            return ReduceAxis(self.dim).bcast
+        except ValueError:  # a malformed dim (the verifier reports it)
+            return None
+
+    @property
+    def axis(self) -> "ReduceAxis":
+        """The :class:`ReduceAxis` of ``dim``."""
+        return ReduceAxis(self.dim)
 
     @property
     def role(self) -> str:
-        return {1: "row reduction", 0: "column reduction", None: "scalar reduction"}[self.dim]
+        return self.axis.word
 
 
 #: leaf kinds by the word used for them in the canonical text form

@@ -2,7 +2,7 @@
 
 Input: IR nodes and the slot decisions. Output: a :class:`Role` per node, and :data:`ROLES`, the
 one table that maps a role to its CUTLASS (or evtc) visitor on each arch and to the role of the
-tensor it reads or writes in the :class:`~evtc.plan.plan.Plan`.
+tensor it reads or writes in the :class:`~evtc.plan.model.Plan`.
 
 The node kinds of the IR (:mod:`evtc.ir.nodes`) are what the user wrote; roles are what CUTLASS
 runs. They differ in three places: the leaf in the collective's C slot is ``SRC`` whatever its

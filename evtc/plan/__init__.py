@@ -1,6 +1,6 @@
 """Planning: GEMM configurations, the sm90 shared-memory planner and the sm80 lowering.
 
-Input: a Graph after passes, an arch, a GemmConfig. Output: a :class:`~evtc.plan.plan.Plan`.
+Input: a Graph after passes, an arch, a GemmConfig. Output: a :class:`~evtc.plan.model.Plan`.
 """
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 from evtc.dtypes import DType
 from evtc.ir.graph import Graph
 from evtc.plan.config import GemmConfig, default_config, validate
-from evtc.plan.plan import Buffer, Plan
+from evtc.plan.model import Buffer, Plan
 from evtc.plan.target import Target, get_target
 
 
-def plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig | None = None,
+def make_plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig | None = None,
          policy: str = "evtc", rank: int = 0, fixed: dict | None = None) -> Plan:
     """Plan ``graph`` for ``arch``.
 
@@ -40,4 +40,4 @@ def plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig | No
     return plan_sm80(graph, target, config, a=a, b=b)
 
 
-__all__ = ["Buffer", "GemmConfig", "Plan", "Target", "default_config", "get_target", "plan", "validate"]
+__all__ = ["Buffer", "GemmConfig", "Plan", "Target", "default_config", "get_target", "make_plan", "validate"]

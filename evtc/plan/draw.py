@@ -23,11 +23,11 @@ from pathlib import Path
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import Accumulator, Compute, Immediate, Leaf, Reduction, Store
 from evtc.ir.printer import format_float, leaf_kind
-from evtc.plan.plan import Plan, plan_rows
+from evtc.plan.model import Plan, plan_rows
 
 __all__ = ["COLORS", "MODE_LABELS", "draw_plan", "to_dot"]
 
-#: Fill colour per buffer mode (:attr:`evtc.plan.plan.PlanRow.mode`).
+#: Fill colour per buffer mode (:attr:`evtc.plan.model.PlanRow.mode`).
 COLORS = {"tma": "#9ecae1", "direct": "#fdae6b", "smem": "#c7e9c0", "shared": "#bcbddc", "registers": "#fdd0a2",
           "workspace": "#fee391", "atomic": "#fee391", "none": "#ffffff"}
 

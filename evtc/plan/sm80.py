@@ -1,7 +1,7 @@
 """The Ampere (sm80) planner: register-only visitors, kernel variants per alignment.
 
 Input: a Graph after passes, the SM80 Target, a GemmConfig and the operand dtypes.
-Output: an :class:`Sm80Plan` (a :class:`~evtc.plan.plan.Plan` with ``arch="sm80"`` and
+Output: an :class:`Sm80Plan` (a :class:`~evtc.plan.model.Plan` with ``arch="sm80"`` and
 ``policy="evtc"``: there is no stock rule to compare with on sm80) that the sm80 emitter prints as CUTLASS 2.x visitor GEMMs.
 
 # NOTE [The sm80 epilogue]
@@ -48,7 +48,7 @@ from evtc.ir.nodes import AuxLoad, Output, Reduction, RowBroadcast, ScalarBroadc
 from evtc.iterative import trampoline
 from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower, role_of
 from evtc.plan.config import GemmConfig
-from evtc.plan.plan import Buffer, Plan, format_plan
+from evtc.plan.model import Buffer, Plan, format_plan
 from evtc.plan.smem import EMPTY, CType, cute_tuple, round_up, struct
 from evtc.plan.target import Target
 

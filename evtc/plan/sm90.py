@@ -80,7 +80,7 @@ from evtc.iterative import trampoline
 from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
 from evtc.plan.config import GemmConfig
-from evtc.plan.plan import Buffer, Plan
+from evtc.plan.model import Buffer, Plan
 from evtc.plan.smem import EMPTY, CType, array_aligned, cute_tuple, round_up, struct, union, with_alignas
 from evtc.plan.target import Target
 

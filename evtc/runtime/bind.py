@@ -477,7 +477,7 @@ class Binder:
                 padded = _round_up(N, ALIGN // eb)
                 strides = (M * padded, padded, 1) if batched else (padded, 1)
             else:
-                ext = {1: (M,), 0: (N,), None: ()}[o.dim]
+                ext = o.axis.shape(M, N)
                 shape = ((L,) + ext) if batched else ext
                 strides = (ext[0], 1) if (batched and ext) else ((1,) if batched or ext else ())
             index = len(ops)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import evtc
 from evtc.cli import main
 from evtc.plan.draw import draw_plan
-from evtc.plan.plan import plan_rows
+from evtc.plan.model import plan_rows
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -16,11 +16,35 @@ def test_bias_relu_golden(golden):
 
 
 def test_emission_is_deterministic():
+    """Two fresh traces of one function give the same bytes, in this process and in others with
+    other hash seeds (set and dict orders, object ids), for every family member."""
+    import subprocess
+    import sys
+
     import epilogues as E
 
-    a = evtc.Gemm(E.many_aux).source
-    b = evtc.Gemm(E.many_aux.fn.__wrapped__ if hasattr(E.many_aux.fn, "__wrapped__") else E.many_aux).source
-    assert a == b
+    def sources(ep):
+        return [k.source for k in evtc.Gemm(ep).kernels()]
+
+    a = sources(evtc.epilogue(E.many_aux.fn))
+    b = sources(evtc.epilogue(E.many_aux.fn))
+    assert a == b and len(a) == 3
+    code = ("import sys, hashlib; sys.path[:0] = {path!r}; import evtc, epilogues as E; "
+            "print(hashlib.sha256(''.join(k.source for k in evtc.Gemm(E.many_aux).kernels()).encode()).hexdigest())")
+    import hashlib
+    import os
+
+    want = hashlib.sha256("".join(a).encode()).hexdigest()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parents[2]
+        paths = [str(Path(evtc.__file__).resolve().parents[1]), str(root / "examples")]
+        proc = subprocess.run([sys.executable, "-c", code.format(path=paths)], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout.strip()
+        assert out == want
 
 
 def lines_matching(src: str, pattern: str) -> list[str]:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import evtc
 from evtc import bf16, f16, f32
 from evtc.passes import run
-from evtc.plan import GemmConfig, plan
+from evtc.plan import GemmConfig, make_plan as plan
 from evtc.plan.sm90 import mainloop_stage_bytes, stock_stages, swizzle_alignment
 from evtc.plan.smem import array_aligned, cute_tuple, struct, EMPTY
 

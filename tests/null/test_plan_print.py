@@ -1,4 +1,4 @@
-"""The printed plan (NOTE [The plan on one screen] in evtc/plan/plan.py): one 80-column screen,
+"""The printed plan (NOTE [The plan on one screen] in evtc/plan/model.py): one 80-column screen,
 every tensor with where it lives, a reason for each decision; the same text from print() and
 from `evtc plan`."""
 
@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import evtc
 from evtc.cli import main
 from evtc.ir.nodes import AuxLoad, ColBroadcast, Reduction, RowBroadcast, ScalarBroadcast, Source, Store
-from evtc.plan.plan import format_plan, plan_rows
+from evtc.plan.model import format_plan, plan_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_COLUMNS = 80

@@ -11,7 +11,7 @@ from evtc.dtypes import DType
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.nodes import Accumulator, AuxLoad, Compute, RowBroadcast, Store
 from evtc.passes import run
-from evtc.plan import GemmConfig, plan
+from evtc.plan import GemmConfig, make_plan as plan
 from evtc.plan.sm90 import mainloop_stage_bytes
 
 

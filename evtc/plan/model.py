@@ -282,7 +282,7 @@ def _extra_tensors(plan: Plan, known: set[str]) -> list[tuple[str, str, DType]]:
         elif isinstance(n, ScalarBroadcast) and n.by_pointer:
             role = "scalar"
         elif isinstance(n, Reduction):
-            role = {1: "row_reduction", 0: "col_reduction", None: "scalar_reduction"}[n.dim]
+            role = {"M": "row_reduction", "N": "col_reduction", None: "scalar_reduction"}[n.axis.extent]
         else:
             continue
         known.add(name)
