@@ -29,6 +29,7 @@ from evtc.errors import (
     GrammarError,
     IRVerificationError,
     LaunchError,
+    MisalignedError,
     LegalizeError,
     NoDeviceError,
     PlanError,

@@ -423,9 +423,16 @@ class Gemm:
         mxn = [(kwargs[n.name], n.dtype) for n in g.used_inputs
                if isinstance(n, (Source, AuxLoad)) and n.name in kwargs]
         given = out if isinstance(out, Mapping) else ({g.outputs[0].name: out} if out is not None else {})
-        mxn += [(given[o.name], o.dtype) for o in g.outputs if isinstance(o, Store) and given.get(o.name) is not None]
         for x, dt in mxn:
             if not _aligned_rows(tensors.view(x, "tensor", g.name), dt.bytes):
+                aligned_mn = False
+        for o in g.outputs:
+            x = given.get(o.name) if isinstance(o, Store) else None
+            if x is None:
+                continue
+            # a caller's output must also end its rows on a 16-byte vector for the TMA store
+            # (NOTE [Ragged N and TMA stores] in evtc.runtime.bind)
+            if not _aligned_rows(tensors.view(x, "tensor", g.name), o.dtype.bytes) or N % (ALIGN // o.dtype.bytes):
                 aligned_mn = False
         return dict(M=M, N=N, K=K, L=L, aligned_mn=aligned_mn, aligned_k=aligned_k, device=va.device)
 

@@ -401,8 +401,10 @@ class Binder:
                         f"'{name}' needs", hint="pad N, or build with plan='cutlass' (TMA for every aux tensor)")
         batched = len(va.shape) == 3 or len(vb.shape) == 3
         tma = self.arch == "sm90"
-        self._check(va, "A", self.a, [(M, K), (L, M, K)] if La == L else [(M, K)], dev, True, tma=tma)
-        self._check(vb, "B", self.b, [(N, K), (L, N, K)] if Lb == L else [(N, K)], dev, True, tma=tma)
+        # sm90's mainloop reads A and B with TMA (16-byte aligned rows); sm80's kernel variants take
+        # any alignment (NOTE [Ragged shapes on sm80])
+        self._check(va, "A", self.a, [(M, K), (L, M, K)] if La == L else [(M, K)], dev, True, tma=tma, align16=tma)
+        self._check(vb, "B", self.b, [(N, K), (L, N, K)] if Lb == L else [(N, K)], dev, True, tma=tma, align16=tma)
 
         values: dict[str, int] = {"M": M, "N": N, "K": K, "L": L, **self.scheduler}
         ops: list[Operand] = []
@@ -432,7 +434,7 @@ class Binder:
             per = ALIGN // eb
             values[f"ld_{op}"] = v.strides[-2] if v.shape[-2] > 1 else _round_up(max(K, 1), per)
             values[f"bs_{op}"] = v.strides[0] if len(v.shape) == 3 and v.shape[0] > 1 else 0
-            add(v, op, f"p_{op}", v.dtype, output=False, mask=ALIGN - 1, mxn=False, inplace=False)
+            add(v, op, f"p_{op}", v.dtype, output=False, mask=(ALIGN - 1) if tma else eb - 1, mxn=False, inplace=False)
         kpad = 0
         if mode == "k0":
             kpad = ALIGN // self.a.bytes
@@ -485,6 +487,19 @@ class Binder:
                 v = tensors.view(given[n], label, g.name)
                 self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True,
                             align16=self.mn_tma)
+                if isinstance(o, Store) and self.mn_tma and N % (ALIGN // eb) and M and L:
+                    # NOTE [Ragged N and TMA stores]: the TMA store (and the 16-byte register-direct
+                    # store) writes the last 16-byte vector of each row whole, measured on the H100:
+                    # with N = 1031 bf16 it writes column 1031 too. CUTLASS's can_implement refuses
+                    # such an N; in evtc's own allocations that element is row padding, in a
+                    # caller's tensor it may be someone's data.
+                    raise MisalignedError(
+                        f"output {label} has N = {N} columns, not a multiple of {ALIGN // eb} ({eb}-byte elements): "
+                        f"this kernel stores whole 16-byte vectors and would also write the {(-N) % (ALIGN // eb)} "
+                        "element(s) after each row",
+                        epilogue=g.name,
+                        hint="let evtc allocate the output, or use a family Gemm (no config) or "
+                             "GemmConfig(unaligned=True), which store element by element")
                 add(v, label, f"p_{n}", o.dtype, output=True,
                     mask=(ALIGN - 1) if isinstance(o, Store) and self.mn_tma else eb - 1,
                     mxn=isinstance(o, Store), inplace=isinstance(o, Store))
