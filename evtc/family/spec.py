@@ -11,6 +11,8 @@ the H100's 132 SMs (docs/performance.md has the measurements behind each):
 
 * ``large``: cooperative 128x256x64, cluster 2x1, persistent: big problems (many tiles, the
   mainloop's arithmetic intensity matters most);
+* ``pingpong``: ping-pong 128x192x64, cluster 2x1, persistent: one warpgroup's epilogue runs
+  while the other's MMAs do, so epilogue-heavy problems (short K, many outputs) lose less to it;
 * ``streamk``: cooperative 128x128x64, cluster 1x1, the stream-K scheduler: problems with few
   output tiles or long K loops, run as split-K (a fixed number of splits per tile) or stream-K
   (CUTLASS's balanced K ranges); the partial accumulators are reduced before the epilogue
@@ -83,6 +85,7 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
     k = base.tile[2]
     return (
         KernelSpec("large", base, arch),
+        KernelSpec("pingpong", GemmConfig(tile=(128, 192, k), cluster=(2, 1, 1), schedule="pingpong"), arch),
         KernelSpec("streamk", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("swap", GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True), arch),
     )

@@ -397,7 +397,8 @@ static cudaError_t setup_device() {
 
 // One launch: the variant's initialize() (parameters; no attribute call once set up) and run()
 // (the reduction identities, the GEMM, the float-to-output rounding), all on the stream.
-static cutlass::Status launch(Arguments const& arguments, void* workspace, cudaStream_t stream) {
+static cutlass::Status launch(evtc_args_t const&, Arguments const& arguments, void* workspace, cudaStream_t stream, int,
+                              int) {
   Gemm gemm;
   cutlass::Status status = gemm.initialize(arguments, workspace, stream);
   return status == cutlass::Status::kSuccess ? gemm.run(stream) : status;
@@ -408,8 +409,9 @@ static cutlass::Status launch(Arguments const& arguments, void* workspace, cudaS
 // ---- exported entry points ------------------------------------------------------------------
 // The arch template defines, in namespace evtc_kernel: Gemm (a device-level operator with
 // can_implement / get_workspace_size), make_arguments(args, sm_count, device_id),
-// args_for_check(args), setup_device() (once per device: kernel attributes), launch(arguments,
-// workspace, stream) (one launch: workspace initialisation, kernel parameters, the launch; no
+// args_for_check(args), setup_device() (once per device: kernel attributes), launch(args, arguments,
+// workspace, stream, sm_count, device_id) (one launch: workspace initialisation, kernel parameters,
+// cached per argument bytes on sm90, the launch; no
 // attribute call, no synchronisation), and the constants kEpilogueSmemBytes, kKernelSmemBytes
 // and kMainloopStages that evtc_info reports. No C++ exception crosses these functions: every
 // failure is a status code (0 ok, 1 can't implement, 2 workspace too small, 3 initialize failed,
@@ -564,7 +566,8 @@ int evtc_check(evtc_args_t const& args, int sm_count, int device_id) {
 
 int evtc_launch_checked(evtc_args_t const& args, int sm_count, int device_id, void* workspace, cudaStream_t stream) {
   cutlass::Status status =
-      evtc_kernel::launch(evtc_kernel::make_arguments(args, sm_count, device_id), workspace, stream);
+      evtc_kernel::launch(args, evtc_kernel::make_arguments(args, sm_count, device_id), workspace, stream, sm_count,
+                          device_id);
   cudaError_t err = cudaGetLastError();
   if (status != cutlass::Status::kSuccess || err != cudaSuccess) {
     evtc_set_error("launch failed", err != cudaSuccess ? cudaGetErrorString(err) : cutlass::cutlassGetStatusString(status));

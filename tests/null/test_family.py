@@ -25,7 +25,7 @@ def pick(family, *shape, **kw):
 
 
 def test_the_default_family_is_few_legal_kernels(family):
-    assert list(family) == ["large", "streamk", "swap"]
+    assert list(family) == ["large", "pingpong", "streamk", "swap"]
     for s in family.values():
         evtc.plan.validate(s.config, "sm90", bf16, bf16)
     assert family["large"].config == evtc.plan.default_config("sm90", bf16, bf16)
