@@ -137,6 +137,10 @@ def main() -> None:
                         "evtc_over_eager": host["evtc"] / host["eager"]}
         if args.profile:
             profiles[name] = profile_top(lambda: g(A, B, **kw), 2000)
+            profiles[name + " out="] = profile_top(lambda: g(A, B, out=given, **kw), 2000)
+        lib = launcher.library
+        print(f"{name}: {lib.prepares} prepares, {len(launcher._signatures)} signatures, dispatch "
+              f"{[k.spec.name for k in g._kernels.values() if k.library is lib]}", flush=True)
         print(f"{name}: evtc {host['evtc']:.1f} us, out= {host['evtc_out']:.1f} us, evtc_launch {host['evtc_launch']:.1f} us, "
               f"torch.mm {host['mm']:.1f} us, eager {host['eager']:.1f} us (host time per call)", flush=True)
     print(f"\nhost time per call at {args.shape} bf16 on {common.device_name()}")

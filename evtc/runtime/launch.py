@@ -68,6 +68,8 @@ class KernelLibrary:
         # directory (and Path("./k.so") prints as "k.so"): always load an absolute path.
         # absolute, not resolved: a verified shared-cache library is /proc/self/fd/N, a link to a
         # memfd that only opens through that path
+        #: evtc_prepare calls so far (a new problem signature, or a stale handle)
+        self.prepares = 0
         self.path = Path(path).expanduser().absolute()
         try:
             self.lib = ctypes.CDLL(str(self.path))
@@ -167,6 +169,7 @@ class KernelLibrary:
         Raises:
             ArgumentError, LaunchError: as :meth:`raise_status`.
         """
+        self.prepares += 1
         handle = ctypes.c_int64()
         ws = ctypes.c_uint64()
         status = self.lib.evtc_prepare(ctypes.byref(args), device, ctypes.byref(handle), ctypes.byref(ws))
