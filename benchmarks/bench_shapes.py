@@ -90,8 +90,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_interleaved, torch_eval
-    from evtc.ir.nodes import ColBroadcast
+    from evtc.bench import time_graphs, time_interleaved
+    from evtc.ir.nodes import ColBroadcast, RowBroadcast
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     names = args.only.split(",") if args.only else EPILOGUES
@@ -122,7 +122,10 @@ def main() -> None:
             Bt = B.transpose(-1, -2)
             plain = torch.empty(A.shape[:-1] + (N,), dtype=A.dtype, device=A.device)
             cols = {n.name for n in g.graph.inputs if isinstance(n, ColBroadcast)}
-            call = {k: (v.unsqueeze(-1) if k in cols else v) for k, v in kw.items()}
+            rows_ = {n.name for n in g.graph.inputs if isinstance(n, RowBroadcast)}
+            # eager broadcasting: column vectors (.., M) -> (.., M, 1), batched rows (L, N) -> (L, 1, N)
+            call = {k: (v.unsqueeze(-1) if k in cols else v.unsqueeze(-2) if k in rows_ and v.dim() == 2 else v)
+                    for k, v in kw.items()}
 
             def fused():
                 return g(A, B, out=outs, **kw)
@@ -140,10 +143,14 @@ def main() -> None:
             first_s = time.perf_counter() - t0
             t = time_interleaved(fns, args.iters, warmup_ms=100)
             te = time_interleaved({"eager": eager, "cublas": cublas}, args.iters, warmup_ms=50)
+            tg = time_graphs({"evtc": fused, "cublas": cublas, "eager": eager}, args.iters)
             row = {"epilogue": name, "group": group, "shape": f"{M}x{N}x{K}" + (f"x{L}" if L > 1 else ""),
                    "member": spec.name, "config": spec.config.schedule_name,
                    "evtc_ms": t["evtc"], "cublas_ms": t["cublas"], "eager_ms": te["eager"],
                    "evtc_over_cublas": t["evtc"] / t["cublas"], "eager_over_cublas": te["eager"] / te["cublas"],
+                   "graph_evtc_ms": tg["evtc"], "graph_cublas_ms": tg["cublas"], "graph_eager_ms": tg["eager"],
+                   "graph_evtc_over_cublas": tg["evtc"] / tg["cublas"],
+                   "graph_eager_over_cublas": tg["eager"] / tg["cublas"],
                    "first_call_s": first_s}
             if tuned:
                 row["tuned"] = {k: tuned[0][k] for k in ("member", "runtime", "times_ms", "heuristic")}
@@ -161,8 +168,14 @@ def main() -> None:
             row["evtc_vs_best_other"] = t["evtc"] / t["cublas"] / min(
                 x for x in (row["eager_over_cublas"], row.get("compile_over_cublas", float("inf"))) if x == x)
             rows.append(row)
-            print(f"{name:9s} {row['shape']:>18s} {spec.name:11s} evtc/cuBLAS {row['evtc_over_cublas']:.3f}  "
-                  f"eager {row['eager_over_cublas']:.3f}  compile {row.get('compile_over_cublas', float('nan')):.3f}",
+            if args.json:  # so far, in case a later problem fails
+                import json
+                from pathlib import Path
+
+                Path(args.json).write_text(json.dumps({"device": common.device_name(), "rows": rows, "partial": True}))
+            print(f"{name:9s} {row['shape']:>18s} {spec.name:9s} evtc/cuBLAS {row['evtc_over_cublas']:.3f} "
+                  f"(graph {row['graph_evtc_over_cublas']:.3f})  eager {row['eager_over_cublas']:.3f} "
+                  f"(graph {row['graph_eager_over_cublas']:.3f})  compile {row.get('compile_over_cublas', float('nan')):.3f}",
                   flush=True)
         del compiled
         torch._dynamo.reset()
@@ -172,12 +185,13 @@ def main() -> None:
         summary[name] = {"geomean_evtc_over_cublas": geomean([r["evtc_over_cublas"] for r in rs]),
                          "geomean_eager_over_cublas": geomean([r["eager_over_cublas"] for r in rs]),
                          "geomean_compile_over_cublas": geomean([r.get("compile_over_cublas", float("nan")) for r in rs]),
+                         "graph_geomean_evtc_over_cublas": geomean([r["graph_evtc_over_cublas"] for r in rs]),
                          "slower_than_eager_or_compile": [r["shape"] for r in rs if r["evtc_vs_best_other"] > 1.0]}
         for grp in sorted({r["group"] for r in rs}):
             summary[name][f"geomean_{grp}"] = geomean([r["evtc_over_cublas"] for r in rs if r["group"] == grp])
     print(f"\nshapes on {common.device_name()}")
-    print(common.table(rows, ["epilogue", "shape", "member", "evtc_over_cublas", "eager_over_cublas",
-                              "compile_over_cublas", "evtc_ms", "cublas_ms"]))
+    print(common.table(rows, ["epilogue", "shape", "member", "evtc_over_cublas", "graph_evtc_over_cublas",
+                              "eager_over_cublas", "compile_over_cublas", "evtc_ms", "cublas_ms"]))
     for name, s in summary.items():
         print(name, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()})
     common.write_json(args.json, {"device": common.device_name(), "rows": rows, "summary": summary})

@@ -65,6 +65,49 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], iters: int = 50, warmup_
     return {n: statistics.median(v) for n, v in times.items()}
 
 
+def time_graphs(fns: dict[str, Callable[[], Any]], iters: int = 20, calls: int = 10) -> dict[str, float]:
+    """Median device time (ms per call) of each function run inside a CUDA graph: ``calls`` calls
+    captured once and replayed ``iters`` times with events around each replay, in alternation.
+
+    This is the kernels' own time, with no launch gaps: what a decode step captured in a graph
+    (as serving frameworks do) sees, and a fair comparison of kernels whose host launch paths
+    differ (a back-to-back sample of a 10 us kernel measures the host when its launch takes
+    longer, :func:`time_interleaved`). A function that can't be captured gets NaN."""
+    import torch
+
+    graphs: dict[str, Any] = {}
+    stream = torch.cuda.Stream()
+    for n, fn in fns.items():
+        try:
+            with torch.cuda.stream(stream):
+                fn()  # warm-up (and any first-call work) outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(calls):
+                    fn()
+            graphs[n] = g
+        except Exception:  # noqa: BLE001 - report NaN for what can't be captured
+            torch.cuda.synchronize()
+    times: dict[str, list[float]] = {n: [] for n in graphs}
+    order = list(graphs)
+    rng = random.Random(0)
+    for g in graphs.values():
+        g.replay()
+    torch.cuda.synchronize()
+    for _ in range(iters):
+        rng.shuffle(order)
+        for n in order:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[n].replay()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end) / calls)
+    return {n: (statistics.median(times[n]) if n in times else float("nan")) for n in fns}
+
+
 def launch_overhead_us(fn: Callable[[], Any], calls: int = 20) -> float:
     """Host time (microseconds) one call of ``fn`` takes to issue its work, measured while the
     GPU is still busy with earlier calls (so it is the launch path alone, not waiting)."""
