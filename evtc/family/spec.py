@@ -137,6 +137,11 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
         splits = split_count(tiles, k_tiles, p.sm_count)
         return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "data_parallel")
     tiles = _tiles(p.M, p.N, p.L, large.config.tile)
+    if "pingpong" in family and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count:
+        # many waves: ping-pong's overlap of one warpgroup's epilogue with the other's MMAs pays
+        # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
+        # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)
+        return family["pingpong"]
     if "streamk" in family and (tiles < p.sm_count // 2 or p.K >= 4 * max(p.M, p.N)):
         spec = family["streamk"]
         tiles = _tiles(p.M, p.N, p.L, spec.config.tile)

@@ -33,8 +33,10 @@ def test_the_default_family_is_few_legal_kernels(family):
 
 
 def test_heuristic_by_shape(family):
-    assert pick(family, 8192, 8192, 8192).name == "large"
-    assert pick(family, 4096, 14336, 4096).name == "large"
+    assert pick(family, 8192, 8192, 8192).name == "pingpong"
+    assert pick(family, 4096, 14336, 4096).name == "pingpong"
+    assert pick(family, 4096, 4096, 4096).name == "large"
+    assert pick(family, 8192, 4096, 14336).name == "large"
     # decode: swap-AB, K split to fill 132 SMs (N/128 = 32 tiles along the kernel's M)
     s = pick(family, 16, 4096, 4096)
     assert s.name == "swap" and s.config.split_k == 4 and s.config.decomposition == "split_k"
@@ -106,14 +108,14 @@ def test_gemm_choose_uses_the_family_and_the_tuned_store(tmp_path, monkeypatch):
 
     monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
     g = evtc.Gemm(E.bias_relu)
-    assert g.choose(8192, 8192, 8192).name == "large"
+    assert g.choose(8192, 8192, 8192).name == "pingpong"
     assert g.choose(16, 4096, 4096).name == "swap"
     store = TuneStore.for_gemm(g)
     store.put(shape_bucket(8192, 8192, 8192), "H100", {"member": "streamk",
                                                        "runtime": {"split_k": 2, "decomposition": "split_k"}})
     s = g.choose(8000, 8000, 8000, device="H100")  # the same bucket
     assert s.name == "streamk" and s.config.split_k == 2
-    assert g.choose(8000, 8000, 8000, device="another GPU").name == "large"
+    assert g.choose(8000, 8000, 8000, device="another GPU").name == "pingpong"
     assert json.loads(store.path.read_text())["format"] == 1
     # a pinned Gemm is a family of one
     p = evtc.Gemm(E.bias_relu, config=evtc.GemmConfig())
