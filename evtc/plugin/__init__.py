@@ -25,7 +25,7 @@ Example::
 
 from evtc.errors import FragmentError
 from evtc.plugin.fragment import FRAGMENT_VERSION, EpilogueFragment, Parameter, Placeholder
-from evtc.plugin.lower import lower
+from evtc.plugin.lowering import lower
 from evtc.plugin.stable import signatures, stable, stable_api
 
 __all__ = ["FRAGMENT_VERSION", "EpilogueFragment", "FragmentError", "Parameter", "Placeholder", "lower",

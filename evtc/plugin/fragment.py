@@ -137,7 +137,7 @@ def _tuple3(x: Any) -> Any:
 
 
 @stable(since=1)
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class EpilogueFragment:
     """An evtc epilogue, planned for one CTA tile and kernel schedule, as C++ a generator puts in
     its own CUTLASS 3.x sm90 GEMM (docs/plugin.md).
@@ -252,6 +252,11 @@ class EpilogueFragment:
     preamble: str = dataclasses.field(default="", repr=False)
     plan: Any = dataclasses.field(default=None, compare=False, repr=False)
     graph: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __repr__(self) -> str:
+        tile = "x".join(map(str, self.tile))
+        return (f"<EpilogueFragment v{self.version} {self.qualified_name} of {self.epilogue}: tile {tile} {self.schedule}, "
+                f"epilogue smem {self.smem_bytes} B, {self.mainloop_stages} mainloop stages>")
 
     # ---- names ------------------------------------------------------------------------------------
 
@@ -432,7 +437,7 @@ class EpilogueFragment:
                      "use a cluster of 1, 2 or 4 CTAs along M and N, at most 4 in all")
         for arg, value, want in (("a", a, self.a), ("b", b, self.b)):
             if value is not None:
-                got = _dtype_name(value, arg, self.epilogue)
+                got = _dtype_name(value, arg, self.epilogue, who)
                 if got != want:
                     fail(f"{arg}={got}: it was planned for {arg}={want} (the operand type sizes the mainloop stages "
                          "left beside the epilogue)", relower.format(arg, got))
@@ -440,7 +445,7 @@ class EpilogueFragment:
         for arg, value, tensor, element in slots:
             if value is None:
                 continue
-            got = "void" if value == "void" else _dtype_name(value, arg, self.epilogue)
+            got = "void" if value == "void" else _dtype_name(value, arg, self.epilogue, who)
             want = "void" if tensor is None else self.parameter(tensor).dtype
             if got != want:
                 where = f"its {arg.upper()} slot holds {tensor} ({want})" if tensor else f"it has no {arg.upper()} slot"
@@ -492,11 +497,11 @@ def _schedule_name(schedule: Any) -> str:
     return s
 
 
-def _dtype_name(value: Any, arg: str, epilogue: str) -> str:
+def _dtype_name(value: Any, arg: str, epilogue: str, who: str) -> str:
     from evtc import dtypes
     from evtc.errors import UnknownDTypeError
 
     try:
         return dtypes.coerce(value).name
     except UnknownDTypeError as e:
-        raise FragmentError(f"check({arg}={value!r}): {e.message}", epilogue=epilogue, hint=e.hint) from None
+        raise FragmentError(f"{who}: check({arg}={value!r}): {e.message}", epilogue=epilogue, hint=e.hint) from None
