@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["build_cutlass_library_example", "build_hopper_example", "find_nvcc", "nvcc_shared"]
+__all__ = ["build_cutlass_library_example", "build_hopper_example", "examples_dir", "find_nvcc", "nvcc_shared"]
 
 #: nvcc's time limit for one example build, in seconds (a full sm90 GEMM takes a few minutes).
 TIMEOUT_S = 1800
@@ -92,6 +92,12 @@ def nvcc_shared(source: Path, out_dir: Path, *, fragment, header_dirs: Sequence[
 
 
 # ---- the two examples, as the tests build them ----------------------------------------------------
+
+def examples_dir(default: Path) -> Path:
+    """Where the tests build the examples: ``$EVTC_PLUGIN_EXAMPLES_DIR`` (kept between runs: the
+    builds are cached by content), else ``default`` (the test session's temporary folder)."""
+    return Path(os.environ.get("EVTC_PLUGIN_EXAMPLES_DIR") or default)
+
 
 def _load(path: Path, name: str):
     """An example's module by path (examples/hopper_gemm/build.py is not in a package)."""

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from plugin_build import build_cutlass_library_example, build_hopper_example
+from plugin_build import build_cutlass_library_example, build_hopper_example, examples_dir
 
 pytestmark = pytest.mark.compile
 
@@ -19,12 +19,12 @@ SMEM_CAPACITY = 232448
 
 @pytest.fixture(scope="module")
 def hopper(tmp_path_factory):
-    return build_hopper_example(tmp_path_factory.getbasetemp() / "plugin-examples")
+    return build_hopper_example(examples_dir(tmp_path_factory.getbasetemp() / "plugin-examples"))
 
 
 @pytest.fixture(scope="module")
 def cutlass_library(tmp_path_factory):
-    return build_cutlass_library_example(tmp_path_factory.getbasetemp() / "plugin-examples")
+    return build_cutlass_library_example(examples_dir(tmp_path_factory.getbasetemp() / "plugin-examples"))
 
 
 def test_hopper_gemm_compiles_two_fragments_as_planned(hopper):
@@ -37,7 +37,9 @@ def test_hopper_gemm_compiles_two_fragments_as_planned(hopper):
         epilogue_bytes, stages, kernel_bytes = list(out)
         assert epilogue_bytes == frag.smem_bytes, header
         assert stages == frag.mainloop_stages, header
-        assert frag.smem_bytes + stages * frag.mainloop_stage_bytes <= kernel_bytes <= SMEM_CAPACITY
+        # the kernel's storage holds the epilogue's and every stage's A and B tiles (a stage's
+        # 16 bytes of barriers are planned for, but may live elsewhere)
+        assert frag.smem_bytes + stages * (frag.mainloop_stage_bytes - 16) <= kernel_bytes <= SMEM_CAPACITY
         assert (lib_path.parent / "fragments" / header).read_text() == frag.header()
     assert lib.hopper_info(2, out) == 5  # HOPPER_BAD_ARGUMENT
     # the fragments the GEMM was written for: its tile and schedule, two names in one TU

@@ -13,7 +13,7 @@ import pytest
 
 import evtc
 from evtc.testing import Problem, check_outputs, failure_report, make_inputs, poisoned_outputs
-from plugin_build import build_cutlass_library_example, build_hopper_example
+from plugin_build import build_cutlass_library_example, build_hopper_example, examples_dir
 
 pytestmark = pytest.mark.gpu
 
@@ -24,13 +24,13 @@ SHAPES = [(333, 392, 264, 1), (77, 136, 64, 2), (1000, 1048, 1024, 3), (2048, 20
 
 @pytest.fixture(scope="module")
 def hopper(tmp_path_factory):
-    lib_path, frags = build_hopper_example(tmp_path_factory.getbasetemp() / "plugin-examples")
+    lib_path, frags = build_hopper_example(examples_dir(tmp_path_factory.getbasetemp() / "plugin-examples"))
     return ctypes.CDLL(str(lib_path)), frags
 
 
 @pytest.fixture(scope="module")
 def cutlass_library(tmp_path_factory):
-    lib_path, frag, gen = build_cutlass_library_example(tmp_path_factory.getbasetemp() / "plugin-examples")
+    lib_path, frag, gen = build_cutlass_library_example(examples_dir(tmp_path_factory.getbasetemp() / "plugin-examples"))
     return ctypes.CDLL(str(lib_path)), frag, gen
 
 
