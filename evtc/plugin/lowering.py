@@ -219,8 +219,8 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
             (cooperative) or 64 (ping-pong); N a multiple of 16 dividing the tile's N.
         schedule: ``"cooperative"`` or ``"pingpong"``: the kernel schedule
             (``KernelTmaWarpSpecializedCooperative`` / ``...Pingpong``).
-        cluster: the cluster (M, N, 1) the kernel will use (recorded; the epilogue does not
-            depend on it).
+        cluster: the cluster (M, N, 1) or (M, N) the kernel will use (recorded; the epilogue
+            does not depend on it).
         a, b: the mainloop operand dtypes (``b`` defaults to ``a``): bf16, f16 or e4m3. They size
             the mainloop's stages, which the plan trades against epilogue buffers.
         c: dtype of the source C when the epilogue reads ``C`` (default: ``d``).
@@ -265,7 +265,10 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
     name = _cxx_identifier(name, "name", member_check=True)
     namespace = _namespace(namespace)
     source = _epilogue_input(epilogue)
-    config = GemmConfig(tile=_as_tuple(tile), cluster=_as_tuple(cluster), schedule=schedule, stages=stages,
+    cluster = _as_tuple(cluster)
+    if isinstance(cluster, tuple) and len(cluster) == 2:
+        cluster = (*cluster, 1)
+    config = GemmConfig(tile=_as_tuple(tile), cluster=cluster, schedule=schedule, stages=stages,
                         epilogue_tile=_as_tuple(epilogue_tile))
     gemm = Gemm(source, a=a, b=b, c=c, d=d, arch=arch, config=config, plan=plan)
     graph, p = gemm.graph, gemm.plan

@@ -290,6 +290,14 @@ def test_lower_refuses_bad_requests(kw, error, message):
         lower(E.bias_relu, **kw)
 
 
+def test_lists_and_two_extent_clusters_are_accepted():
+    import epilogues as E
+
+    frag = lower(E.bias_relu, tile=[128, 256, 64], cluster=[2, 1], epilogue_tile=[128, 32])
+    assert frag.tile == (128, 256, 64) and frag.cluster == (2, 1, 1) and frag.epilogue_tile == (128, 32)
+    assert "using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;" in frag.declarations
+
+
 def test_a_plan_that_does_not_fit_the_tile_is_a_plan_error():
     import epilogues as E
 
@@ -310,7 +318,8 @@ def test_cli_writes_the_fragment_header(tmp_path):
     from evtc.cli import main
 
     out = tmp_path / "g.h"
-    res = CliRunner().invoke(main, ["emit", "examples/epilogues.py:gelu_aux", "--fragment", "--name", "GeluAux",
+    spec = str(Path(__file__).resolve().parents[2] / "examples" / "epilogues.py") + ":gelu_aux"
+    res = CliRunner().invoke(main, ["emit", spec, "--fragment", "--name", "GeluAux",
                                     "--namespace", "my::kernels", "--tile", "128x128x64", "--cluster", "1x2",
                                     "--schedule", "pingpong", "-o", str(out)])
     assert res.exit_code == 0, res.output
