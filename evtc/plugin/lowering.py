@@ -143,9 +143,8 @@ _SHAPES = {
 
 
 def _parameters(graph: Graph, plan, placeholders: tuple[Placeholder, ...]) -> tuple[Parameter, ...]:
-    from evtc.plan.plan import plan_rows
-
-    modes = {r.name: r.mode for r in plan_rows(plan)}
+    # the sm90 plan has a Buffer (with its mode) for every tensor but by-value scalars
+    modes = {b.name: b.mode for b in plan.buffers}
     by_tensor: dict[str, list[str]] = {}
     for p in placeholders:
         by_tensor.setdefault(p.tensor, []).append(p.name)
