@@ -47,7 +47,7 @@ for stage in "$@"; do
                       | tee "$out/plan_vs_stock.log" | tail -8 ;;
     runtime)        EVTC_ERROR_REPORT=$out/errors_runtime.json python3 -m pytest -q -m gpu tests/gpu/test_runtime_checks.py \
                       tests/gpu/test_graphs.py 2>&1 | tee "$out/runtime.log" | tail -8 ;;
-    family)         EVTC_ERROR_REPORT=$out/errors_family.json python3 -m pytest -q -m gpu tests/gpu/test_family.py \
+    family)         EVTC_ERROR_REPORT=$out/errors_family.json python3 -m pytest -q -m gpu tests/gpu/test_family_gpu.py \
                       2>&1 | tee "$out/family.log" | tail -15 ;;
     shapes|shapes:*)  # shapes:ARGS passes ARGS (comma-free words) to bench_shapes.py
                     sargs=(); [ "$stage" != shapes ] && read -ra sargs <<< "${stage#shapes:}"

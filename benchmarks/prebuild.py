@@ -127,12 +127,12 @@ def host_gemms():
 
 
 def family_gemms():
-    """tests/gpu/test_family.py's kernels (every reference epilogue x member variant, and the
+    """tests/gpu/test_family_gpu.py's kernels (every reference epilogue x member variant, and the
     dispatch test's family with its on-demand members)."""
     sys.path.insert(0, str(common.ROOT / "tests"))
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import epilogues as E
-    import test_family as T
+    import test_family_gpu as T
 
     out = [T.make(n, v) for n in T.NAMES for v in T.VARIANTS]
     g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16)

@@ -363,7 +363,13 @@ def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path | No
 @click.option("--print-nvcc", is_flag=True,
               help="print the nvcc command that builds the .cu (-o's, else k.cu) for --arch, exactly as evtc "
                    "builds it, and exit")
-def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_nvcc: bool):
+@click.option("--fragment", is_flag=True, help="write an epilogue fragment header for another generator's GEMM "
+                                               "instead of a whole GEMM (evtc.plugin, docs/plugin.md)")
+@click.option("--name", "fragment_name", default="EvtcEpilogue", show_default=True,
+              help="with --fragment: the C++ name of the fragment struct")
+@click.option("--namespace", default="evtc_fragment", show_default=True, help="with --fragment: its C++ namespace")
+def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_nvcc: bool, fragment: bool,
+         fragment_name: str, namespace: str):
     """Emit the CUDA C++ of a fused GEMM.
 
     The .cu compiles on its own into a shared library with a small C ABI; `evtc emit
@@ -378,6 +384,10 @@ def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_
     if print_nvcc:
         click.echo(shlex.join(nvcc_command(request.arch, output or "k.cu")))
         return
+    if fragment:
+        from evtc.plugin.cli import emit_fragment
+
+        return emit_fragment(request, output, fragment_name, namespace, _write)
     g = request.gemm()
     if output:
         _write(output, g.source)

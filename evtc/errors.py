@@ -248,6 +248,16 @@ class PassError(EvtcError):
     anchor = "pass-error"
 
 
+class FragmentError(EvtcError):
+    """An epilogue fragment (``evtc.plugin``) and what a kernel generator asks of it disagree: a
+    tile, schedule, epilogue tile, cluster or dtype other than those the fragment was planned
+    for, a C++ name that is not an identifier, a placeholder left unbound or bound twice, or an
+    arch without fragments. The message names the argument and the value the fragment allows;
+    lower the epilogue again with the generator's values (docs/plugin.md)."""
+
+    anchor = "fragment"
+
+
 # --------------------------------------------------------------------------------------------
 # Traceback filtering (JAX traceback_util)
 # --------------------------------------------------------------------------------------------
