@@ -130,9 +130,12 @@ class ConvProblem:
 # ---- configuration --------------------------------------------------------------------------------
 
 
-def _defaults(arch: str, a: DType) -> GemmConfig:
+def _defaults(arch: str, a: DType, kind: str) -> GemmConfig:
     if arch == "sm90":
-        return GemmConfig(tile=(128, 128, 128 // a.bytes), cluster=(1, 1, 1), schedule=SM90_SCHEDULE,
+        # wgrad: N = 64, as CUTLASS's sm90 wgrad tests, since C must be a multiple of it
+        # (check_arch_limits)
+        n = 64 if kind == "wgrad" else 128
+        return GemmConfig(tile=(128, n, 128 // a.bytes), cluster=(1, 1, 1), schedule=SM90_SCHEDULE,
                           scheduler=NONPERSISTENT, swizzle=0)
     # CUTLASS's sm80 conv tests' usual 16-bit tile, 4 stages as evtc's sm80 GEMM
     return GemmConfig(tile=(128, 128, 32), cluster=(1, 1, 1), schedule=SM80_SCHEDULE, stages=4,
@@ -143,20 +146,21 @@ def _defaults(arch: str, a: DType) -> GemmConfig:
 CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile"), "sm80": ("tile", "stages", "warp_tile", "swizzle")}
 
 
-def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | None = None) -> GemmConfig:
+def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | None = None, *,
+                kind: str = "fprop") -> GemmConfig:
     """The configuration of a conv kernel: the arch's default with what ``config`` sets.
 
     ``config`` is a dict of :class:`~evtc.plan.config.GemmConfig` fields, or a GemmConfig whose
     fields left at GemmConfig's defaults take the conv defaults. sm90 takes ``tile`` (M of 64
     or 128: one consumer warpgroup, whose ``TM*TN/128`` f32 accumulators per thread are at most
     128), ``cluster``, ``stages``, ``epilogue_tile``; sm80 ``tile``, ``warp_tile``, ``stages``,
-    ``swizzle``. Defaults: sm90 128x128x(128 bytes), cluster 1x1, stages as many as fit; sm80
-    128x128x32, warps 64x64x32, 4 stages.
+    ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
+    fit; sm80 128x128x32, warps 64x64x32, 4 stages.
 
     Raises:
         ConfigError: an illegal value or a field the conv kernels don't have.
     """
-    base = _defaults(arch, a)
+    base = _defaults(arch, a, kind)
     if config is None:
         given: dict[str, Any] = {}
     elif isinstance(config, GemmConfig):
@@ -239,6 +243,9 @@ class ConvPlan(Plan):
 
     def __str__(self) -> str:
         lines = format_plan(self).split("\n")
+        cfg = self.config
+        lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
+                    f"{'x'.join(map(str, cfg.cluster[:2]))}, non-persistent")
         # the budget line: the epilogue doesn't add to the mainloop here (a union)
         lines[2] = (f"epilogue smem: {self.epilogue_smem_bytes} B, shared with {self.mainloop_stages} stages x "
                     f"{self.mainloop_stage_bytes} B: {self.kernel_smem_bound} of {self.smem_capacity} B")
@@ -262,7 +269,8 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
     if arch == "sm90":
         from evtc.plan.sm90 import plan_sm90
 
-        plan = plan_sm90(graph, target, config, a=a, b=b, policy=policy, rank=rank, fixed=fixed)
+        # the GEMM planner's stage rule (a carveout) is not the conv kernel's: plan without it
+        plan = plan_sm90(graph, target, config.replace(stages=None), a=a, b=b, policy=policy, rank=rank, fixed=fixed)
         if config.stages:
             stages = config.stages
             if sm90_kernel_smem(config, a, b, plan, stages) > target.smem_capacity:
@@ -278,7 +286,7 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
         note = (f"conv kernel (non-persistent): the epilogue's buffers share a union with the mainloop's, so the "
                 f"mainloop keeps {stages} stages")
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
-        fields.update(mainloop_stages=stages, notes=plan.notes + (note,),
+        fields.update(config=config, mainloop_stages=stages, notes=plan.notes + (note,),
                       kernel_smem_bound=sm90_kernel_smem(config, a, b, plan, stages))
         return ConvPlan(**fields)
     from evtc.plan.sm80 import plan_sm80
@@ -309,7 +317,7 @@ class _Kernel:
         self.strided = strided
         a, b = conv.a, conv.b
         self.graph = conv.graph if arch == conv.arch else passes.run(conv.traced, arch)
-        self.config = conv.config if arch == conv.arch else conv_config(arch, a, b, None)
+        self.config = conv.config if arch == conv.arch else conv_config(arch, a, b, None, kind=conv.kind)
         self.plan = plan_conv(self.graph, arch, a, b, self.config, **(conv._plan_args if arch == conv.arch else {}))
         if arch == "sm90":
             from evtc.emit.conv_sm90 import emit_conv_sm90
@@ -346,7 +354,7 @@ class _Kernel:
                 assert self.library is not None
                 binder = ConvBinder(self.graph, self.conv.a, self.conv.b, self.library.Args, kind=self.conv.kind,
                                     dims=self.conv.dims, layout=self.conv.layout, spec=spec, arch=self.arch,
-                                    strided_dgrad=self.strided)
+                                    strided_dgrad=self.strided, tile=self.config.tile)
                 got = self.launchers[spec] = Launcher(binder, self.library, self.conv.name)
         return got
 
@@ -423,7 +431,7 @@ class Conv:
                               anchor="conv-config")
         self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
         self.c = dtypes.coerce(c) if c is not None else None
-        self.config = conv_config(arch, self.a, self.b, config)
+        self.config = conv_config(arch, self.a, self.b, config, kind=kind)
         self.traced = _as_graph(epilogue, c=self.c, d=self.d)
         self.name = self.traced.name
         reserved = sorted({i.name for i in self.traced.inputs} & {"problem", "out", "stream"})

@@ -100,7 +100,10 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
         alignment_b=16 // b.bytes,
         element_c=c_input.dtype.cutlass if c_input is not None else "void",
         element_d=d_output.dtype.cutlass,
-        tile_shape=f"cute::Shape<cute::_{cfg.tile[0]}, cute::_{cfg.tile[1]}, cute::Shape<cute::_{cfg.tile[2]}>>",
+        tile_shape=cxx_shape(*cfg.tile),
+        mainloop_tile_shape=(f"cute::Shape<cute::_{cfg.tile[0]}, cute::Shape<cute::_{cfg.tile[1]}>, "
+                             f"cute::Shape<cute::_{cfg.tile[2]}>>" if kind == "wgrad" else
+                             f"cute::Shape<cute::_{cfg.tile[0]}, cute::_{cfg.tile[1]}, cute::Shape<cute::_{cfg.tile[2]}>>"),
         cluster_shape=cxx_shape(*cfg.cluster),
         epilogue_tile=cxx_shape(*plan.epilogue_tile),
         stages_c=plan.stages_c,

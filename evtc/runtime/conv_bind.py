@@ -279,8 +279,9 @@ def geometry(kind: str, dims: int, a_shape: tuple[int, ...], b_shape: tuple[int,
 
 
 def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bool = False,
-                      epilogue: str | None = None) -> None:
-    """The limits of the kernel that runs ``g`` on ``arch``, with where each comes from.
+                      tile: tuple[int, int, int] | None = None, epilogue: str | None = None) -> None:
+    """The limits of the kernel that runs ``g`` on ``arch`` (with CTA ``tile``), with where each
+    comes from.
 
     Raises:
         ArgumentError: (anchor ``conv-problem``) the first limit the problem breaks.
@@ -321,6 +322,13 @@ def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bo
                 raise _problem_error(f"the im2col box corners ({lower}, {upper}) of spatial dimension {i} are outside "
                                      f"[{-corner}, {corner - 1}] ({src})", epilogue,
                                      hint="use less padding or dilation, or arch='sm80'")
+        if g.kind == "wgrad" and tile is not None and g.c % tile[1]:
+            raise _problem_error(
+                f"C = {g.c} is not a multiple of the tile's N = {tile[1]}: the sm90 wgrad kernel tiles N = (C,S,R,T) "
+                "mode by mode (CUTLASS's local_tile of the nested mode), which evtc's flat epilogue matches only "
+                "when whole tiles of channels fit each filter tap", epilogue,
+                hint=f"build the Conv with config={{'tile': (128, n, 64)}}, n a multiple of 16 dividing C, or use "
+                     "arch='sm80'")
         if g.kind == "dgrad" and not all(s == 1 for s in g.stride) and not strided_dgrad:
             raise _problem_error(f"dgrad with stride {g.stride} on sm90: CUTLASS 3.x's sm90 conv kernels compute "
                                  "unit-stride dgrad only (its can_implement doesn't reject strides; evtc does)",
@@ -374,22 +382,28 @@ def is_packed(v: TensorView) -> bool:
     return all(s == 1 or st == ps for s, st, ps in zip(v.shape, v.strides, packed_strides(v.shape)))
 
 
-def as_rows(v: TensorView, rows: int, cols: int) -> TensorView | None:
-    """The (rows, cols) matrix view of an NHWC-ordered tensor whose last dimension has ``cols``
-    contiguous elements and whose other dimensions collapse into ``rows`` rows of one row stride
-    (each stride the next one times its extent, extent-1 dimensions ignored); None if they
-    don't."""
-    shape, strides = v.shape, v.strides
-    if math.prod(shape[:-1]) != rows or shape[-1] != cols:
+def as_rows(v: TensorView, rows: int, cols: int, col_dims: int = 1) -> TensorView | None:
+    """The (rows, cols) matrix view of an NHWC-ordered tensor whose last ``col_dims`` dimensions
+    hold ``cols`` contiguous elements (one output row: fprop/dgrad its channels, wgrad its taps
+    and channels) and whose other dimensions collapse into ``rows`` rows of one row stride (each
+    stride the next one times its extent; extent-1 dimensions ignored); None if they don't."""
+    shape, strides = tuple(v.shape), tuple(v.strides)
+    split = len(shape) - col_dims
+    if math.prod(shape[:split]) != rows or math.prod(shape[split:]) != cols:
         return None
-    lead = [(s, st) for s, st in zip(shape[:-1], strides[:-1]) if s != 1]
-    for (s0, st0), (s1, st1) in zip(lead, lead[1:]):
-        if st0 != st1 * s1:
-            return None
-    ld = lead[-1][1] if lead else (strides[-2] if len(strides) >= 2 and rows > 1 else cols)
-    if rows <= 1:
-        ld = max(cols, 1)
-    return dataclasses.replace(v, shape=(rows, cols), strides=(ld, strides[-1] if cols > 1 else 1))
+
+    def collapsible(dims):
+        dims = [(s, st) for s, st in dims if s != 1]
+        return all(st0 == st1 * s1 for (s0, st0), (s1, st1) in zip(dims, dims[1:])), dims
+
+    ok, col = collapsible(list(zip(shape[split:], strides[split:])))
+    if not ok or (col and col[-1][1] != 1):
+        return None
+    ok, lead = collapsible(list(zip(shape[:split], strides[:split])))
+    if not ok:
+        return None
+    ld = lead[-1][1] if lead and rows > 1 else max(cols, 1)
+    return dataclasses.replace(v, shape=(rows, cols), strides=(ld, 1))
 
 
 # ---- the binder ------------------------------------------------------------------------------------------
@@ -407,10 +421,12 @@ class ConvBinder(Binder):
         spec: the normalized problem.
         arch: the arch of the kernel that runs the calls.
         strided_dgrad: the kernel is the strided-dgrad one.
+        tile: the kernel's CTA tile (sm90 wgrad needs C a multiple of its N).
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure], *, kind: str, dims: int,
-                 layout: str, spec: ConvSpec, arch: str, strided_dgrad: bool = False) -> None:
+                 layout: str, spec: ConvSpec, arch: str, strided_dgrad: bool = False,
+                 tile: tuple[int, int, int] | None = None) -> None:
         super().__init__(graph, a, b, Args, arch="sm80")
         self.arch = arch
         self.fields = conv_abi_fields(graph)
@@ -419,6 +435,7 @@ class ConvBinder(Binder):
         self.layout = layout
         self.spec = spec
         self.strided_dgrad = strided_dgrad
+        self.tile = tile
         self.names_ab = OPERANDS[kind][:2]
 
     def _nhwc(self, obj: Any, name: str, epilogue: str) -> TensorView:
@@ -482,7 +499,7 @@ class ConvBinder(Binder):
                              hint="a convolution over zero channels has no accumulator; skip the call")
         empty = M == 0 or N == 0
         if not empty:
-            check_arch_limits(geo, self.arch, self.a, strided_dgrad=self.strided_dgrad, epilogue=ename)
+            check_arch_limits(geo, self.arch, self.a, strided_dgrad=self.strided_dgrad, tile=self.tile, epilogue=ename)
 
         values: dict[str, int] = {"M": M, "N": N, "K": K, "L": 1, **geo.values(),
                                   "ld_A": 0, "bs_A": 0, "ld_B": 0, "bs_B": 0}
@@ -511,7 +528,8 @@ class ConvBinder(Binder):
             if len(v.shape) == 2:
                 mv = v
             elif tuple(nv.shape) == out_nhwc:
-                mv = as_rows(nv, M, N) if M * N else dataclasses.replace(nv, shape=(M, N), strides=(N, 1))
+                mv = (as_rows(nv, M, N, self.dims + 1 if self.kind == "wgrad" else 1) if M * N else
+                      dataclasses.replace(nv, shape=(M, N), strides=(N, 1)))
                 if mv is None:
                     raise self.error(f"argument '{name}' (shape {tuple(v.shape)}, strides {tuple(v.strides)}) is not M "
                                      f"rows of {N} contiguous elements with one row stride",

@@ -18,7 +18,8 @@
 // modes, N likewise, L = 1), with the GEMM's row-major stride (ld, _1, batch) for C, D and every
 // aux tensor: Sm90ConvEpilogue wraps the stock collective and flattens the problem shape in
 // every entry point that takes one (host: to_underlying_arguments, can_implement and the
-// workspace calls; device: load, store). Everything the visitor tree does is then what it does in
+// workspace calls; device: load, store, with the CTA tile's coordinate and shape flattened too:
+// wgrad's tile coordinate along the nested N is nested). Everything the visitor tree does is then what it does in
 // the GEMM of the same M, N, and evtc's shared-memory planner applies unchanged.
 #pragma once
 
@@ -40,6 +41,36 @@ CUTLASS_HOST_DEVICE auto flat_problem_shape(ProblemShape const& problem_shape) {
                           static_cast<int>(cute::product(cute::get<1>(mnkl))),
                           static_cast<int>(cute::product(cute::get<2>(mnkl))),
                           static_cast<int>(cute::product(cute::get<3>(mnkl))));
+}
+
+// The index of a CTA tile along one mode in the flat problem. The kernel tiles a nested mode (wgrad's
+// N = (C,S,R,T)) with local_tile, whose tile grid is shape_div(extent, block) and whose tile
+// coordinate is nested; its colexicographic index is the flat tile index when the first extent
+// is a multiple of the block (C % BLK_N == 0, which evtc checks), so both tilings cover the same
+// elements.
+template <class Extent, class Block, class Coord>
+CUTLASS_HOST_DEVICE auto flat_tile_index(Extent const& extent, Block const& block, Coord const& coord) {
+  if constexpr (cute::is_tuple<Coord>::value) {
+    return static_cast<int>(cute::crd2idx(coord, cute::shape_div(extent, block)));
+  } else {
+    return coord;
+  }
+}
+
+template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL>
+CUTLASS_HOST_DEVICE auto flat_tile_coord(ProblemShapeMNKL const& problem_shape_mnkl, TileShapeMNK const& tile_shape,
+                                         TileCoordMNKL const& tile_coord) {
+  return cute::make_coord(
+      flat_tile_index(cute::get<0>(problem_shape_mnkl), cute::size<0>(tile_shape), cute::get<0>(tile_coord)),
+      flat_tile_index(cute::get<1>(problem_shape_mnkl), cute::size<1>(tile_shape), cute::get<1>(tile_coord)),
+      cute::get<2>(tile_coord), cute::get<3>(tile_coord));
+}
+
+// The CTA tile as a flat (M, N, K) shape (wgrad's mainloop tile nests its N and K modes).
+template <class TileShapeMNK>
+CUTLASS_HOST_DEVICE auto flat_tile_shape(TileShapeMNK const&) {
+  return cute::make_shape(cute::Int<cute::size<0>(TileShapeMNK{})>{}, cute::Int<cute::size<1>(TileShapeMNK{})>{},
+                          cute::Int<cute::size<2>(TileShapeMNK{})>{});
 }
 
 // A stock sm90 collective epilogue (Base) that always sees the flat problem shape (NOTE [The conv
@@ -75,20 +106,23 @@ struct Sm90ConvEpilogue : Base {
 
   // load(load_pipeline, load_state, problem_shape_mnkl, tile_shape, tile_coord, tiled_mma, thread_idx,
   //      shared_tensors[, subtile_idx]) (sm90_epilogue_tma_warpspecialized.hpp)
-  template <class LoadPipeline, class LoadState, class ProblemShapeMNKL, class... Rest>
+  template <class LoadPipeline, class LoadState, class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL,
+            class... Rest>
   CUTLASS_DEVICE auto load(LoadPipeline load_pipeline, LoadState load_state, ProblemShapeMNKL problem_shape_mnkl,
-                           Rest&&... rest) {
-    return Base::load(load_pipeline, load_state, flat_problem_shape(problem_shape_mnkl),
-                      static_cast<Rest&&>(rest)...);
+                           TileShapeMNK tile_shape, TileCoordMNKL tile_coord, Rest&&... rest) {
+    return Base::load(load_pipeline, load_state, flat_problem_shape(problem_shape_mnkl), flat_tile_shape(tile_shape),
+                      flat_tile_coord(problem_shape_mnkl, tile_shape, tile_coord), static_cast<Rest&&>(rest)...);
   }
 
   // store(load_pipeline, load_state, store_pipeline, store_state, problem_shape_mnkl, tile_shape,
   //       tile_coord, accumulators, tiled_mma, thread_idx, shared_tensors[, subtile_idx])
   template <class LoadPipeline, class LoadState, class StorePipeline, class StoreState, class ProblemShapeMNKL,
-            class... Rest>
+            class TileShapeMNK, class TileCoordMNKL, class... Rest>
   CUTLASS_DEVICE auto store(LoadPipeline load_pipeline, LoadState load_state, StorePipeline store_pipeline,
-                            StoreState store_state, ProblemShapeMNKL problem_shape_mnkl, Rest&&... rest) {
+                            StoreState store_state, ProblemShapeMNKL problem_shape_mnkl, TileShapeMNK tile_shape,
+                            TileCoordMNKL tile_coord, Rest&&... rest) {
     return Base::store(load_pipeline, load_state, store_pipeline, store_state, flat_problem_shape(problem_shape_mnkl),
+                       flat_tile_shape(tile_shape), flat_tile_coord(problem_shape_mnkl, tile_shape, tile_coord),
                        static_cast<Rest&&>(rest)...);
   }
 };
