@@ -17,6 +17,8 @@ ones, with masks in front of the other reductions (NOTE [Strided dgrad rows] in 
 
 from __future__ import annotations
 
+from typing import Any
+
 from evtc.abi import ABI_VERSION
 from evtc.emit import common
 from evtc.emit.conv_sm90 import CONV_OPERATORS, MAPPING, MAPPING_3D, OUTPUT_LAYOUT, _operand_comment
@@ -25,6 +27,7 @@ from evtc.emit.sm80 import _c_gemm_shape, node_table, reduction_init
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import Reduction
 from evtc.ir.printer import print_graph
+from evtc.lower import Role, Visitor
 from evtc.plan.sm80 import EPILOGUE_STAGES, Sm80Plan
 from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
@@ -128,6 +131,7 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
         # the 2-D default kernels take the operands' access widths; the 3-D ones fix 16 bytes
         alignment_args=", kAlignmentAB, kAlignmentAB" if dims == 2 else "",
         kernel_type=kernel_type,
+        strided_geometry=remap,
         ir_lines=print_graph(graph).rstrip("\n").splitlines(),
         plan_lines=str(plan).rstrip("\n").splitlines(),
         element_a=a.cutlass,
@@ -155,6 +159,18 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
 
 
 def strided_dgrad_table(plan: Sm80Plan, table: NodeTable, fast_divmod: tuple[bool, bool]) -> NodeTable:
-    """The node table of the 2-D strided-dgrad kernel: the sm80 table with the row-remapping
-    visitors (filled in with step 4)."""
-    raise NotImplementedError("strided dgrad on sm80")
+    """The node table of the 2-D strided-dgrad kernel: the sm80 table's decisions with each
+    row-mapping visitor's divmod choice (``fast``: aux loads and column broadcasts take
+    ``fast_divmod[0]``, aux stores and row reductions ``fast_divmod[1]``), printed by
+    ``codegen_templates/sm80/conv_strided_dgrad_nodes.j2``."""
+    loads, stores = fast_divmod
+
+    def decisions(v: Visitor) -> dict[str, Any]:
+        x = dict(table.decisions(v))
+        if v.role in (Role.AUX_LOAD, Role.COL):
+            x["fast"] = loads
+        elif v.role in (Role.AUX_STORE, Role.ROW_REDUCTION):
+            x["fast"] = stores
+        return x
+
+    return NodeTable("sm80/conv_strided_dgrad_nodes.j2", table.evt, table.topo, decisions)

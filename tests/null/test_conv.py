@@ -397,3 +397,68 @@ def test_strided_dgrad_routes_to_the_sm80_kernel():
     assert conv._route(evtc.ConvProblem().normalize(2)).arch == "sm90"
     k = conv._route(evtc.ConvProblem(stride=2).normalize(2))
     assert (k.arch, k.strided) == ("sm80", True)
+
+
+# ---- strided dgrad ----------------------------------------------------------------------------------
+
+
+def row_map(n, h, w, sh, sw, ph, pw, kM):
+    """A transcription of evtc::conv::StridedDgradRows and the kernel's phase selection
+    (include/evtc/sm80_conv.hpp; CUTLASS's strided_dgrad_tile_m_per_filter and
+    strided_dgrad_starting_coords for cross-correlation): {GEMM row: dx row} of every valid row
+    of every CTA tile that runs its epilogue."""
+    tile_m_per_filter = -(-(n * -(-h // sh) * -(-w // sw)) // kM)
+    out = {}
+    for tile_m in range(tile_m_per_filter * sh * sw):
+        filter_tile_m = tile_m // tile_m_per_filter
+        start_r, start_s = filter_tile_m // sw, filter_tile_m % sw
+        start_h = abs(sh - (ph % sh - start_r)) % sh
+        start_w = abs(sw - (pw % sw - start_s)) % sw
+        if start_h >= h or start_w >= w:
+            continue  # the kernel returns before the epilogue
+        p, q = -(-(h - start_h) // sh), -(-(w - start_w) // sw)
+        base, rows = filter_tile_m * tile_m_per_filter * kM, n * p * q
+        for m in range(tile_m * kM, (tile_m + 1) * kM):
+            if m - base < rows:
+                nn, pq = divmod(m - base, p * q)
+                pp, qq = divmod(pq, q)
+                out[m] = nn * h * w + (start_h + pp * sh) * w + (start_w + qq * sw)
+                # the pixel's phase: the taps start_r + j * sh reach it
+                assert (start_h + pp * sh + ph - start_r) % sh == 0 and (start_w + qq * sw + pw - start_s) % sw == 0
+    return out
+
+
+@pytest.mark.parametrize("n, h, w, sh, sw, ph, pw, kM", [
+    (2, 14, 12, 2, 2, 1, 1, 128), (3, 13, 11, 2, 2, 1, 1, 64), (2, 12, 9, 3, 3, 0, 0, 128),
+    (1, 16, 16, 2, 2, 1, 1, 128), (2, 7, 9, 2, 3, 2, 1, 32), (1, 5, 5, 4, 4, 0, 0, 16),
+])
+def test_strided_dgrad_rows_cover_every_pixel_once(n, h, w, sh, sw, ph, pw, kM):
+    rows = row_map(n, h, w, sh, sw, ph, pw, kM)
+    assert sorted(rows.values()) == list(range(n * h * w))
+
+
+def test_strided_dgrad_sources():
+    @evtc.epilogue
+    def everything(acc, C, F: evtc.Matrix, scale: evtc.ColVector[f32], bias: evtc.RowVector[f32]):
+        D = acc * scale + bias + C
+        G = D * evtc.gelu_grad(F)
+        return {"D": G, "P": D, "rmax": evtc.max(G, dim=1), "csum": evtc.sum(G, dim=0), "amax": evtc.amax(G)}
+
+    conv = evtc.Conv(everything, kind="dgrad", a=f16, arch="sm80", fast_divmod=(False, True))
+    src = conv.source_for(strided=True)
+    assert src == evtc.Conv(everything, kind="dgrad", a=f16, arch="sm80", fast_divmod=(False, True)).source_for(strided=True)
+    assert "evtc::conv::ImplicitGemmConvolutionStridedDgradWithVisitor<" in src
+    assert "StridedDgradIdentityThreadblockSwizzle<1>" in src and "StrideSupport::kStrided" in src
+    assert src.count("evtc::conv::StridedDgradAuxLoad<") == 2 and ", cute::_1, int64_t>, false>;" in src
+    assert src.count("evtc::conv::StridedDgradAuxStore<") == 2
+    assert re.search(r"StridedDgradAuxStore<[^;]*, true>;", src) and re.search(r"StridedDgradColBroadcast<[^;]*, false>;", src)
+    assert re.search(r"StridedDgradColReduction<[^;]*, true>;", src)
+    assert src.count("evtc::conv::StridedDgradMasked<") == 2
+    assert "evtc::conv::StridedDgradGeometry geometry = ConvKernel::geometry(arguments.problem_size);" in src
+    # the FastDivmod choice changes the source; the unit-stride kernel is another source
+    other = evtc.Conv(everything, kind="dgrad", a=f16, arch="sm80", fast_divmod=(True, True)).source_for(strided=True)
+    assert other != src and conv.source != src and "StridedDgrad" not in conv.source
+    # 3-D: the analytic strided mainloop, rows in dx's order: the ordinary visitor epilogue
+    src3 = evtc.Conv(everything, kind="dgrad", dims=3, a=f16, arch="sm80").source_for(strided=True)
+    assert "IteratorAlgorithm::kAnalytic, cutlass::conv::StrideSupport::kStrided" in src3
+    assert "StridedDgrad" not in src3 and "ImplicitGemmConvolutionWithVisitor<" in src3

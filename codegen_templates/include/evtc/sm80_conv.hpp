@@ -432,7 +432,7 @@ struct StridedDgradAuxLoad {
   static const int Stages = ThreadMap::Stages;
   struct SharedStorage {};
   static int constexpr vec_bits = ThreadMap::kElementsPerAccess * cutlass::sizeof_bits<Element>::value;
-  using VecType = cutlass::uint_bit_t<cute::min(128, vec_bits)>;
+  using VecType = cute::uint_bit_t<cute::min(128, vec_bits)>;
   static int constexpr VecLength = sizeof(VecType) / sizeof(Element);
 
   CUTLASS_HOST_DEVICE StridedDgradAuxLoad() {}
@@ -519,7 +519,7 @@ struct StridedDgradAuxStore {
 
   struct SharedStorage {};
   static int constexpr vec_bits = ThreadMap::kElementsPerAccess * cutlass::sizeof_bits<Element>::value;
-  using VecType = cutlass::uint_bit_t<cute::min(128, vec_bits)>;
+  using VecType = cute::uint_bit_t<cute::min(128, vec_bits)>;
   static int constexpr VecLength = sizeof(VecType) / sizeof(Element);
 
   CUTLASS_HOST_DEVICE StridedDgradAuxStore() {}
