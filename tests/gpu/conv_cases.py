@@ -140,10 +140,22 @@ class _Job:
     name: str
 
 
+#: the other compile-time choices of strided dgrad's row arithmetic (FastDivmod or division, for
+#: loads and stores; STRIDED's kernels take the default (True, True)), on an epilogue with aux
+#: loads, a column broadcast and a store
+DIVMOD_VARIANTS = [(False, False), (True, False), (False, True)]
+DIVMOD_EPILOGUE = "residual_scale"
+
+
+def divmod_conv(fast: tuple[bool, bool]) -> evtc.Conv:
+    return evtc.Conv(E.REFERENCE[DIVMOD_EPILOGUE], kind="dgrad", a=bf16, c=bf16, d=bf16, arch="sm80", fast_divmod=fast)
+
+
 def all_convs() -> list:
     """(Conv, strided) of every kernel the GPU tests build."""
     out = [(conv_for(*m[:4], dtype=m[4]), False) for m in MATRIX]
     out += [(conv_for(n, "dgrad", dims, "sm80"), True) for n, dims in STRIDED]
+    out += [(divmod_conv(f), True) for f in DIVMOD_VARIANTS]
     out.append((conv_for("bias_relu", "fprop", 2, "sm90", layout="nchw"), False))
     return out
 

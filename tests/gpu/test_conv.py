@@ -155,6 +155,14 @@ def test_strided_dgrad(convs, name, dims, case, arch, record_errors):
     run_and_check(conv, case, zlib.crc32(f"strided{name}{dims}{case}".encode()), record_errors)
 
 
+@pytest.mark.parametrize("fast", CC.DIVMOD_VARIANTS, ids=lambda f: f"loads_{'fast' if f[0] else 'div'}_stores_{'fast' if f[1] else 'div'}")
+def test_strided_dgrad_divmod_choices(convs, fast, record_errors):
+    """Every compile-time choice of the row map's arithmetic computes the same pixels."""
+    conv = CC.divmod_conv(fast)  # its kernel is in the cache (built by the fixture)
+    for case in CC.CASES_STRIDED_DGRAD:
+        run_and_check(conv, case, zlib.crc32(f"divmod{fast}{case}".encode()), record_errors)
+
+
 def test_sm90_dgrad_routes_strided_problems_to_the_strided_kernel(convs, record_errors):
     """An sm90 dgrad Conv runs stride-2 problems on the sm80 strided-dgrad kernel (JIT-compiled
     from PTX on Hopper), and unit-stride ones on its own sm90 kernel."""

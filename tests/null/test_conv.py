@@ -462,3 +462,14 @@ def test_strided_dgrad_sources():
     src3 = evtc.Conv(everything, kind="dgrad", dims=3, a=f16, arch="sm80").source_for(strided=True)
     assert "IteratorAlgorithm::kAnalytic, cutlass::conv::StrideSupport::kStrided" in src3
     assert "StridedDgrad" not in src3 and "ImplicitGemmConvolutionWithVisitor<" in src3
+
+
+def test_cli_emits_a_conv():
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    r = CliRunner().invoke(main, ["emit", "examples/epilogues.py:bias_relu", "--conv", "dgrad", "--dims", "3",
+                                  "--arch", "sm80"])
+    assert r.exit_code == 0, r.output
+    assert "cutlass::conv::kernel::DefaultConv3dDgrad<" in r.output and "Operator::kDgrad" in r.output
