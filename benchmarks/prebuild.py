@@ -124,7 +124,7 @@ def host_gemms():
 
 
 def conv_gemms(which=None):
-    """The conv kernels: tests/gpu/test_conv.py's and bench_conv.py's (``conv:tests``, ``conv:bench``)."""
+    """The conv kernels: tests/gpu/test_conv_gpu.py's and bench_conv.py's (``conv:tests``, ``conv:bench``)."""
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import bench_conv
     import conv_cases

@@ -1,6 +1,6 @@
 """The convolution GPU tests' kernels and problems, and the float64 reference of a conv call.
 
-Imported by tests/gpu/test_conv.py and benchmarks/prebuild.py (its ``conv`` group builds every
+Imported by tests/gpu/test_conv_gpu.py and benchmarks/prebuild.py (its ``conv`` group builds every
 kernel listed here, so a GPU session finds them in the cache). torch is imported only by the
 functions that run on the GPU.
 """
