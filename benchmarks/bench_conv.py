@@ -33,7 +33,7 @@ import dataclasses
 import statistics
 import sys
 
-import common  # noqa: F401  (sets sys.path)
+import common
 
 import evtc
 from evtc import bf16

@@ -36,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from evtc import dtypes, passes
 from evtc.compiler import cache
@@ -50,7 +51,14 @@ from evtc.plan.config import validate as validate_gemm_config
 from evtc.plan.plan import Plan, format_plan
 from evtc.plan.smem import round_up
 from evtc.plan.target import get_target
-from evtc.runtime.conv_bind import KINDS, LAYOUTS, OPERANDS, ConvBinder, ConvSpec, conv_abi_fields
+from evtc.runtime.conv_bind import (
+    KINDS,
+    LAYOUTS,
+    OPERANDS,
+    ConvBinder,
+    ConvSpec,
+    conv_abi_fields,
+)
 from evtc.runtime.launch import KernelLibrary, Launcher
 
 __all__ = ["Conv", "ConvPlan", "ConvProblem", "conv_config", "plan_conv"]
@@ -311,7 +319,7 @@ class _Kernel:
     """One emitted conv kernel of a Conv: its arch, plan, source and (once built) library, and
     a Launcher per problem."""
 
-    def __init__(self, conv: "Conv", arch: str, strided: bool) -> None:
+    def __init__(self, conv: Conv, arch: str, strided: bool) -> None:
         self.conv = conv
         self.arch = arch
         self.strided = strided
@@ -547,4 +555,3 @@ class Conv:
 
 
 _DEFAULT_PROBLEM = ConvProblem()
-OPERAND_NAMES = OPERANDS

@@ -21,7 +21,13 @@ from typing import Any
 
 from evtc.abi import ABI_VERSION
 from evtc.emit import common
-from evtc.emit.conv_sm90 import CONV_OPERATORS, MAPPING, MAPPING_3D, OUTPUT_LAYOUT, _operand_comment
+from evtc.emit.conv_sm90 import (
+    CONV_OPERATORS,
+    MAPPING,
+    MAPPING_3D,
+    OUTPUT_LAYOUT,
+    _operand_comment,
+)
 from evtc.emit.core import NodeTable, TreeEmitter
 from evtc.emit.sm80 import _c_gemm_shape, node_table, reduction_init
 from evtc.ir.graph import Graph
@@ -31,7 +37,7 @@ from evtc.lower import Role, Visitor
 from evtc.plan.sm80 import EPILOGUE_STAGES, Sm80Plan
 from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
-__all__ = ["emit_conv_sm80", "DEFAULT_KERNELS"]
+__all__ = ["DEFAULT_KERNELS", "emit_conv_sm80"]
 
 #: CUTLASS's default conv kernels: (header, struct) per (dims, kind)
 DEFAULT_KERNELS = {

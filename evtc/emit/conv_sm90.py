@@ -19,13 +19,19 @@ from __future__ import annotations
 from evtc.abi import ABI_VERSION
 from evtc.emit import common
 from evtc.emit.core import TreeEmitter
-from evtc.emit.sm90 import _share_wrapper, buffer_probes, cxx_shape, mn_stride_args, node_table
+from evtc.emit.sm90 import (
+    _share_wrapper,
+    buffer_probes,
+    cxx_shape,
+    mn_stride_args,
+    node_table,
+)
 from evtc.ir.graph import Graph
 from evtc.ir.printer import print_graph
 from evtc.plan.plan import Plan
 from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
-__all__ = ["emit_conv_sm90", "CONV_OPERATORS", "MAPPING", "OUTPUT_LAYOUT"]
+__all__ = ["CONV_OPERATORS", "MAPPING", "OUTPUT_LAYOUT", "emit_conv_sm90"]
 
 CONV_OPERATORS = {"fprop": "cutlass::conv::Operator::kFprop", "dgrad": "cutlass::conv::Operator::kDgrad",
                   "wgrad": "cutlass::conv::Operator::kWgrad"}

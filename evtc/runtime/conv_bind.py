@@ -41,20 +41,48 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import itertools
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from evtc.abi import AbiField, abi_fields
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import AuxLoad, ColBroadcast, Reduction, RowBroadcast, ScalarBroadcast, Source, Store
+from evtc.ir.nodes import (
+    AuxLoad,
+    ColBroadcast,
+    RowBroadcast,
+    ScalarBroadcast,
+    Source,
+    Store,
+)
 from evtc.runtime import tensors
-from evtc.runtime.bind import ALIGN, INT32_MAX, Alloc, Binder, Fill, Operand, Signature, _span
+from evtc.runtime.bind import (
+    ALIGN,
+    INT32_MAX,
+    Alloc,
+    Binder,
+    Fill,
+    Operand,
+    Signature,
+    _span,
+)
 from evtc.runtime.tensors import TensorView
 
-__all__ = ["CONV_FIELDS", "ConvBinder", "ConvGeometry", "ConvSpec", "conv_abi_fields", "geometry", "KINDS", "LAYOUTS",
-           "check_arch_limits", "OPERANDS"]
+__all__ = [
+    "CONV_FIELDS",
+    "KINDS",
+    "LAYOUTS",
+    "OPERANDS",
+    "ConvBinder",
+    "ConvGeometry",
+    "ConvSpec",
+    "check_arch_limits",
+    "conv_abi_fields",
+    "geometry",
+]
 
 KINDS = ("fprop", "dgrad", "wgrad")
 LAYOUTS = ("nhwc", "nchw")
@@ -157,7 +185,7 @@ class ConvGeometry:
 
     def values(self) -> dict[str, int]:
         """The :data:`CONV_FIELDS` of ``evtc_args_t``."""
-        pad = lambda t, v: ((v,) * (3 - self.dims)) + t  # noqa: E731  (D first; 2-D: depth 1)
+        pad = lambda t, v: ((v,) * (3 - self.dims)) + t
         d, h, w = pad(self.act, 1)
         t, r, s = pad(self.flt, 1)
         z, p, q = pad(self.out, 1)
@@ -327,7 +355,7 @@ def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bo
                 f"C = {g.c} is not a multiple of the tile's N = {tile[1]}: the sm90 wgrad kernel tiles N = (C,S,R,T) "
                 "mode by mode (CUTLASS's local_tile of the nested mode), which evtc's flat epilogue matches only "
                 "when whole tiles of channels fit each filter tap", epilogue,
-                hint=f"build the Conv with config={{'tile': (128, n, 64)}}, n a multiple of 16 dividing C, or use "
+                hint="build the Conv with config={'tile': (128, n, 64)}, n a multiple of 16 dividing C, or use "
                      "arch='sm80'")
         if g.kind == "dgrad" and not all(s == 1 for s in g.stride) and not strided_dgrad:
             raise _problem_error(f"dgrad with stride {g.stride} on sm90: CUTLASS 3.x's sm90 conv kernels compute "
@@ -394,7 +422,7 @@ def as_rows(v: TensorView, rows: int, cols: int, col_dims: int = 1) -> TensorVie
 
     def collapsible(dims):
         dims = [(s, st) for s, st in dims if s != 1]
-        return all(st0 == st1 * s1 for (s0, st0), (s1, st1) in zip(dims, dims[1:])), dims
+        return all(st0 == st1 * s1 for (_, st0), (s1, st1) in itertools.pairwise(dims)), dims
 
     ok, col = collapsible(list(zip(shape[split:], strides[split:])))
     if not ok or (col and col[-1][1] != 1):
@@ -495,7 +523,7 @@ class ConvBinder(Binder):
                 raise self.error(f"argument '{name}' starts at an address that is not 16-byte aligned",
                                  hint="pass a fresh allocation, not an offset view")
         if K == 0 and M * N > 0:
-            raise self.error(f"the convolution has no reduction extent (C, K or N is 0: the implicit GEMM's K = 0)",
+            raise self.error("the convolution has no reduction extent (C, K or N is 0: the implicit GEMM's K = 0)",
                              hint="a convolution over zero channels has no accumulator; skip the call")
         empty = M == 0 or N == 0
         if not empty:

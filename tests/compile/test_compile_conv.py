@@ -10,7 +10,6 @@ import pytest
 
 import evtc
 from evtc import f16, f32
-from evtc.runtime.launch import KernelLibrary
 
 pytestmark = pytest.mark.compile
 
@@ -88,7 +87,7 @@ def test_a_call_reaches_the_library_and_fails_cleanly_without_a_device(built):
 
 
 def test_sm90_source_uses_the_flat_epilogue(built):
-    conv, kernel = built["sm90"]
+    _, kernel = built["sm90"]
     src = kernel.source
     assert "using CollectiveEpilogue = evtc::Sm90ConvEpilogue<StockEpilogue>;" in src
     assert "Sm90AuxLoad<" in src and "Sm90RowReduction<" in src

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "examples") not in sys.path:
     sys.path.insert(0, str(ROOT / "examples"))
 
-import epilogues as E  # noqa: E402
+import epilogues as E
 
 #: the reference epilogues (examples/epilogues.py) that make sense on each kind: all of them on
 #: fprop (fp8_out with 16-bit operands and an e4m3 output: the conv kernels take no fp8
@@ -178,8 +178,8 @@ def exact_accumulator(kind: str, a, b, geo):
     gradient (wgrad, ``conv{2,3}d_weight``) of the NHWC operands ``a``, ``b``, on the CPU in
     float64."""
     import torch
-    import torch.nn.grad as G
     import torch.nn.functional as F
+    import torch.nn.grad as G
 
     dims = geo.dims
     conv = F.conv2d if dims == 2 else F.conv3d
@@ -226,5 +226,19 @@ def ceil8(x: int) -> int:
     return -(-x // 8) * 8
 
 
-__all__ = ["CASES_2D", "CASES_3D", "Case", "EPILOGUES", "MATRIX", "STRIDED", "all_convs", "cases", "conv_for",
-           "exact_accumulator", "kernels", "operand_shapes", "scale_for", "math"]
+__all__ = [
+    "CASES_2D",
+    "CASES_3D",
+    "EPILOGUES",
+    "MATRIX",
+    "STRIDED",
+    "Case",
+    "all_convs",
+    "cases",
+    "conv_for",
+    "exact_accumulator",
+    "kernels",
+    "math",
+    "operand_shapes",
+    "scale_for",
+]

@@ -2,8 +2,6 @@
 configuration, the sm90 stage plan, the emitted sources, argument binding on fake device tensors.
 """
 
-import ctypes
-import dataclasses
 import itertools
 import math
 import re
@@ -22,7 +20,6 @@ from evtc.runtime.conv_bind import (
     geometry,
     output_extent,
 )
-
 from tests.null.test_runtime_args import FakeCuda
 
 
@@ -293,7 +290,7 @@ def nhwc(shape, ptr=None):
 
 def channels_last(shape_nchw, ptr=None):
     """A (N, C, H, W) f16 tensor stored NHWC (torch.channels_last), strides in bytes."""
-    n, c, h, w = shape_nchw
+    _, c, h, w = shape_nchw
     return FakeCuda(shape_nchw, ptr=ptr, strides=tuple(2 * s for s in (h * w * c, 1, w * c, c)))
 
 
