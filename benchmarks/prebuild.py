@@ -149,7 +149,18 @@ def shapes_gemms():
     return bench_shapes.prebuild_gemms()
 
 
-GROUPS = {"family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
+def conv_gemms(which=None):
+    """The conv kernels: tests/gpu/test_conv_gpu.py's and bench_conv.py's (``conv:tests``, ``conv:bench``)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import bench_conv
+    import conv_cases
+
+    return (conv_cases.kernels(conv_cases.all_convs()) if which in (None, "", "tests") else []) + \
+        (bench_conv.kernels() if which in (None, "", "bench") else [])
+
+
+GROUPS = {"family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
+          "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}

@@ -85,6 +85,10 @@ def __getattr__(name: str):
         from evtc.gemm import Gemm
 
         return Gemm
+    if name in ("Conv", "ConvProblem"):
+        import evtc.conv
+
+        return getattr(evtc.conv, name)
     if name in ("GemmConfig",):
         from evtc.plan.config import GemmConfig
 

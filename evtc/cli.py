@@ -368,9 +368,12 @@ def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path | No
 @click.option("--name", "fragment_name", default="EvtcEpilogue", show_default=True,
               help="with --fragment: the C++ name of the fragment struct")
 @click.option("--namespace", default="evtc_fragment", show_default=True, help="with --fragment: its C++ namespace")
+@click.option("--conv", "conv_kind", type=click.Choice(["fprop", "dgrad", "wgrad"]), default=None,
+              help="fuse the epilogue into an implicit-GEMM convolution of this kind instead (docs/conv.md)")
+@click.option("--dims", type=click.IntRange(2, 3), default=2, show_default=True, help="with --conv: 2-D or 3-D")
 def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_nvcc: bool, fragment: bool,
-         fragment_name: str, namespace: str):
-    """Emit the CUDA C++ of a fused GEMM.
+         fragment_name: str, namespace: str, conv_kind: str | None = None, dims: int = 2):
+    """Emit the CUDA C++ of a fused GEMM (or, with --conv, of a fused convolution).
 
     The .cu compiles on its own into a shared library with a small C ABI; `evtc emit
     --print-nvcc -o k.cu` prints the exact command (the flags evtc's own builds use, -DNDEBUG
@@ -388,7 +391,14 @@ def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_
         from evtc.plugin.cli import emit_fragment
 
         return emit_fragment(request, output, fragment_name, namespace, _write)
-    g = request.gemm()
+    if conv_kind:  # the conv kernels take only a tile and stages of the GEMM options
+        import evtc
+
+        cfg = {k: v for k, v in (("tile", request.tile), ("stages", request.stages)) if v}
+        g = evtc.Conv(request.epilogue(), kind=conv_kind, dims=dims, a=request.a, b=request.b or request.a,
+                      c=request.c, d=request.d, arch=request.arch, config=cfg or None)
+    else:
+        g = request.gemm()
     if output:
         _write(output, g.source)
         click.echo(f"wrote {output} ({len(g.source.splitlines())} lines): {g.name} for {request.arch}, "

@@ -1,0 +1,261 @@
+"""Issue 15's benchmark: fused convolutions against cuDNN (through torch) and torch.compile.
+
+On the GPU machine (after ``python benchmarks/prebuild.py conv:bench`` here or there):
+
+    python benchmarks/bench_conv.py --json $OUT/conv.json
+
+Layers: ResNet-50's convolutions (batch 64) and a Stable-Diffusion-style UNet's (64x64 latents,
+batch 8), bf16, channels-last (torch ``channels_last`` tensors, evtc's ``layout="nchw"``). Per
+layer, three modes:
+
+* ``fprop``: ``silu(conv(x, w) + bias[k])``; evtc's fused kernel against cuDNN's conv followed by
+  the eager epilogue (``F.silu(F.conv2d(x, w) + bias)``) and against ``torch.compile`` of that
+  function (Inductor: cuDNN's conv, the epilogue as one Triton kernel);
+* ``dgrad``: ``dx = conv_input(dy, w) * (F > 0)``, the input gradient through a ReLU whose
+  pre-activation F was saved (dReLU); unit-stride layers on the Conv's arch, stride-2 layers on
+  the sm80 strided-dgrad kernel; against ``torch.nn.grad.conv2d_input`` (cuDNN's dgrad) and the
+  eager mask, and its torch.compile;
+* ``strided dgrad``, additionally on the stride-2 layers: the four compile-time choices of the
+  row map's arithmetic (cutlass::FastDivmod or plain division, for the aux loads and for the
+  stores; NOTE [Strided dgrad rows] in codegen_templates/include/evtc/sm80_conv.hpp), timed in
+  the same run.
+
+Device times per call: median of --iters samples of back-to-back calls, CUDA events, after
+warm-up, the candidates of a layer interleaved (evtc.bench.time_interleaved). Ratios below 1 mean
+evtc is faster. The issue's target: evtc fused at least as fast as cuDNN + eager on every layer,
+faster than torch.compile on the median layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+
+import common
+
+import evtc
+from evtc import bf16
+
+
+@evtc.epilogue
+def bias_silu(acc, bias: evtc.RowVector[bf16]):
+    """fprop's epilogue: silu(acc + bias[k])."""
+    return evtc.silu(acc + bias)
+
+
+@evtc.epilogue
+def drelu(acc, F: evtc.Matrix):
+    """dgrad's epilogue: the gradient through a ReLU, dx * (F > 0), F the saved pre-activation."""
+    return evtc.where(evtc.gt(F, 0.0), acc, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    name: str
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    stride: int
+    pad: int
+
+    @property
+    def out(self) -> tuple[int, int]:
+        return ((self.h + 2 * self.pad - self.r) // self.stride + 1, (self.w + 2 * self.pad - self.s) // self.stride + 1)
+
+
+# ResNet-50 (torchvision's v1.5: the stride in the 3x3), batch 64; conv1 (3 input channels) is left
+# out: its channels are not a 16-byte vector (evtc's conv kernels need C % 8 == 0)
+RESNET50 = [
+    Layer("rn50_res2_1x1_256_64", 64, 56, 56, 256, 64, 1, 1, 1, 0),
+    Layer("rn50_res2_3x3_64", 64, 56, 56, 64, 64, 3, 3, 1, 1),
+    Layer("rn50_res2_1x1_64_256", 64, 56, 56, 64, 256, 1, 1, 1, 0),
+    Layer("rn50_res3_3x3_128_s2", 64, 56, 56, 128, 128, 3, 3, 2, 1),
+    Layer("rn50_res3_3x3_128", 64, 28, 28, 128, 128, 3, 3, 1, 1),
+    Layer("rn50_res3_1x1_128_512", 64, 28, 28, 128, 512, 1, 1, 1, 0),
+    Layer("rn50_res3_down_256_512_s2", 64, 56, 56, 256, 512, 1, 1, 2, 0),
+    Layer("rn50_res4_3x3_256", 64, 14, 14, 256, 256, 3, 3, 1, 1),
+    Layer("rn50_res4_3x3_256_s2", 64, 28, 28, 256, 256, 3, 3, 2, 1),
+    Layer("rn50_res4_1x1_1024_256", 64, 14, 14, 1024, 256, 1, 1, 1, 0),
+    Layer("rn50_res5_3x3_512", 64, 7, 7, 512, 512, 3, 3, 1, 1),
+    Layer("rn50_res5_1x1_512_2048", 64, 7, 7, 512, 2048, 1, 1, 1, 0),
+]
+# A Stable-Diffusion-1.5-style UNet at 64x64 latents, batch 8: the 3x3 convolutions of its
+# resnet blocks at each resolution and its stride-2 downsamplers
+UNET = [
+    Layer("unet_3x3_320_64", 8, 64, 64, 320, 320, 3, 3, 1, 1),
+    Layer("unet_3x3_640_32", 8, 32, 32, 640, 640, 3, 3, 1, 1),
+    Layer("unet_3x3_1280_16", 8, 16, 16, 1280, 1280, 3, 3, 1, 1),
+    Layer("unet_3x3_1280_8", 8, 8, 8, 1280, 1280, 3, 3, 1, 1),
+    Layer("unet_3x3_320_640_32", 8, 32, 32, 320, 640, 3, 3, 1, 1),
+    Layer("unet_down_320_s2", 8, 64, 64, 320, 320, 3, 3, 2, 1),
+    Layer("unet_down_640_s2", 8, 32, 32, 640, 640, 3, 3, 2, 1),
+]
+LAYERS = {"resnet50": RESNET50, "unet": UNET}
+DIVMODS = [(True, True), (True, False), (False, True), (False, False)]
+
+
+def divmod_name(fast: tuple[bool, bool]) -> str:
+    return "loads_" + ("fast" if fast[0] else "div") + "_stores_" + ("fast" if fast[1] else "div")
+
+
+def convs(arch: str) -> dict:
+    """The benchmark's Convs: fprop and dgrad on ``arch`` (dgrad's strided problems run on its
+    strided sm80 kernel), and one strided-dgrad Conv per FastDivmod choice."""
+    out = {"fprop": evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch=arch, layout="nchw"),
+           "dgrad": evtc.Conv(drelu, kind="dgrad", a=bf16, c=bf16, d=bf16, arch=arch, layout="nchw")}
+    for fast in DIVMODS:
+        out[divmod_name(fast)] = evtc.Conv(drelu, kind="dgrad", a=bf16, d=bf16, arch="sm80", layout="nchw",
+                                           fast_divmod=fast)
+    return out
+
+
+def kernels(arch: str = "sm90") -> list:
+    """(source, arch, name) jobs of every kernel the benchmark runs (benchmarks/prebuild.py conv:bench)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import conv_cases
+
+    table = convs(arch)
+    pairs = [(table["fprop"], False), (table["dgrad"], False)]
+    pairs += [(table[divmod_name(f)], True) for f in DIVMODS]
+    return conv_cases.kernels(pairs)
+
+
+def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.grad import conv2d_input
+
+    from evtc.bench import time_interleaved
+
+    cl = torch.channels_last
+    dev = "cuda"
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device=dev).to(torch.bfloat16).contiguous(memory_format=cl)
+
+    p, q = layer.out
+    x = rand(layer.n, layer.c, layer.h, layer.w)
+    w = rand(layer.k, layer.c, layer.r, layer.s) * (layer.c * layer.r * layer.s) ** -0.5
+    bias = torch.randn(layer.k, generator=gen, device=dev).to(torch.bfloat16)
+    dy = rand(layer.n, layer.k, p, q)
+    Fpre = rand(layer.n, layer.c, layer.h, layer.w)
+    stride, pad = (layer.stride,) * 2, (layer.pad,) * 2
+    problem = evtc.ConvProblem(stride=layer.stride, padding=layer.pad)
+    dproblem = evtc.ConvProblem(stride=layer.stride, padding=layer.pad, input_size=(layer.h, layer.w))
+    y = torch.empty(layer.n, layer.k, p, q, device=dev, dtype=torch.bfloat16).contiguous(memory_format=cl)
+    dx = torch.empty_like(x)
+
+    def eager_fprop():
+        return F.silu(F.conv2d(x, w, None, stride, pad) + bias.view(1, -1, 1, 1))
+
+    def eager_dgrad():
+        return conv2d_input(x.shape, w, dy, stride, pad) * (Fpre > 0)
+
+    rows = []
+    fns = {"evtc": lambda: table["fprop"](x, w, problem=problem, out=y, bias=bias),
+           "cudnn_eager": eager_fprop, "torch_compile": lambda: compiled["fprop"](x, w, bias, stride, pad)}
+    t = time_interleaved(fns, iters)
+    rows.append(_row(layer, "fprop", t))
+
+    fns = {"evtc": lambda: table["dgrad"](dy, w, problem=dproblem, out=dx, F=Fpre),
+           "cudnn_eager": eager_dgrad,
+           "torch_compile": lambda: compiled["dgrad"](x.shape, w, dy, Fpre, stride, pad)}
+    if layer.stride > 1:
+        for fast in DIVMODS:
+            conv = table[divmod_name(fast)]
+            fns[divmod_name(fast)] = (lambda conv=conv: conv(dy, w, problem=dproblem, out=dx, F=Fpre))
+    t = time_interleaved(fns, iters)
+    row = _row(layer, "strided_dgrad" if layer.stride > 1 else "dgrad", t)
+    if layer.stride > 1:
+        base = t[divmod_name((False, False))]
+        for fast in DIVMODS:
+            row[f"{divmod_name(fast)}_ms"] = t[divmod_name(fast)]
+            row[f"{divmod_name(fast)}_over_div"] = t[divmod_name(fast)] / base
+        row["best_divmod"] = min(DIVMODS, key=lambda f: t[divmod_name(f)])
+        row["best_divmod"] = divmod_name(row["best_divmod"])
+    rows.append(row)
+    return rows
+
+
+def _row(layer: Layer, mode: str, t: dict) -> dict:
+    p, q = layer.out
+    flops = 2.0 * layer.n * p * q * layer.k * layer.c * layer.r * layer.s
+    return {"layer": layer.name, "mode": mode, "shape": f"{layer.n}x{layer.h}x{layer.w}x{layer.c}->{layer.k} "
+            f"{layer.r}x{layer.s}/{layer.stride}", "evtc_ms": t["evtc"], "cudnn_eager_ms": t["cudnn_eager"],
+            "compile_ms": t["torch_compile"], "evtc_over_cudnn_eager": t["evtc"] / t["cudnn_eager"],
+            "evtc_over_compile": t["evtc"] / t["torch_compile"], "evtc_tflops": flops / t["evtc"] / 1e9}
+
+
+def compiled_fns() -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.grad import conv2d_input
+
+    def fprop(x, w, b, stride, pad):
+        return F.silu(F.conv2d(x, w, None, stride, pad) + b.view(1, -1, 1, 1))
+
+    def dgrad(shape, w, dy, Fpre, stride, pad):
+        return conv2d_input(shape, w, dy, stride, pad) * (Fpre > 0)
+
+    return {"fprop": torch.compile(fprop, dynamic=False), "dgrad": torch.compile(dgrad, dynamic=False)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--arch", default="sm90", choices=("sm90", "sm80"))
+    ap.add_argument("--only", choices=sorted(LAYERS), help="one network's layers")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+
+    table = convs(args.arch)
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    common.build_all(kernels(args.arch), "conv")
+    compiled = compiled_fns()
+    rows = []
+    for net, layers in LAYERS.items():
+        if args.only and net != args.only:
+            continue
+        for layer in layers:
+            got = bench_layer(layer, table, args.iters, compiled)
+            for r in got:
+                r["net"] = net
+                print(f"{r['layer']:28s} {r['mode']:13s} evtc {r['evtc_ms']:.3f} ms  cuDNN+eager "
+                      f"{r['cudnn_eager_ms']:.3f}  compile {r['compile_ms']:.3f}  ratios "
+                      f"{r['evtc_over_cudnn_eager']:.3f} / {r['evtc_over_compile']:.3f}", flush=True)
+            rows += got
+            torch.cuda.empty_cache()
+    summary = {}
+    for mode in ("fprop", "dgrad", "strided_dgrad"):
+        sel = [r for r in rows if r["mode"] == mode]
+        if sel:
+            summary[mode] = {"median_evtc_over_cudnn_eager": statistics.median(r["evtc_over_cudnn_eager"] for r in sel),
+                             "max_evtc_over_cudnn_eager": max(r["evtc_over_cudnn_eager"] for r in sel),
+                             "median_evtc_over_compile": statistics.median(r["evtc_over_compile"] for r in sel)}
+    strided = [r for r in rows if r["mode"] == "strided_dgrad"]
+    if strided:
+        summary["divmod"] = {divmod_name(f): statistics.median(r[f"{divmod_name(f)}_over_div"] for r in strided)
+                             for f in DIVMODS}
+    print(f"\nconvolutions, bf16, {args.arch} kernels on {common.device_name()}")
+    print(common.table(rows, ["layer", "mode", "evtc_ms", "cudnn_eager_ms", "compile_ms", "evtc_over_cudnn_eager",
+                              "evtc_over_compile", "evtc_tflops"]))
+    if strided:
+        print("\nstrided dgrad, the row map's arithmetic (time / plain division for both):")
+        print(common.table(strided, ["layer"] + [f"{divmod_name(f)}_over_div" for f in DIVMODS] + ["best_divmod"]))
+    print("\nsummary:", summary)
+    common.write_json(args.json, {"device": common.device_name(), "arch": args.arch, "rows": rows,
+                                  "summary": summary,
+                                  "plans": {k: str(v.plan) for k, v in table.items() if k in ("fprop", "dgrad")}})
+
+
+if __name__ == "__main__":
+    main()

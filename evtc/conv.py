@@ -1,0 +1,557 @@
+"""``evtc.Conv``: an epilogue fused into an implicit-GEMM convolution (fprop, dgrad, wgrad).
+
+Input: an epilogue (``@evtc.epilogue`` function, Graph or textual expression), the kind of
+convolution, its spatial dimensions, operand and output dtypes, an arch. Output: a callable
+convolution ``conv(a, b, problem=ConvProblem(...), **epilogue_args)``.
+
+A convolution shares everything with :class:`evtc.Gemm` from the IR to the plan: the epilogue
+is traced, passed, lowered and planned exactly as for the GEMM with M, N, K of the implicit
+GEMM (NOTE [Implicit GEMM of a convolution] in :mod:`evtc.runtime.conv_bind`); only the
+mainloop and the problem mapping differ:
+
+* sm90: CUTLASS 3.x's ``ConvUniversal`` (TMA im2col mainloop, ``KernelImplicitTmaWarpSpecializedSm90``)
+  with the collective epilogue and evtc's planned fusion callbacks, seen through the flattened
+  GEMM problem (NOTE [The conv epilogue sees a GEMM] in ``include/evtc/sm90_conv.hpp``);
+  :mod:`evtc.emit.conv_sm90`;
+* sm80: CUTLASS 2.x's implicit-GEMM convolution mainloop (``DefaultConv{2,3}d{Fprop,Dgrad,Wgrad}``)
+  with evtc's register-only visitor epilogue (``include/evtc/sm80_conv.hpp``);
+  :mod:`evtc.emit.conv_sm80`;
+* strided dgrad (stride > 1): CUTLASS 2.x's strided-dgrad mainloop with a visitor epilogue that
+  maps each output row to its pixel (``include/evtc/sm80_conv.hpp``), on either arch (it is an
+  sm80 kernel, JIT-compiled from PTX on Hopper): CUTLASS 3.x's sm90 kernels compute unit-stride
+  dgrad only.
+
+Example::
+
+    @evtc.epilogue
+    def bias_silu(acc, bias: evtc.RowVector[evtc.f32]):
+        return evtc.silu(acc + bias)
+
+    conv = evtc.Conv(bias_silu, kind="fprop", a=evtc.bf16, d=evtc.bf16, arch="sm90")
+    y = conv(x, w, problem=evtc.ConvProblem(stride=1, padding=1), bias=b)   # x NHWC, w KRSC, y NHWC
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from evtc import dtypes, passes
+from evtc.compiler import cache
+from evtc.dtypes import DType
+from evtc.errors import ArgumentError, ConfigError, PlanError, api_boundary
+from evtc.frontend.epilogue import Epilogue
+from evtc.ir.graph import Graph
+from evtc.ir.printer import print_graph
+from evtc.plan.config import GemmConfig
+from evtc.plan.config import validate as validate_gemm_config
+from evtc.plan.model import Plan, format_plan
+from evtc.plan.smem import round_up
+from evtc.plan.target import get_target
+from evtc.runtime.conv_bind import (
+    KINDS,
+    LAYOUTS,
+    OPERANDS,
+    ConvBinder,
+    ConvSpec,
+    conv_abi_fields,
+)
+from evtc.runtime.launch import KernelLibrary, Launcher
+
+__all__ = ["Conv", "ConvPlan", "ConvProblem", "conv_config", "plan_conv"]
+
+#: The sm90 conv kernel's schedule and tile order, as the plan prints them: CUTLASS's
+#: ``KernelImplicitTmaWarpSpecializedSm90`` is ``KernelTmaWarpSpecialized`` (one consumer
+#: warpgroup, one output tile per CTA: ``conv/dispatch_policy.hpp`` static_asserts persistent
+#: schedules away for conv).
+SM90_SCHEDULE = "warpspecialized"
+NONPERSISTENT = "nonpersistent"
+#: sm80's implicit-GEMM mainloop (``ImplicitGemmMultistage``)
+SM80_SCHEDULE = "multistage"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvProblem:
+    """The parameters of one convolution call (torch's ``conv2d``/``conv3d`` conventions).
+
+    Attributes:
+        stride: traversal stride, an int or one per spatial dimension (D, H, W order).
+        padding: symmetric zero padding, an int or one per spatial dimension.
+        dilation: filter dilation, an int or one per spatial dimension.
+        groups: must be 1 (grouped convolutions are not supported).
+        input_size: dgrad only: the spatial extents of dx (the forward input), which dy doesn't
+            determine when the stride is above 1 (several input sizes give one output size; torch's
+            ``conv_transpose`` calls it ``output_padding``). Not needed with ``out=`` given.
+        filter_size: wgrad only: the spatial extents of dw, when x and dy don't determine them.
+
+    Example::
+
+        evtc.ConvProblem(stride=2, padding=1)                          # fprop, ResNet downsampling
+        evtc.ConvProblem(stride=2, padding=1, input_size=(56, 56))     # its dgrad
+    """
+
+    stride: int | Sequence[int] = 1
+    padding: int | Sequence[int] = 0
+    dilation: int | Sequence[int] = 1
+    groups: int = 1
+    input_size: Sequence[int] | None = None
+    filter_size: Sequence[int] | None = None
+
+    def normalize(self, dims: int, epilogue: str | None = None) -> ConvSpec:
+        """The problem for ``dims`` spatial dimensions as tuples of ints.
+
+        Raises:
+            ArgumentError: (anchor ``conv-problem``) a value of the wrong type or range, groups != 1.
+        """
+
+        def fail(msg: str, hint: str | None = None) -> ArgumentError:
+            return ArgumentError(f"problem: {msg}", epilogue=epilogue, hint=hint, anchor="conv-problem")
+
+        def spatial(name: str, value: Any, lo: int, optional: bool = False) -> tuple[int, ...] | None:
+            if value is None and optional:
+                return None
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = (value,) * dims
+            try:
+                t = tuple(value)
+            except TypeError:
+                raise fail(f"{name} = {value!r} is not an int or a sequence of {dims} ints") from None
+            if len(t) != dims or not all(isinstance(v, int) and not isinstance(v, bool) for v in t):
+                raise fail(f"{name} = {value!r} needs {dims} ints (one per spatial dimension, "
+                           f"{'D, H, W' if dims == 3 else 'H, W'})")
+            if any(v < lo for v in t):
+                raise fail(f"{name} = {t}: each must be at least {lo}")
+            return t
+
+        if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups != 1:
+            raise fail(f"groups = {self.groups!r}: evtc's convolutions are not grouped (groups = 1); CUTLASS's sm90 "
+                       "conv collective refuses groups > 1 (sm90_implicit_gemm_gmma_ss_warpspecialized.hpp)",
+                       hint="run each group as its own convolution")
+        return ConvSpec(spatial("stride", self.stride, 1), spatial("padding", self.padding, 0),
+                        spatial("dilation", self.dilation, 1), 1,
+                        spatial("input_size", self.input_size, 1, True), spatial("filter_size", self.filter_size, 1, True))
+
+
+# ---- configuration --------------------------------------------------------------------------------
+
+
+def _defaults(arch: str, a: DType, kind: str) -> GemmConfig:
+    if arch == "sm90":
+        # wgrad: N = 64, as CUTLASS's sm90 wgrad tests, since C must be a multiple of it
+        # (check_arch_limits)
+        n = 64 if kind == "wgrad" else 128
+        return GemmConfig(tile=(128, n, 128 // a.bytes), cluster=(1, 1, 1), schedule=SM90_SCHEDULE,
+                          scheduler=NONPERSISTENT, swizzle=0)
+    # CUTLASS's sm80 conv tests' usual 16-bit tile, 4 stages as evtc's sm80 GEMM
+    return GemmConfig(tile=(128, 128, 32), cluster=(1, 1, 1), schedule=SM80_SCHEDULE, stages=4,
+                      warp_tile=(64, 64, 32), scheduler=NONPERSISTENT, swizzle=0)
+
+
+#: fields a conv config may set, per arch (the rest are the conv kernel's)
+CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile"), "sm80": ("tile", "stages", "warp_tile", "swizzle")}
+
+
+def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | None = None, *,
+                kind: str = "fprop") -> GemmConfig:
+    """The configuration of a conv kernel: the arch's default with what ``config`` sets.
+
+    ``config`` is a dict of :class:`~evtc.plan.config.GemmConfig` fields, or a GemmConfig whose
+    fields left at GemmConfig's defaults take the conv defaults. sm90 takes ``tile`` (M of 64
+    or 128: one consumer warpgroup, whose ``TM*TN/128`` f32 accumulators per thread are at most
+    128), ``cluster``, ``stages``, ``epilogue_tile``; sm80 ``tile``, ``warp_tile``, ``stages``,
+    ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
+    fit; sm80 128x128x32, warps 64x64x32, 4 stages.
+
+    Raises:
+        ConfigError: an illegal value or a field the conv kernels don't have.
+    """
+    base = _defaults(arch, a, kind)
+    if config is None:
+        given: dict[str, Any] = {}
+    elif isinstance(config, GemmConfig):
+        stock = GemmConfig()
+        given = {f.name: getattr(config, f.name) for f in dataclasses.fields(GemmConfig)
+                 if getattr(config, f.name) != getattr(stock, f.name)}
+    elif isinstance(config, Mapping):
+        known = {f.name for f in dataclasses.fields(GemmConfig)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field{'s' if len(unknown) > 1 else ''} {unknown}",
+                              hint=f"a conv config takes {', '.join(CONV_FIELDS[arch])}", anchor="conv-config")
+        given = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    else:
+        raise ConfigError(f"config = {config!r} is not a GemmConfig or a dict", anchor="conv-config")
+    extra = sorted(k for k, v in given.items() if k not in CONV_FIELDS[arch] and v != getattr(base, k))
+    if extra:
+        raise ConfigError(f"the {arch} conv kernel has no {', '.join(extra)} to choose",
+                          hint=f"a conv config takes {', '.join(CONV_FIELDS[arch])}"
+                               + ("; sm90 conv kernels are non-persistent, one output tile per CTA "
+                                  "(CUTLASS conv/dispatch_policy.hpp)" if arch == "sm90" else ""),
+                          anchor="conv-config")
+    cfg = base.replace(**{k: v for k, v in given.items() if k in CONV_FIELDS[arch]})
+    if arch == "sm80":
+        # the GEMM's sm80 rules (tile/warp divisibility, K, stages) hold for the conv mainloop
+        validate_gemm_config(cfg.replace(schedule="multistage", scheduler="persistent"), "sm80", a, b)
+        return cfg
+    checked = validate_gemm_config(cfg.replace(schedule="pingpong", scheduler="persistent", epilogue_tile=None),
+                                   "sm90", a, b)
+    del checked
+    tm, tn, _ = cfg.tile
+    if tm not in (64, 128):
+        raise ConfigError(f"tile M = {tm}: the sm90 conv kernel has one consumer warpgroup (M of 64 or 128)",
+                          anchor="conv-config")
+    if tm * tn // 128 > 128:
+        raise ConfigError(f"tile {cfg.tile}: one consumer warpgroup would hold {tm * tn // 128} f32 accumulators per "
+                          "thread (at most 128)", hint="use 128x128 or 64x256", anchor="conv-config")
+    if cfg.epilogue_tile is not None:
+        em, en = cfg.epilogue_tile
+        if em != min(64, tm) or en not in (16, 32, 64) or tn % en:
+            raise ConfigError(f"epilogue tile {cfg.epilogue_tile}: the one-warpgroup epilogue has M = {min(64, tm)} and N "
+                              "of 16, 32 or 64 dividing tile N", anchor="conv-config")
+    return cfg
+
+
+# ---- planning ----------------------------------------------------------------------------------------
+
+
+def sm90_kernel_smem(config: GemmConfig, a: DType, b: DType, plan: Plan, stages: int) -> int:
+    """An upper bound of ``sizeof(ConvKernel::SharedStorage)`` (bytes) with ``stages`` mainloop
+    stages: the kernel (``sm90_gemm_tma_warpspecialized.hpp``, non-persistent) keeps the
+    mainloop's and the epilogue's tensors in a union, then the mainloop's pipeline barriers
+    (16 bytes a stage) and the epilogue's load barriers (16 bytes a ``StagesC`` stage). The union
+    and the whole storage are rounded up to 1024 bytes (the largest smem alignment, a 128-byte
+    swizzle atom's: the struct takes its union's alignment); the epilogue's part is bounded by
+    ``sizeof(CollectiveEpilogue::SharedStorage)``."""
+    tm, tn, tk = config.tile
+    stage = (a.bits * tm * tk + b.bits * tn * tk) // 8
+    union = round_up(max(stages * stage, plan.epilogue_smem_bytes), 1024)
+    return round_up(union + 16 * stages + 16 * max(plan.stages_c, 1), 1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvPlan(Plan):
+    """An sm90 conv kernel's :class:`~evtc.plan.model.Plan`: the GEMM planner's decisions for the
+    epilogue, with the mainloop stages of the conv kernel, whose epilogue and mainloop tensors
+    share a union (:func:`sm90_kernel_smem`).
+
+    Attributes:
+        kernel_smem_bound: the bound of ``sizeof(ConvKernel::SharedStorage)`` (bytes) that the
+            kernel ``static_assert``s.
+    """
+
+    kernel_smem_bound: int = 0
+
+    def to_json(self) -> dict:
+        d = super().to_json()
+        d["kernel_smem_bound"] = self.kernel_smem_bound
+        return d
+
+    def __str__(self) -> str:
+        lines = format_plan(self).split("\n")
+        cfg = self.config
+        lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
+                    f"{'x'.join(map(str, cfg.cluster[:2]))}, non-persistent")
+        # the budget line: the epilogue doesn't add to the mainloop here (a union)
+        lines[2] = (f"epilogue smem: {self.epilogue_smem_bytes} B, shared with {self.mainloop_stages} stages x "
+                    f"{self.mainloop_stage_bytes} B: {self.kernel_smem_bound} of {self.smem_capacity} B")
+        return "\n".join(lines)
+
+
+def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *, policy: str = "evtc",
+              rank: int = 0, fixed: Mapping | None = None) -> Plan:
+    """Plan the epilogue of a conv kernel: evtc's GEMM planners with the conv kernel's schedule.
+
+    sm90: :func:`evtc.plan.sm90.plan_sm90` (the one-warpgroup epilogue: subtiles of 64 rows, 128
+    threads), then the mainloop stages of the conv kernel, where the epilogue's tensors don't
+    take from the mainloop (:func:`sm90_kernel_smem`). sm80: :func:`evtc.plan.sm80.plan_sm80`
+    with its first kernel variant only (16-byte accesses: the conv kernels need channels in
+    16-byte vectors anyway).
+
+    Raises:
+        PlanError: nothing fits.
+    """
+    target = get_target(arch)
+    if arch == "sm90":
+        from evtc.plan.sm90 import plan_sm90
+
+        # the GEMM planner's stage rule (a carveout) is not the conv kernel's: plan without it
+        plan = plan_sm90(graph, target, config.replace(stages=None), a=a, b=b, policy=policy, rank=rank, fixed=fixed)
+        if config.stages:
+            stages = config.stages
+            if sm90_kernel_smem(config, a, b, plan, stages) > target.smem_capacity:
+                raise PlanError(f"{stages} mainloop stages at tile {config.tile} exceed the {target.smem_capacity} B "
+                                "of shared memory a block may use", epilogue=graph.name, hint="use fewer stages")
+        else:
+            stages = 1
+            while sm90_kernel_smem(config, a, b, plan, stages + 1) <= target.smem_capacity:
+                stages += 1
+            if stages < 2:
+                raise PlanError(f"tile {config.tile} leaves fewer than 2 mainloop stages", epilogue=graph.name,
+                                hint="use a smaller tile")
+        note = (f"conv kernel (non-persistent): the epilogue's buffers share a union with the mainloop's, so the "
+                f"mainloop keeps {stages} stages")
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+        fields.update(config=config, mainloop_stages=stages, notes=plan.notes + (note,),
+                      kernel_smem_bound=sm90_kernel_smem(config, a, b, plan, stages))
+        return ConvPlan(**fields)
+    from evtc.plan.sm80 import plan_sm80
+
+    plan = plan_sm80(graph, target, config, a=a, b=b)
+    notes = tuple(n for n in plan.notes if not n.startswith("kernel variants"))
+    notes += ("conv kernel: one variant, 16-byte vectors (channels are multiples of 16 bytes)",)
+    return dataclasses.replace(plan, variants=plan.variants[:1], notes=notes,
+                               epilogue_smem_bytes=plan.variants[0].epilogue_smem_bytes)
+
+
+def _as_graph(epilogue: Any, *, c: DType | None, d: DType) -> Graph:
+    from evtc.gemm import as_graph
+
+    return as_graph(epilogue, c=c, d=d)
+
+
+# ---- kernels -----------------------------------------------------------------------------------------
+
+
+class _Kernel:
+    """One emitted conv kernel of a Conv: its arch, plan, source and (once built) library, and
+    a Launcher per problem."""
+
+    def __init__(self, conv: Conv, arch: str, strided: bool) -> None:
+        self.conv = conv
+        self.arch = arch
+        self.strided = strided
+        a, b = conv.a, conv.b
+        self.graph = conv.graph if arch == conv.arch else passes.run(conv.traced, arch)
+        self.config = conv.config if arch == conv.arch else conv_config(arch, a, b, None, kind=conv.kind)
+        self.plan = plan_conv(self.graph, arch, a, b, self.config, **(conv._plan_args if arch == conv.arch else {}))
+        if arch == "sm90":
+            from evtc.emit.conv_sm90 import emit_conv_sm90
+
+            self.source = emit_conv_sm90(self.graph, self.plan, kind=conv.kind, dims=conv.dims,
+                                         kernel_smem_bound=self.plan.kernel_smem_bound)
+        else:
+            from evtc.emit.conv_sm80 import emit_conv_sm80
+
+            self.source = emit_conv_sm80(self.graph, self.plan, kind=conv.kind, dims=conv.dims, strided_dgrad=strided,
+                                         fast_divmod=conv.fast_divmod)
+        self.fields = conv_abi_fields(self.graph)
+        self.library: KernelLibrary | None = None
+        self.artifact: cache.Artifact | None = None
+        self.launchers: dict[ConvSpec, Launcher] = {}
+        self.lock = threading.Lock()
+
+    def build(self, timeout: float | None = None) -> cache.Artifact:
+        art = cache.build(self.source, arch=self.arch, name=self.conv.name, timeout=timeout)
+        if self.library is None or self.artifact is None or self.artifact.key != art.key:
+            library = KernelLibrary(art.verified_library_path())
+            library.verify(fields=self.fields, ir=print_graph(self.graph), name=self.conv.name, arch=self.arch)
+            self.library = library
+            self.launchers = {}
+        self.artifact = art
+        return art
+
+    def launcher(self, spec: ConvSpec) -> Launcher:
+        got = self.launchers.get(spec)
+        if got is None:
+            with self.lock:
+                if self.library is None:
+                    self.build()
+                assert self.library is not None
+                binder = ConvBinder(self.graph, self.conv.a, self.conv.b, self.library.Args, kind=self.conv.kind,
+                                    dims=self.conv.dims, layout=self.conv.layout, spec=spec, arch=self.arch,
+                                    strided_dgrad=self.strided, tile=self.config.tile)
+                got = self.launchers[spec] = Launcher(binder, self.library, self.conv.name)
+        return got
+
+
+class Conv:
+    """A convolution ``out = epilogue(conv(a, b), ...)`` compiled for one kind, arch and dtypes.
+
+    Args:
+        epilogue: an ``@evtc.epilogue`` function, a Graph, or a textual expression; ``acc`` is
+            the convolution's output tile (f32).
+        kind: ``"fprop"`` (``y = conv(x, w)``; call ``conv(x, w)``), ``"dgrad"`` (``dx``, the
+            gradient of the input; call ``conv(dy, w)``) or ``"wgrad"`` (``dw``, the gradient of
+            the filter; call ``conv(dy, x)``).
+        dims: 2 (NHWC activations, KRSC filters) or 3 (NDHWC, KTRSC).
+        a: dtype of the GEMM's A operand (fprop x, dgrad and wgrad dy): ``bf16`` or ``f16``.
+        b: dtype of B (fprop and dgrad w, wgrad x); default ``a``.
+        c: dtype of the source C (default: ``d``).
+        d: dtype of the output tensors that don't choose their own with ``.to()``.
+        arch: ``"sm90"`` (Hopper: TMA im2col, warp-specialized) or ``"sm80"`` (Ampere, also runs
+            on Hopper).
+        config: a dict of GemmConfig fields or a GemmConfig (see :func:`conv_config`).
+        plan: ``"evtc"`` or ``"cutlass"`` (sm90: stock CUTLASS's epilogue rule), or a dict of
+            fixed plan decisions (as :class:`evtc.Gemm`).
+        plan_rank: sm90: take the n-th best plan of the cost model.
+        layout: ``"nhwc"``: every activation-shaped tensor is given and returned in NHWC (NDHWC)
+            order, filters KRSC (KTRSC), all packed; ``"nchw"``: torch's logical order (N, C, H,
+            W) and (K, C, R, S) of tensors stored channels-last (``torch.channels_last`` /
+            ``channels_last_3d``), which is how torch's channels-last tensors are passed directly;
+            outputs are returned likewise.
+        fast_divmod: strided dgrad only: (aux loads, stores) compute the output pixel of each
+            row with ``cutlass::FastDivmod`` (True) or plain division (False), a compile-time
+            choice (benchmarks/bench_conv.py measures the four).
+
+    Attributes:
+        graph: the epilogue after passes. plan: the main kernel's Plan (``print(conv.plan)``).
+        source: the main kernel's ``.cu`` text. config: its configuration.
+
+    Raises:
+        ConfigError: a bad kind, dims, dtype, layout, arch or configuration.
+        EvtcError: trace, type, legalization and planning errors, located at the epilogue's line.
+
+    Example::
+
+        conv = evtc.Conv(bias_relu, kind="fprop", a=evtc.bf16, d=evtc.bf16, arch="sm90")
+        y = conv(x, w, problem=evtc.ConvProblem(padding=1), C=r, alpha=1.0, beta=1.0, bias=b)
+    """
+
+    @api_boundary
+    def __init__(self, epilogue: Epilogue | Graph | str, *, kind: str = "fprop", dims: int = 2,
+                 a: DType | str = dtypes.bf16, b: DType | str | None = None, c: DType | str | None = None,
+                 d: DType | str | None = None, arch: str = "sm90", config: GemmConfig | Mapping | None = None,
+                 plan: str | Mapping = "evtc", plan_rank: int = 0, layout: str = "nhwc",
+                 fast_divmod: tuple[bool, bool] = (True, True)) -> None:
+        if kind not in KINDS:
+            raise ConfigError(f"kind = {kind!r} is not one of {KINDS}", anchor="conv-config")
+        if dims not in (2, 3) or isinstance(dims, bool):
+            raise ConfigError(f"dims = {dims!r}: evtc's convolutions are 2-D or 3-D", anchor="conv-config")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout = {layout!r} is not one of {LAYOUTS}", anchor="conv-config")
+        if (not isinstance(fast_divmod, tuple) or len(fast_divmod) != 2
+                or not all(isinstance(x, bool) for x in fast_divmod)):
+            raise ConfigError(f"fast_divmod = {fast_divmod!r}: a pair of bools (aux loads, stores)", anchor="conv-config")
+        get_target(arch)
+        self.kind, self.dims, self.arch, self.layout, self.fast_divmod = kind, dims, arch, layout, fast_divmod
+        self.a = dtypes.coerce(a)
+        self.b = dtypes.coerce(b) if b is not None else self.a
+        for name, dt in (("a", self.a), ("b", self.b)):
+            if dt not in (dtypes.f16, dtypes.bf16):
+                raise ConfigError(f"{name}={dt.name}: evtc's conv kernels take f16 or bf16 operands",
+                                  hint="fp8 convolutions are not supported; an fp8 output is (d=evtc.e4m3)",
+                                  anchor="conv-config")
+        if self.a is not self.b:
+            raise ConfigError(f"a is {self.a.name} and b is {self.b.name}: the tensor-core MMAs take one 16-bit type",
+                              anchor="conv-config")
+        self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
+        self.c = dtypes.coerce(c) if c is not None else None
+        self.config = conv_config(arch, self.a, self.b, config, kind=kind)
+        self.traced = _as_graph(epilogue, c=self.c, d=self.d)
+        self.name = self.traced.name
+        reserved = sorted({i.name for i in self.traced.inputs} & {"problem", "out", "stream"})
+        if reserved:
+            raise ConfigError(f"epilogue parameter{'s' if len(reserved) > 1 else ''} {', '.join(map(repr, reserved))} "
+                              "can't be passed: a Conv call takes problem=, out= and stream= itself",
+                              epilogue=self.name, hint="rename the parameter", anchor="conv-config")
+        self.graph = passes.run(self.traced, arch)
+        fixed = dict(plan) if isinstance(plan, Mapping) else {}
+        policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
+        self._plan_args = {"policy": policy, "rank": plan_rank, "fixed": fixed} if arch == "sm90" else {}
+        if arch == "sm80" and (policy != "evtc" or fixed or plan_rank):
+            raise ConfigError("plan policies, ranks and fixed decisions are sm90's", anchor="conv-config")
+        self._kernels: dict[tuple[str, bool], _Kernel] = {}
+        # the main kernel: planned and emitted now, so epilogue errors surface at construction
+        strided_main = False
+        main = self._kernel(arch, strided_main)
+        self.plan = main.plan
+        self.source = main.source
+        self._specs: dict[ConvProblem, ConvSpec] = {}
+
+    def _kernel(self, arch: str, strided: bool) -> _Kernel:
+        key = (arch, strided)
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = _Kernel(self, arch, strided)
+        return k
+
+    def _route(self, spec: ConvSpec) -> _Kernel:
+        """The kernel of a problem: strided dgrad runs on the sm80 strided-dgrad kernel (on either
+        arch), everything else on the main kernel."""
+        if self.kind == "dgrad" and not spec.unit_stride:
+            return self._kernel("sm80", True)
+        return self._kernels[(self.arch, False)]
+
+    @api_boundary
+    def build(self, timeout: float | None = None, *, strided: bool = False) -> cache.Artifact:
+        """Compile (or fetch from the cache) and load the main kernel, or with ``strided=True``
+        (dgrad) the strided-dgrad kernel.
+
+        Raises:
+            BuildError: nvcc failed (the source and log are kept and named).
+            NoDeviceError: no nvcc.
+        """
+        if strided:
+            if self.kind != "dgrad":
+                raise ConfigError("only dgrad has a strided kernel", anchor="conv-config")
+            return self._kernel("sm80", True).build(timeout)
+        return self._kernels[(self.arch, False)].build(timeout)
+
+    def source_for(self, *, strided: bool = False) -> str:
+        """The ``.cu`` text of the main kernel, or (dgrad, ``strided=True``) the strided one."""
+        return self._kernel("sm80", True).source if strided else self.source
+
+    def info(self) -> dict:
+        """The built main kernel's info (plan, ABI, ``sizeof`` of the epilogue storage, stages)."""
+        k = self._kernels[(self.arch, False)]
+        if k.library is None:
+            k.build()
+        assert k.library is not None
+        return k.library.info
+
+    @api_boundary
+    def __call__(self, a: Any, b: Any, *, problem: ConvProblem | None = None, out: Any = None, stream: Any = None,
+                 **kwargs: Any):
+        """Run the convolution and its epilogue on the caller's current stream.
+
+        Args:
+            a, b: the operands: fprop ``(x, w)``, dgrad ``(dy, w)``, wgrad ``(dy, x)``; device
+                tensors of dtype ``a``/``b``, packed in the Conv's ``layout`` (x N x H x W x C,
+                w K x R x S x C, dy N x P x Q x K for ``"nhwc"``).
+            problem: stride, padding, dilation (and dgrad's input size, wgrad's filter size);
+                default ``ConvProblem()`` (stride 1, no padding).
+            out: preallocated outputs (a tensor for a single-output epilogue, else a dict);
+                for dgrad and wgrad an output tensor also fixes the size of dx or dw.
+            stream: a CUDA stream (as :meth:`evtc.Gemm.__call__`).
+            **kwargs: the epilogue's parameters: M x N tensors shaped like the output (or
+                (M, N)), row vectors of N values, column vectors of M, scalars.
+
+        Returns:
+            The output alone when it is the only one, else a dict name -> tensor. M x N outputs
+            have the output's shape (y, dx or dw, in the Conv's layout); reductions are (M,),
+            (N,) or () (NOTE [Implicit GEMM of a convolution] in :mod:`evtc.runtime.conv_bind`).
+
+        Raises:
+            ArgumentError: a bad argument or problem, named (problem limits: anchor
+                ``conv-problem``).
+            LaunchError: CUDA reported an error.
+        """
+        if problem is None:
+            problem = _DEFAULT_PROBLEM
+        if not isinstance(problem, ConvProblem):
+            raise ArgumentError(f"problem = {problem!r} is not an evtc.ConvProblem", epilogue=self.name,
+                                anchor="conv-problem")
+        try:
+            spec = self._specs.get(problem)
+            hashable = True
+        except TypeError:  # lists inside: normalized on every call
+            spec, hashable = None, False
+        if spec is None:
+            spec = problem.normalize(self.dims, self.name)
+            if hashable:
+                self._specs[problem] = spec
+        return self._route(spec).launcher(spec)(a, b, kwargs, out, stream)
+
+    def __repr__(self) -> str:
+        return (f"<evtc.Conv {self.name} {self.dims}-D {self.kind} {self.arch} a={self.a} "
+                f"tile={'x'.join(map(str, self.config.tile))}>")
+
+    def describe(self) -> str:
+        """The IR, the plan and the configuration, as text."""
+        return f"{self.graph}\n{self.plan}\nconfig: {json.dumps(self.config.to_json())}\n"
+
+
+_DEFAULT_PROBLEM = ConvProblem()

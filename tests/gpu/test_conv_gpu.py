@@ -1,0 +1,227 @@
+"""Fused convolutions on the GPU (sm90 kernels need an H100; sm80 ones run there too): every
+reference epilogue that makes sense for a kind, on fprop, dgrad (stride 1 and 2, padding,
+dilation) and wgrad, 2-D and 3-D, against torch's float64 convolution (``conv2d``/``conv3d``),
+input gradient and weight gradient, with fresh random data, NaN-poisoned outputs and
+evtc.testing's elementwise oracle (NOTE [The error bound]).
+
+The kernels are listed in conv_cases.py; ``python benchmarks/prebuild.py conv`` builds them all
+beforehand (in parallel, one nvcc per core).
+"""
+
+import zlib
+
+import conv_cases as CC
+import numpy as np
+import pytest
+
+import evtc
+from evtc.ir.nodes import (
+    AuxLoad,
+    ColBroadcast,
+    Reduction,
+    RowBroadcast,
+    ScalarBroadcast,
+    Source,
+    Store,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def convs():
+    """Every Conv of the module, built in parallel up front."""
+    import os
+
+    from evtc.compiler import build_many
+
+    pairs = CC.all_convs()
+    build_many([(j.source, j.target, j.name) for j in CC.kernels(pairs)],
+               workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
+    table = {}
+    for conv, strided in pairs:
+        table[(conv.name, conv.kind, conv.dims, conv.arch, conv.a.name, conv.layout, strided)] = conv
+    return table
+
+
+def get(convs, name, kind, dims, arch, dtype="bf16", layout="nhwc", strided=False):
+    return convs[(name, kind, dims, arch, dtype, layout, strided)]
+
+
+def random(torch, shape, dtype, gen, scale=1.0, positive=False):
+    x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32) * scale
+    if positive:
+        x = x.abs() + 0.5
+    return x.to(getattr(torch, dtype.torch))
+
+
+def run_and_check(conv, case: CC.Case, seed: int, record_errors, *, layout="nhwc", allocate=False):
+    """Run ``conv`` on ``case`` with fresh random operands and epilogue inputs, NaN-poisoned
+    outputs (or outputs evtc allocates), and check every element of every output against the
+    float64 reference of the epilogue on torch's float64 convolution."""
+    import torch
+
+    from evtc.testing import accumulator_error, failure_report, to_numpy, verify
+
+    kind, graph = conv.kind, conv.graph
+    a_shape, b_shape, geo = CC.operand_shapes(kind, case)
+    M, N, K = geo.gemm
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    s = CC.scale_for(K)
+    A = random(torch, a_shape, conv.a, gen, s)
+    B = random(torch, b_shape, conv.b, gen, s)
+    out_shape = geo.shape(geo.output)
+
+    def user_layout(t):  # NHWC-ordered tensor -> what the Conv's layout takes (same memory)
+        return CC._nchw(t) if layout == "nchw" and t.dim() >= 3 else t
+
+    kwargs, ref_inputs = {}, {}
+    for leaf in graph.inputs:
+        nm = leaf.name
+        if isinstance(leaf, (Source, AuxLoad)):
+            t = random(torch, out_shape, leaf.dtype, gen)
+            kwargs[nm], ref_inputs[nm] = user_layout(t), to_numpy(t).reshape(M, N)
+        elif isinstance(leaf, (RowBroadcast, ColBroadcast)):
+            t = random(torch, (N if isinstance(leaf, RowBroadcast) else M,), leaf.dtype, gen)
+            kwargs[nm], ref_inputs[nm] = t, to_numpy(t)
+        elif isinstance(leaf, ScalarBroadcast):
+            v = float(rng.uniform(0.5, 1.5))
+            if leaf.by_pointer:
+                kwargs[nm] = torch.full((), v, dtype=getattr(torch, leaf.dtype.torch), device="cuda")
+            else:
+                kwargs[nm] = v
+            ref_inputs[nm] = v
+    outs = None
+    if not allocate:
+        outs = {}
+        for o in graph.outputs:
+            if isinstance(o, Store):
+                t = torch.empty(out_shape, dtype=getattr(torch, o.dtype.torch), device="cuda")
+                t.view(torch.uint8).fill_(0x7F) if o.dtype.bytes == 1 else t.fill_(float("nan"))
+                outs[o.name] = user_layout(t)
+            elif isinstance(o, Reduction):
+                ext = {1: (M,), 0: (N,), None: ()}[o.dim]
+                outs[o.name] = torch.full(ext, float("nan"), dtype=getattr(torch, o.dtype.torch), device="cuda")
+    got = conv(user_layout(A), user_layout(B), problem=case.problem(kind), out=outs, **kwargs)
+    torch.cuda.synchronize()
+    if not isinstance(got, dict):
+        got = {graph.outputs[0].name: got}
+    host = {}
+    for o in graph.outputs:
+        t = got[o.name]
+        if isinstance(o, Store):
+            want = tuple(out_shape) if layout == "nhwc" else tuple(CC._nchw(torch.empty(out_shape, device="meta")).shape)
+            assert tuple(t.shape) == want, (o.name, tuple(t.shape), want)
+            if layout == "nchw":
+                assert t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+                t = CC._nhwc(t)
+            host[o.name] = to_numpy(t).reshape(M, N)
+        else:
+            host[o.name] = to_numpy(t)
+    acc, sq = CC.exact_accumulator(kind, A, B, geo)
+    results = verify(graph, host, acc, accumulator_error(sq, K, conv.a), ref_inputs)
+    record_errors(results, (M, N, K))
+    what = f"{conv.name} {geo.dims}-D {kind} {conv.arch} {case.name}"
+    assert all(r.ok for r in results.values()), failure_report(results, what, graph)
+    return results, host
+
+
+def fp8_ok(name, case, kind):
+    """fp8_out's e4m3 output rows must be 16-byte aligned: N a multiple of 16."""
+    if name != "fp8_out":
+        return True
+    return CC.operand_shapes(kind, case)[2].gemm[1] % 16 == 0
+
+
+PARAMS = []
+for name, kind, dims, arch, dtype in CC.MATRIX:
+    for case in CC.cases(kind, dims, arch):
+        if fp8_ok(name, case, kind):
+            PARAMS.append(pytest.param(name, kind, dims, arch, dtype.name, case,
+                                       id=f"{arch}-{kind}{dims}d-{name}-{dtype.name}-{case.name}"))
+
+
+@pytest.mark.parametrize("name, kind, dims, arch, dtype, case", PARAMS)
+def test_reference_epilogue(convs, name, kind, dims, arch, dtype, case, record_errors):
+    conv = get(convs, name, kind, dims, arch, dtype)
+    run_and_check(conv, case, zlib.crc32(f"{name}{kind}{dims}{arch}{dtype}{case}".encode()), record_errors)
+
+
+STRIDED_PARAMS = [pytest.param(name, dims, case, arch, id=f"{arch}-dgrad{dims}d-{name}-{case.name}")
+                  for name, dims in CC.STRIDED
+                  for case in (CC.CASES_STRIDED_DGRAD if dims == 2 else CC.CASES_STRIDED_DGRAD_3D)
+                  for arch in ("sm80",)]
+
+
+@pytest.mark.parametrize("name, dims, case, arch", STRIDED_PARAMS)
+def test_strided_dgrad(convs, name, dims, case, arch, record_errors):
+    """dgrad with stride > 1: the sm80 strided-dgrad kernel (each CTA tile walks one stride phase
+    of dx; the epilogue maps its rows to dx's pixels)."""
+    conv = get(convs, name, "dgrad", dims, arch, strided=True)
+    run_and_check(conv, case, zlib.crc32(f"strided{name}{dims}{case}".encode()), record_errors)
+
+
+@pytest.mark.parametrize("fast", CC.DIVMOD_VARIANTS, ids=lambda f: f"loads_{'fast' if f[0] else 'div'}_stores_{'fast' if f[1] else 'div'}")
+def test_strided_dgrad_divmod_choices(convs, fast, record_errors):
+    """Every compile-time choice of the row map's arithmetic computes the same pixels."""
+    conv = CC.divmod_conv(fast)  # its kernel is in the cache (built by the fixture)
+    for case in CC.CASES_STRIDED_DGRAD:
+        run_and_check(conv, case, zlib.crc32(f"divmod{fast}{case}".encode()), record_errors)
+
+
+def test_sm90_dgrad_routes_strided_problems_to_the_strided_kernel(convs, record_errors):
+    """An sm90 dgrad Conv runs stride-2 problems on the sm80 strided-dgrad kernel (JIT-compiled
+    from PTX on Hopper), and unit-stride ones on its own sm90 kernel."""
+    conv = get(convs, "dgelu_bgrad", "dgrad", 2, "sm90")  # its strided kernel is the prebuilt sm80 one (same source)
+    run_and_check(conv, CC.CASES_STRIDED_DGRAD[0], 11, record_errors)
+    run_and_check(conv, CC.CASES_2D[0], 12, record_errors)
+
+
+def test_torch_channels_last_layout(convs, record_errors):
+    """layout='nchw': torch's logical NCHW tensors in channels_last memory, in and out."""
+    conv = get(convs, "bias_relu", "fprop", 2, "sm90", layout="nchw")
+    run_and_check(conv, CC.CASES_2D[0], 21, record_errors, layout="nchw")
+    run_and_check(conv, CC.CASES_2D[1], 22, record_errors, layout="nchw", allocate=True)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+def test_evtc_allocates_outputs(convs, arch, record_errors):
+    """Outputs evtc allocates have the output's NHWC shape (reductions (M,), (N,), ())."""
+    run_and_check(get(convs, "row_stats", "fprop", 2, arch), CC.CASES_2D[0], 31, record_errors, allocate=True)
+    run_and_check(get(convs, "dgelu_bgrad", "dgrad", 2, arch), CC.CASES_2D[0], 32, record_errors, allocate=True)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+def test_results_depend_on_the_inputs(convs, arch, record_errors):
+    """Two seeds give different outputs, each its own reference's (no constant or stale result),
+    and calls with several problems on one Conv use each its own problem."""
+    conv = get(convs, "bias_relu", "fprop", 2, arch)
+    _, out1 = run_and_check(conv, CC.CASES_2D[0], 41, record_errors)
+    _, out2 = run_and_check(conv, CC.CASES_2D[0], 42, record_errors)
+    assert not np.array_equal(out1["D"], out2["D"])
+    for case in CC.CASES_2D[1:]:
+        run_and_check(conv, case, 43, record_errors)
+
+
+def test_zero_batch_gives_empty_outputs_and_identities(convs):
+    import torch
+
+    conv = get(convs, "row_stats", "fprop", 2, "sm90")
+    x = torch.randn(0, 8, 8, 40, device="cuda").to(torch.bfloat16)
+    w = torch.randn(72, 3, 3, 40, device="cuda").to(torch.bfloat16)
+    out = conv(x, w, problem=evtc.ConvProblem(padding=1), C=torch.empty(0, 8, 8, 72, device="cuda", dtype=torch.bfloat16),
+               alpha=1.0, beta=1.0, shift=torch.empty(0, device="cuda"))
+    assert out["D"].shape == (0, 8, 8, 72) and out["row_max"].shape == (0,) and out["row_sum"].shape == (0,)
+
+
+def test_bad_problem_is_refused_before_the_launch(convs):
+    import torch
+
+    conv = get(convs, "bias_relu", "fprop", 2, "sm90")
+    x = torch.randn(1, 8, 8, 36, device="cuda").to(torch.bfloat16)
+    w = torch.randn(72, 3, 3, 36, device="cuda").to(torch.bfloat16)
+    with pytest.raises(evtc.ArgumentError, match="C \\(input channels\\) = 36 is not a multiple of 8"):
+        conv(x, w, C=torch.empty(1, 8, 8, 72, device="cuda", dtype=torch.bfloat16), alpha=1.0, beta=1.0,
+             bias=torch.zeros(72, device="cuda"), problem=evtc.ConvProblem(padding=1))
