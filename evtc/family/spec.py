@@ -105,7 +105,12 @@ def _tiles(M: int, N: int, L: int, tile: tuple[int, int, int]) -> int:
     return math.ceil(M / tile[0]) * math.ceil(N / tile[1]) * L
 
 
-def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = 4, max_splits: int = 16) -> int:
+MIN_SPLIT_K_TILES = 4
+"""The fewest K tiles (of the tile's K extent) worth giving one split or stream-K unit."""
+
+
+def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = MIN_SPLIT_K_TILES,
+                max_splits: int = 16) -> int:
     """K splits that fill the machine in one wave: the most with tiles x splits <= the SM count,
     each split at least ``min_k_tiles`` K tiles long (shorter ones spend more on the reduction
     than they save), at most ``max_splits``."""
@@ -147,5 +152,11 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
         tiles = _tiles(p.M, p.N, p.L, spec.config.tile)
         k_tiles = math.ceil(p.K / spec.config.tile[2])
         splits = split_count(tiles, k_tiles, p.sm_count)
-        return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "heuristic")
+        if splits > 1:
+            return spec.with_runtime(split_k=splits, decomposition="split_k")
+        # K loops too short to split: stream-K's partial tiles would cost a workspace memset and
+        # a reduction for no gain (256^3 on the H100: ~10 us launch with them), so the stream-K
+        # kernel runs data-parallel, with the smaller tile's extra CTAs.
+        return spec.with_runtime(split_k=1,
+                                 decomposition="heuristic" if k_tiles >= 2 * MIN_SPLIT_K_TILES else "data_parallel")
     return large

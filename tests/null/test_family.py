@@ -142,3 +142,12 @@ def test_every_reference_epilogue_plans_every_family_member():
         for k in g.kernels():
             assert k.plan.mainloop_stages >= 2, (name, k.spec.name)
         assert g.kernel("unaligned").plan.config.unaligned
+
+
+def test_tiny_problems_run_data_parallel(family):
+    # 256^3: 4 tiles of 128x128, 4 K tiles: no splits, and no stream-K workspace either
+    s = pick(family, 256, 256, 256)
+    assert s.name == "streamk" and s.config.split_k == 1 and s.config.decomposition == "data_parallel"
+    # enough K tiles to share: the stream-K heuristic decides
+    s = pick(family, 4096, 4096, 65536)
+    assert s.config.decomposition in ("heuristic", "split_k")
