@@ -12,11 +12,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 
+def jobs_of(g) -> list:
+    """A Gemm's build jobs (its family's kernels; a pinned Gemm: its one kernel), or ``[g]`` for
+    a bare job (an object with ``source``, ``target``, ``name``, as the conv cases give)."""
+    return g.jobs() if hasattr(g, "jobs") else [g]
+
+
 def unique_jobs(gemms):
     """The build jobs of every Gemm's family (a pinned Gemm: its one kernel), each source once."""
     jobs = {}
     for g in gemms:
-        for j in g.jobs():
+        for j in jobs_of(g):
             jobs.setdefault(j.source, (g, j))
     return list(jobs.values())
 

@@ -174,7 +174,7 @@ def gemms_of(names: list[str]) -> list:
         if group not in GROUPS:
             raise SystemExit(f"unknown group '{group}': one of {', '.join(sorted(GROUPS))}")
         gemms += GROUPS[group](arg) if arg else GROUPS[group]()
-    return list({tuple(j.source for j in g.jobs()): g for g in gemms}.values())
+    return list({tuple(j.source for j in common.jobs_of(g)): g for g in gemms}.values())
 
 
 def main() -> None:

@@ -13,8 +13,9 @@ known without running a compiler:
   :data:`~evtc.compiler.nvcc.ARCH_FLAGS`), the extra flags, and ``NVCC_PREPEND_FLAGS`` /
   ``NVCC_APPEND_FLAGS`` (nvcc applies them);
 * the contents of the header trees on the include path: CUTLASS's (the wheel or
-  ``CUTLASS_PATH``) and evtc's own ``codegen_templates/include``
-  (:mod:`evtc.compiler.fingerprint` keeps this cheap).
+  ``CUTLASS_PATH``, the whole tree), and of the evtc headers (``codegen_templates/include``)
+  the source includes, directly or through each other: a header only conv kernels include does
+  not invalidate every GEMM's build (:mod:`evtc.compiler.fingerprint` keeps both cheap).
 
 Include paths are not in it (they differ between machines), their contents are. The *toolchain*
 (nvcc release, host compiler and its version) is recorded in the entry and names its folder
@@ -107,7 +108,7 @@ def key_material(source: str, *, arch: str, extra_flags: Sequence[str] = (), roo
         headers = {"cutlass": fingerprint.tree_hash(cutlass[0], memo, watch_files=edited),
                    "cutlass_util": fingerprint.tree_hash(cutlass[1], memo, watch_files=edited)
                    if cutlass[1].is_dir() else None,
-                   "evtc": fingerprint.tree_hash(own, memo) if own is not None else None}
+                   "evtc": fingerprint.included_hash(source, own) if own is not None else None}
     except OSError as e:
         raise BuildError(f"can't read the headers to hash them: {e}") from None
     return {

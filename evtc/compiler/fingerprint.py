@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import threading
 from pathlib import Path
 
-__all__ = ["clear", "snapshot", "tree_hash", "tree_hash_uncached"]
+__all__ = ["clear", "included_hash", "snapshot", "tree_hash", "tree_hash_uncached"]
 
 _MEMO: dict[str, str] = {}
 _LOCK = threading.Lock()
@@ -195,7 +196,51 @@ def tree_hash(root: Path | str, memo_dir: Path | None = None, *, watch_files: bo
     return value
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](evtc/[^>"]+)[>"]', re.M)
+_FILE_MEMO: dict[tuple, tuple[str, tuple[str, ...]]] = {}
+
+
+def _header(path: Path) -> tuple[str, tuple[str, ...]]:
+    """(SHA-256, evtc includes) of one header, memoised on its path, size, mtime and inode."""
+    st = path.stat()
+    memo_key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    hit = _FILE_MEMO.get(memo_key)
+    if hit is None:
+        data = path.read_bytes()
+        hit = hashlib.sha256(data).hexdigest(), tuple(_INCLUDE.findall(data.decode("utf-8", "replace")))
+        with _LOCK:
+            _FILE_MEMO[memo_key] = hit
+    return hit
+
+
+def included_hash(source: str, root: Path | str) -> str:
+    """SHA-256 over the evtc headers under ``root`` that ``source`` includes (``#include
+    <evtc/...>``), directly or through each other: their relative paths and contents.
+
+    Only what a kernel includes goes into its key, so adding or editing a header another kind of
+    kernel uses (the conv headers, for a GEMM) keeps the GEMM's cached builds valid.
+
+    Raises:
+        OSError: an included evtc header is missing or unreadable.
+    """
+    root = Path(root)
+    todo = sorted(set(_INCLUDE.findall(source)))
+    seen: dict[str, str] = {}
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        digest, more = _header(root / rel)
+        seen[rel] = digest
+        todo.extend(m for m in more if m not in seen)
+    h = hashlib.sha256(f"evtc-included-v{_FORMAT}\n".encode())
+    for rel in sorted(seen):
+        h.update(f"{rel}\0{seen[rel]}\n".encode())
+    return h.hexdigest()
+
+
 def clear() -> None:
     """Forget this process's hashes (the next lookup takes a new snapshot)."""
     with _LOCK:
         _MEMO.clear()
+        _FILE_MEMO.clear()

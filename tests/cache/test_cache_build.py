@@ -116,13 +116,28 @@ def test_key_covers_evtc_header_contents(cache_env, monkeypatch, tmp_path):
     (own / "evtc").mkdir(parents=True)
     hdr = own / "evtc" / "visitors.hpp"
     hdr.write_text("#pragma once\n")
+    (own / "evtc" / "inner.hpp").write_text("#pragma once\n")
+    other = own / "evtc" / "conv_only.hpp"
+    other.write_text("#pragma once\n")
+    hdr.write_text('#pragma once\n#include "evtc/inner.hpp"\n')
     monkeypatch.setattr(nvcc, "evtc_include_dir", lambda: own)
-    src = tiny_source("k")
+    src = "#include <evtc/visitors.hpp>\n" + tiny_source("k")
     k0 = kernel_key(src, arch="sm80")
-    hdr.write_text("#pragma once\n// changed\n")
+    hdr.write_text('#pragma once\n#include "evtc/inner.hpp"\n// changed\n')
     fingerprint.clear()
-    assert kernel_key(src, arch="sm80") != k0
-    assert key_material(src, arch="sm80")["headers"]["evtc"] == fingerprint.tree_hash_uncached(own)
+    k1 = kernel_key(src, arch="sm80")
+    assert k1 != k0
+    # a header included through another one counts too
+    (own / "evtc" / "inner.hpp").write_text("#pragma once\n// changed\n")
+    k2 = kernel_key(src, arch="sm80")
+    assert k2 != k1
+    # a header this source does not include does not change its key
+    other.write_text("#pragma once\n// a conv-only change\n")
+    assert kernel_key(src, arch="sm80") == k2
+    assert kernel_key(tiny_source("k"), arch="sm80") != k2  # nothing included: a different key
+    (own / "evtc" / "inner.hpp").unlink()
+    with pytest.raises(BuildError, match="headers"):
+        kernel_key(src, arch="sm80")
 
 
 def test_header_hash_survives_processes_through_the_snapshot(cache_env, monkeypatch, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import evtc
 from evtc import bf16, f16
+from evtc.compiler import BuildJob
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "examples") not in sys.path:
@@ -121,7 +122,7 @@ STRIDED = [("dgelu_bgrad", 2), ("residual_scale", 2), ("row_stats", 2), ("many_a
 
 
 def kernels(convs) -> list:
-    """(source, arch, name) objects of every kernel of ``convs`` (strided dgrad's included), for
+    """The :class:`evtc.compiler.BuildJob` of every kernel of ``convs`` (strided dgrad's included), for
     evtc.compiler.build_many / benchmarks/common.build_all."""
     out = []
     for conv, strided in convs:
@@ -129,15 +130,8 @@ def kernels(convs) -> list:
             k = conv._kernel("sm80", True)
         else:
             k = conv._kernels[(conv.arch, False)]
-        out.append(_Job(k.source, k.arch, conv.name))
+        out.append(BuildJob(k.source, k.arch, conv.name))
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class _Job:
-    source: str
-    target: str
-    name: str
 
 
 #: the other compile-time choices of strided dgrad's row arithmetic (FastDivmod or division, for

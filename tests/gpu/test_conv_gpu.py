@@ -36,7 +36,7 @@ def convs():
     from evtc.compiler import build_many
 
     pairs = CC.all_convs()
-    build_many([(j.source, j.target, j.name) for j in CC.kernels(pairs)],
+    build_many(CC.kernels(pairs),
                workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
     table = {}
     for conv, strided in pairs:
