@@ -79,6 +79,13 @@ def explore_gemms(name="bias_relu"):
     return [g for _, g in X.gemms(name)]
 
 
+def small_gemms():
+    """explore_small.py's candidate kernels for decode, few-tile and long-K problems."""
+    import explore_small
+
+    return list(explore_small.gemms().values())
+
+
 def bias_relu_gemms(config=None):
     """bench_bias_relu.py's kernels; ``bias_relu:JSON`` for its ``--config JSON``."""
     import bench_bias_relu as BR
@@ -162,7 +169,7 @@ def conv_gemms(which=None):
 GROUPS = {"family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
           "random": random_gemms, "random80": random80_gemms,
-          "explore": explore_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
+          "explore": explore_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
 
 
