@@ -7,18 +7,27 @@ order).
 
 # NOTE [The default sm90 family]
 One epilogue is built as a few kernels, chosen so that every problem shape has one that fills
-the H100's 132 SMs (docs/performance.md has the measurements behind each):
+the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside cuBLAS
+(benchmarks/explore_small.py, bench_shapes.py; docs/performance.md has the numbers):
 
-* ``large``: cooperative 128x256x64, cluster 2x1, persistent: big problems (many tiles, the
-  mainloop's arithmetic intensity matters most);
-* ``pingpong``: ping-pong 128x192x64, cluster 2x1, persistent: one warpgroup's epilogue runs
-  while the other's MMAs do, so epilogue-heavy problems (short K, many outputs) lose less to it;
-* ``streamk``: cooperative 128x128x64, cluster 1x1, the stream-K scheduler: problems with few
-  output tiles or long K loops, run as split-K (a fixed number of splits per tile) or stream-K
-  (CUTLASS's balanced K ranges); the partial accumulators are reduced before the epilogue
-  runs once per tile, so aux stores and reductions are exact;
-* ``swap``: swap-AB (``D^T = B A^T``) with a 128x32x64 cooperative stream-K tile: decode-sized M
-  (<= 64) puts the long N on the tile's M and splits K to fill the machine.
+* ``large``: cooperative 128x256x64, cluster 2x1, persistent: problems of a wave or more of its
+  tiles (the mainloop's arithmetic intensity matters most);
+* ``pingpong``: ping-pong 128x192x64, cluster 2x1, persistent: 15 waves or more, where one
+  warpgroup's epilogue running beside the other's MMAs pays;
+* ``streamk``: cooperative 128x128x64, cluster 1x1, the stream-K scheduler, run data-parallel:
+  problems of most of a wave of 128x128 tiles but less than one of 128x256 (batched mid sizes,
+  512x4096x4096, 2048x2048x8192);
+* ``kheavy``: cooperative 128x64x64, cluster 1x1, stream-K scheduler: long K over few tiles
+  (1024x1024x16384, 512x512x32768), split-K where the tiles leave SMs idle; the partial
+  accumulators are reduced before the epilogue runs once per tile, so aux stores and reductions
+  are exact;
+* ``small``: ping-pong 64x128x64, cluster 1x1: few tiles (768x768x3072, 1000^3) and M of 65-256;
+* ``swap``: swap-AB (``D^T = B A^T``) ping-pong 64x32x64: decode-sized M (<= 64), where the long
+  N goes on the tile's M.
+
+Split-K over the stream-K scheduler's turnstile reduction paid only for K loops of about 100 K
+tiles per split or more (measured: 1x4096x4096 took 17.5 us data-parallel and 22.5 us with 4
+splits), hence :data:`MIN_SPLIT_K_TILES`.
 
 Built on demand, never by default: ``unaligned`` (the large tile with every M x N tensor
 register-direct, for rows not 16-byte aligned) and, for A or B rows not 16-byte aligned (K not a
@@ -87,7 +96,9 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("large", base, arch),
         KernelSpec("pingpong", GemmConfig(tile=(128, 192, k), cluster=(2, 1, 1), schedule="pingpong"), arch),
         KernelSpec("streamk", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
-        KernelSpec("swap", GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True), arch),
+        KernelSpec("kheavy", GemmConfig(tile=(128, 64, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
+        KernelSpec("small", GemmConfig(tile=(64, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
+        KernelSpec("swap", GemmConfig(tile=(64, 32, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True), arch),
     )
 
 
@@ -105,8 +116,9 @@ def _tiles(M: int, N: int, L: int, tile: tuple[int, int, int]) -> int:
     return math.ceil(M / tile[0]) * math.ceil(N / tile[1]) * L
 
 
-MIN_SPLIT_K_TILES = 4
-"""The fewest K tiles (of the tile's K extent) worth giving one split or stream-K unit."""
+MIN_SPLIT_K_TILES = 96
+"""The fewest K tiles (of the tile's K extent) worth giving one split: shorter splits lost more
+to the turnstile reduction than they gained on the H100 (NOTE [The default sm90 family])."""
 
 
 def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = MIN_SPLIT_K_TILES,
@@ -124,9 +136,11 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     H100: docs/performance.md); a tuned choice, when the tuner stored one, takes precedence in
     :class:`evtc.Gemm`.
 
-    Rules, in order: rows that TMA can't read go to the on-demand unaligned kernels; small M to
-    swap-AB with split-K; problems that leave SMs idle with the large tile, or have long K loops,
-    to the stream-K kernel with split-K; everything else to the large kernel.
+    Rules, in order (NOTE [The default sm90 family]): rows that TMA can't read go to the
+    on-demand unaligned kernels; M <= 64 to swap-AB; 15 waves or more of ping-pong tiles to
+    ping-pong; a wave or more of 128x256 tiles to the large kernel; long K (>= 128 K tiles) over less
+    than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
+    128x128 tiles to ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
     """
     if arch != "sm90" or "large" not in family:
         return next(iter(family.values()))
@@ -134,29 +148,29 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
         return family.get("unaligned_k") or on_demand(arch, a, b, "unaligned_k")
     if not p.aligned_mn:
         return family.get("unaligned") or on_demand(arch, a, b, "unaligned")
+
+    def has(*names: str) -> bool:
+        return all(n in family for n in names)
+
     large = family["large"]
-    if p.M <= 64 and p.N >= 256 and "swap" in family:
-        spec = family["swap"]
-        tiles = _tiles(p.N, p.M, p.L, spec.config.tile)
-        k_tiles = math.ceil(p.K / spec.config.tile[2])
-        splits = split_count(tiles, k_tiles, p.sm_count)
-        return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "data_parallel")
-    tiles = _tiles(p.M, p.N, p.L, large.config.tile)
-    if "pingpong" in family and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count:
+    if p.M <= 64 and p.N >= 256 and has("swap"):
+        return family["swap"]
+    if has("pingpong") and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count:
         # many waves: ping-pong's overlap of one warpgroup's epilogue with the other's MMAs pays
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
         # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)
         return family["pingpong"]
-    if "streamk" in family and (tiles < p.sm_count // 2 or p.K >= 4 * max(p.M, p.N)):
-        spec = family["streamk"]
-        tiles = _tiles(p.M, p.N, p.L, spec.config.tile)
-        k_tiles = math.ceil(p.K / spec.config.tile[2])
-        splits = split_count(tiles, k_tiles, p.sm_count)
-        if splits > 1:
-            return spec.with_runtime(split_k=splits, decomposition="split_k")
-        # K loops too short to split: stream-K's partial tiles would cost a workspace memset and
-        # a reduction for no gain (256^3 on the H100: ~10 us launch with them), so the stream-K
-        # kernel runs data-parallel, with the smaller tile's extra CTAs.
-        return spec.with_runtime(split_k=1,
-                                 decomposition="heuristic" if k_tiles >= 2 * MIN_SPLIT_K_TILES else "data_parallel")
-    return large
+    if _tiles(p.M, p.N, p.L, large.config.tile) >= p.sm_count:
+        return large
+    if not has("streamk", "kheavy", "small"):
+        return large
+    tiles128 = _tiles(p.M, p.N, p.L, family["streamk"].config.tile)
+    spec = family["kheavy"]
+    if tiles128 < p.sm_count and p.K >= 4 * max(p.M, p.N) and p.K >= 128 * spec.config.tile[2]:
+        # (768x768x3072, 48 K tiles, ran 1.6x faster on ``small``)
+        splits = split_count(_tiles(p.M, p.N, p.L, spec.config.tile), math.ceil(p.K / spec.config.tile[2]),
+                             p.sm_count)
+        return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "data_parallel")
+    if p.M > 256 and 4 * tiles128 >= 3 * p.sm_count:
+        return family["streamk"].with_runtime(split_k=1, decomposition="data_parallel")
+    return family["small"]

@@ -334,27 +334,39 @@ static typename GemmKernel::Params const& cached_params(evtc_args_t const& args,
 
 static cutlass::Status launch(evtc_args_t const& args, typename Gemm::Arguments const& arguments, void* workspace,
                               cudaStream_t stream, int sm_count, int device_id) {
-  cutlass::Status status = GemmKernel::initialize_workspace(arguments, workspace, stream, nullptr);
-  if (status != cutlass::Status::kSuccess) {
-    return status;
+  // No workspace (its size was 0: no stream-K partials, no reduction counters): nothing to
+  // initialise, and initialize_workspace would only recompute the scheduler's parameters.
+  if (workspace != nullptr) {
+    cutlass::Status status = GemmKernel::initialize_workspace(arguments, workspace, stream, nullptr);
+    if (status != cutlass::Status::kSuccess) {
+      return status;
+    }
   }
-  typename GemmKernel::Params params = cached_params(args, arguments, workspace, sm_count, device_id);
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cute::size<0>(ClusterShape{});
-  attribute[0].val.clusterDim.y = cute::size<1>(ClusterShape{});
-  attribute[0].val.clusterDim.z = cute::size<2>(ClusterShape{});
-  cudaLaunchConfig_t config = {};
-  config.gridDim = GemmKernel::get_grid_shape(params);
-  config.blockDim = GemmKernel::get_block_shape();
-  config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  void* kernel_params[] = {&params};
-  cudaError_t err = cudaLaunchKernelExC(&config, reinterpret_cast<void const*>(&cutlass::device_kernel<GemmKernel>),
-                                        kernel_params);
-  return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+  typename GemmKernel::Params const& params = cached_params(args, arguments, workspace, sm_count, device_id);
+  dim3 const grid = GemmKernel::get_grid_shape(params);
+  if constexpr (cute::size(ClusterShape{}) == 1) {
+    // a 1x1x1 cluster launches like any kernel (as GemmUniversalAdapter::run does), which costs
+    // the host less than cudaLaunchKernelExC with a cluster attribute
+    cutlass::device_kernel<GemmKernel><<<grid, GemmKernel::get_block_shape(), GemmKernel::SharedStorageSize, stream>>>(params);
+    return cudaPeekAtLastError() == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+  } else {
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = cute::size<0>(ClusterShape{});
+    attribute[0].val.clusterDim.y = cute::size<1>(ClusterShape{});
+    attribute[0].val.clusterDim.z = cute::size<2>(ClusterShape{});
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = GemmKernel::get_block_shape();
+    config.dynamicSmemBytes = GemmKernel::SharedStorageSize;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    void* kernel_params[] = {const_cast<typename GemmKernel::Params*>(&params)};
+    cudaError_t err = cudaLaunchKernelExC(&config, reinterpret_cast<void const*>(&cutlass::device_kernel<GemmKernel>),
+                                          kernel_params);
+    return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+  }
 }
 
 constexpr size_t kEpilogueSmemBytes = sizeof(typename CollectiveEpilogue::SharedStorage);

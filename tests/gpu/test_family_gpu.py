@@ -32,8 +32,16 @@ def member_config(name: str, variant: str) -> evtc.GemmConfig:
         return fam["streamk"].config.replace(split_k=int(arg), decomposition="split_k")
     if kind == "streamk":
         return fam["streamk"].config.replace(decomposition="stream_k")
-    if kind == "swap":
-        return fam["swap"].config.replace(split_k=int(arg or 1), decomposition="split_k" if arg else "heuristic")
+    if kind == "swap" and not arg:
+        return fam["swap"].config  # the default member: ping-pong 64x32
+    if kind == "swap":  # swap-AB with split-K: a stream-K swap-AB configuration
+        k = fam["large"].config.tile[2]
+        return evtc.GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True,
+                               split_k=int(arg), decomposition="split_k")
+    if kind == "kheavy":
+        return fam["kheavy"].config.replace(split_k=int(arg or 1), decomposition="split_k" if arg else "data_parallel")
+    if kind == "small":
+        return fam["small"].config
     if kind == "unaligned":
         return on_demand("sm90", a, a, "unaligned").config
     raise KeyError(variant)
@@ -45,7 +53,9 @@ VARIANTS = {
     "splitk:8": [(256, 384, 2048, 1)],
     "streamk": [(1000, 1000, 2048, 1), (777, 1031, 1024, 2)],
     "swap:4": [(16, 1031, 512, 2), (61, 777, 1024, 1)],
-    "swap": [(1, 4096, 256, 1)],
+    "swap": [(1, 4096, 256, 1), (64, 1031, 512, 2)],
+    "kheavy:4": [(200, 300, 16384, 1)],
+    "small": [(77, 1031, 1024, 2), (1000, 1000, 1000, 1)],
     "unaligned": [(333, 517, 256, 2), (129, 1031, 80, 1)],
 }
 
@@ -114,7 +124,7 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
 
     g = family_gemm
     cases = [((16, 4096, 1024, 1), "swap", False), ((2048, 2048, 4096, 1), "large", False),
-             ((256, 256, 8192, 1), "streamk", False), ((300, 515, 256, 1), "unaligned", True),
+             ((256, 256, 8192, 1), "kheavy", False), ((300, 515, 256, 1), "unaligned", True),
              ((300, 512, 1023, 1), "unaligned_k", True)]
     for shape, member, packed in cases:
         assert g.choose(*shape[:3], aligned_mn=not (packed and shape[1] % 8),

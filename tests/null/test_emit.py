@@ -28,7 +28,7 @@ def test_emission_is_deterministic():
 
     a = sources(evtc.epilogue(E.many_aux.fn))
     b = sources(evtc.epilogue(E.many_aux.fn))
-    assert a == b and len(a) == 4
+    assert a == b and len(a) == len(evtc.Gemm(E.many_aux).family)
     code = ("import sys, hashlib; sys.path[:0] = {path!r}; import evtc, epilogues as E; "
             "print(hashlib.sha256(''.join(k.source for k in evtc.Gemm(E.many_aux).kernels()).encode()).hexdigest())")
     import hashlib
