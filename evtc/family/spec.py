@@ -30,7 +30,8 @@ tiles per split or more (measured: 1x4096x4096 took 17.5 us data-parallel and 22
 splits), hence :data:`MIN_SPLIT_K_TILES`.
 
 Built on demand, never by default: ``unaligned`` (the large tile with every M x N tensor
-register-direct, for rows not 16-byte aligned) and, for A or B rows not 16-byte aligned (K not a
+register-direct, for rows not 16-byte aligned; ``unaligned_pingpong`` the same on the ping-pong
+tile, for 15 waves or more) and, for A or B rows not 16-byte aligned (K not a
 multiple of 8 in 16-bit), an sm80 kernel with one-element mainloop accesses, which runs on Hopper
 through the driver's PTX JIT.
 """
@@ -103,10 +104,14 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
 
 
 def on_demand(arch: str, a: DType, b: DType, name: str) -> KernelSpec:
-    """A family member built only when a problem needs it: ``unaligned`` or ``unaligned_k``."""
+    """A family member built only when a problem needs it: ``unaligned``, ``unaligned_pingpong``
+    (the ping-pong tile, for problems of 15 waves or more) or ``unaligned_k``."""
     base = default_config(arch, a, b)
     if name == "unaligned":
         return KernelSpec(name, base.replace(unaligned=True), arch)
+    if name == "unaligned_pingpong" and arch == "sm90":
+        return KernelSpec(name, GemmConfig(tile=(128, 192, base.tile[2]), cluster=(2, 1, 1), schedule="pingpong",
+                                           unaligned=True), arch)
     if name == "unaligned_k":
         return KernelSpec(name, default_config("sm80", a, b), "sm80")
     raise KeyError(name)
@@ -147,7 +152,10 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     if not p.aligned_k:
         return family.get("unaligned_k") or on_demand(arch, a, b, "unaligned_k")
     if not p.aligned_mn:
-        return family.get("unaligned") or on_demand(arch, a, b, "unaligned")
+        # register-direct stores cost the epilogue most where tiles are many: ping-pong hides
+        # one warpgroup's epilogue behind the other's MMAs
+        name = "unaligned_pingpong" if _tiles(p.M, p.N, p.L, (128, 192, 1)) >= 15 * p.sm_count else "unaligned"
+        return family.get(name) or on_demand(arch, a, b, name)
 
     def has(*names: str) -> bool:
         return all(n in family for n in names)
