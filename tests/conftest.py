@@ -21,7 +21,9 @@ TEST_SOURCE = os.environ.get("EVTC_TEST_SOURCE") == "1"
 def _imported_from_checkout() -> bool:
     import evtc
 
-    return Path(evtc.__file__).resolve().is_relative_to(ROOT)
+    # The checkout's own package directory, not anything under ROOT: CI's virtual environment
+    # (.venv-ci/lib/.../site-packages/evtc) lives inside the clone.
+    return Path(evtc.__file__).resolve().parent == (ROOT / "evtc").resolve()
 
 
 def pytest_configure(config):
