@@ -77,7 +77,7 @@ def test_a_call_reaches_the_library_and_fails_cleanly_without_a_device(built):
 
     if HAS_GPU:
         pytest.skip("a GPU is present")
-    from tests.null.test_runtime_args import FakeCuda
+    from fakecuda import FakeCuda
 
     conv, _ = built["sm90"]
     x, w = FakeCuda((2, 8, 8, 16)), FakeCuda((32, 3, 3, 16))

@@ -20,7 +20,7 @@ from evtc.runtime.conv_bind import (
     geometry,
     output_extent,
 )
-from tests.null.test_runtime_args import FakeCuda
+from fakecuda import FakeCuda
 
 
 @evtc.epilogue

@@ -7,21 +7,7 @@ import evtc
 from evtc import f16, f32
 from evtc.abi import abi_fields, ctypes_struct
 from evtc.runtime.bind import Binder
-
-
-class FakeCuda:
-    """Just enough of __cuda_array_interface__ (v3) to describe a device tensor (each at its own
-    address unless ``ptr`` is given)."""
-
-    _next = 1 << 20
-
-    def __init__(self, shape, typestr="<f2", ptr=None, strides=None, device=0):
-        if ptr is None:
-            FakeCuda._next += 1 << 28
-            ptr = FakeCuda._next
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
-                                         "strides": strides, "version": 3}
-        self.device = type("D", (), {"id": device})()
+from fakecuda import FakeCuda
 
 
 def binder_for(ep):
