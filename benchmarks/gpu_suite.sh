@@ -14,7 +14,8 @@
 # bias_relu (bias_relu:JSON: a GemmConfig instead of the default; a repeated stage writes
 # name.2.json...), planner (many_aux), plan_vs_stock (the plans that differ from stock's), runtime
 # (the run-time checks and CUDA-graph GPU tests; prebuild group runtime), host (host time per
-# call, bench_host.py; prebuild group host).
+# call, bench_host.py; prebuild group host), small (explore_small.py: candidate kernels for small
+# problems), prebuild:G1,G2 (build prebuild.py's groups G1, G2 on this machine's cores).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
@@ -53,6 +54,10 @@ for stage in "$@"; do
                     sargs=(); [ "$stage" != shapes ] && read -ra sargs <<< "${stage#shapes:}"
                     python3 benchmarks/bench_shapes.py "${sargs[@]}" --json "$out/shapes.json" 2>&1 | tee "$out/shapes.log" | tail -40 ;;
     host)           python3 benchmarks/bench_host.py --profile --json "$out/host.json" 2>&1 | tee "$out/host.log" | tail -22 ;;
+    small)          python3 benchmarks/explore_small.py --json "$out/explore_small.json" 2>&1 | tee "$out/explore_small.log" | tail -16 ;;
+    prebuild:*)     # prebuild:GROUP,GROUP... builds those prebuild.py groups here, on every core
+                    IFS=, read -ra groups <<< "${stage#prebuild:}"
+                    python3 benchmarks/prebuild.py "${groups[@]}" 2>&1 | tail -3 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
