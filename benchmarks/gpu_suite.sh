@@ -15,7 +15,9 @@
 # name.2.json...), planner (many_aux), plan_vs_stock (the plans that differ from stock's), runtime
 # (the run-time checks and CUDA-graph GPU tests; prebuild group runtime), host (host time per
 # call, bench_host.py; prebuild group host), small (explore_small.py: candidate kernels for small
-# problems), prebuild:G1,G2 (build prebuild.py's groups G1, G2 on this machine's cores).
+# problems), build (build times: bench_build.py; run it first, alone), launch (the host cost of a
+# bare kernel launch by parameter size: benchmarks/micro/launch_cost.cu), prebuild:G1,G2 (build
+# prebuild.py's groups G1, G2 on this machine's cores).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
@@ -55,6 +57,9 @@ for stage in "$@"; do
                     python3 benchmarks/bench_shapes.py "${sargs[@]}" --json "$out/shapes.json" 2>&1 | tee "$out/shapes.log" | tail -40 ;;
     host)           python3 benchmarks/bench_host.py --profile --json "$out/host.json" 2>&1 | tee "$out/host.log" | tail -22 ;;
     small)          python3 benchmarks/explore_small.py --json "$out/explore_small.json" 2>&1 | tee "$out/explore_small.log" | tail -16 ;;
+    build)          python3 benchmarks/bench_build.py --json "$out/build.json" 2>&1 | tee "$out/build.log" | tail -20 ;;
+    launch)         nvcc -O2 -std=c++17 -arch=sm_90a -o "$out/launch_cost" benchmarks/micro/launch_cost.cu \
+                      && "$out/launch_cost" 2>&1 | tee "$out/launch_cost.log" | tail -12; rm -f "$out/launch_cost" ;;
     prebuild:*)     # prebuild:GROUP,GROUP... builds those prebuild.py groups here, on every core
                     IFS=, read -ra groups <<< "${stage#prebuild:}"
                     python3 benchmarks/prebuild.py "${groups[@]}" 2>&1 | tail -3 ;;

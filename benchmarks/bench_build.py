@@ -1,0 +1,194 @@
+"""Issue 12's build-time benchmark: a cold kernel build, its phases, a cold family, a cache hit.
+
+On the GPU machine (16 cores; nothing else running):
+
+    python benchmarks/bench_build.py --json $OUT/build.json
+
+What it measures, for bias_relu (bf16, the default family):
+
+* ``cold``: one nvcc of the primary kernel (the exact command :func:`evtc.compiler.nvcc.nvcc_command`
+  gives, plus ``--time``) into a temporary folder, alone on the machine: wall seconds and
+  nvcc's own phase times (``--time``: cudafe++, the host compiler, cicc, ptxas, fatbinary; ms).
+* ``variants``: the same build with host-side or debug-info flags that leave the device code
+  alone (``-Xcompiler=-O1`` for the host code, no ``-lineinfo``), all at once on separate
+  cores (wall seconds each, beside a base build run at the same time, so they compare with
+  each other, not with ``cold``). ``--no-variants`` skips them.
+* ``family``: ``Gemm(...).build()`` of the whole default family into an empty cache with
+  ``EVTC_BUILD_JOBS`` workers (default: every core), in a fresh process: wall seconds.
+* ``hit``: a fresh process with that cache: ``import evtc`` (ms), then construct the Gemm and make
+  its first call (build lookup, load, checks, launch, synchronise; ms).
+
+Issue 12's goals on the H100 machine: one sm90 kernel cold <= 30 s, the family <= 45 s wall,
+a cache hit (construct + first call) <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+import evtc
+from evtc import bf16
+from evtc.compiler import nvcc
+
+def _flags_without(flags: list[str], drop: str) -> list[str]:
+    return [f for f in flags if f != drop]
+
+
+def primary_source() -> str:
+    import epilogues as E
+
+    g = evtc.Gemm(E.REFERENCE["bias_relu"], a=bf16, b=bf16, c=bf16, d=bf16)
+    return g.jobs()[0].source
+
+
+def phases(csv_path: Path) -> dict[str, float]:
+    """nvcc ``--time`` CSV -> ms per phase (summed over rows of the same phase)."""
+    out: dict[str, float] = {}
+    if not csv_path.exists():
+        return out
+    with csv_path.open() as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return out
+    header = [h.strip().lower() for h in rows[0]]
+    try:
+        pi = header.index("phase name")
+        mi = header.index("metric")
+    except ValueError:
+        return out
+    for r in rows[1:]:
+        if len(r) <= max(pi, mi):
+            continue
+        try:
+            ms = float(r[mi])
+        except ValueError:
+            continue
+        name = r[pi].strip()
+        out[name] = round(out.get(name, 0.0) + ms, 1)
+    return out
+
+
+def nvcc_build(source: str, workdir: Path, label: str, drop: str | None = None, extra: tuple[str, ...] = ()) -> dict:
+    """One nvcc of ``source`` with evtc's command line (``drop``: a flag removed, ``extra``: flags
+    added) and ``--time``; wall seconds and phases."""
+    d = workdir / label
+    d.mkdir(parents=True, exist_ok=True)
+    cu = d / "k.cu"
+    cu.write_text(source)
+    cmd = nvcc.nvcc_command("sm90", cu, d / "k.so", extra_flags=(*extra, "--time", str(d / "time.csv")),
+                            nvcc=nvcc.require_nvcc())
+    if drop:
+        cmd = _flags_without(cmd, drop)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    return {"label": label, "wall_s": round(wall, 1), "ok": p.returncode == 0, "phases_ms": phases(d / "time.csv"),
+            "so_bytes": (d / "k.so").stat().st_size if (d / "k.so").exists() else 0,
+            "log_tail": (p.stderr or "")[-400:] if p.returncode else ""}
+
+
+FAMILY = """
+import os, sys, time
+sys.path.insert(0, {examples!r})
+t0 = time.perf_counter()
+import evtc, epilogues as E
+from evtc import bf16
+g = evtc.Gemm(E.REFERENCE["bias_relu"], a=bf16, b=bf16, c=bf16, d=bf16)
+t1 = time.perf_counter()
+g.build()
+t2 = time.perf_counter()
+print("RESULT", len(g.kernels()), round(t1 - t0, 3), round(t2 - t1, 2))
+"""
+
+HIT = """
+import sys, time
+sys.path.insert(0, {examples!r})
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import evtc, epilogues as E
+from evtc import bf16
+t2 = time.perf_counter()
+A = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+B = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+C = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+bias = torch.randn(256, device="cuda", dtype=torch.float32)
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+g = evtc.Gemm(E.REFERENCE["bias_relu"], a=bf16, b=bf16, c=bf16, d=bf16)
+t4 = time.perf_counter()
+D = g(A, B, C=C, bias=bias, alpha=0.5, beta=1.5)
+torch.cuda.synchronize()
+t5 = time.perf_counter()
+D = g(A, B, C=C, bias=bias, alpha=0.5, beta=1.5)
+torch.cuda.synchronize()
+t6 = time.perf_counter()
+print("RESULT", round((t1 - t0) * 1e3, 1), round((t2 - t1) * 1e3, 1), round((t4 - t3) * 1e3, 2),
+      round((t5 - t4) * 1e3, 2), round((t6 - t5) * 1e3, 3))
+"""
+
+
+def _run_py(code: str, env: dict) -> list[str]:
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return line.split()[1:]
+    raise RuntimeError(f"subprocess failed (rc {p.returncode}): {p.stderr[-2000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json")
+    ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--no-family", action="store_true")
+    args = ap.parse_args()
+    res: dict = {"cores": os.cpu_count(), "nvcc": nvcc.nvcc_version(), "cutlass": nvcc.cutlass_version()}
+    src = primary_source()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        res["cold"] = nvcc_build(src, work, "cold")
+        print(f"cold sm90 build (bias_relu primary kernel, alone): {res['cold']['wall_s']} s "
+              f"ok={res['cold']['ok']}")
+        for k, v in sorted(res["cold"]["phases_ms"].items(), key=lambda kv: -kv[1])[:10]:
+            print(f"  {k:40s} {v / 1e3:7.1f} s")
+        if not args.no_variants:
+            specs = [("base", None, ()), ("host_O1", None, ("-Xcompiler=-O1",)), ("no_lineinfo", "-lineinfo", ()),
+                     ("host_O1_no_lineinfo", "-lineinfo", ("-Xcompiler=-O1",))]
+            with concurrent.futures.ThreadPoolExecutor(len(specs)) as ex:
+                futs = [ex.submit(nvcc_build, src, work, "v_" + n, drop, extra) for n, drop, extra in specs]
+                res["variants"] = [f.result() for f in futs]
+            print("variants, built at the same time:")
+            for v in res["variants"]:
+                top = sorted(v["phases_ms"].items(), key=lambda kv: -kv[1])[:4]
+                print(f"  {v['label']:24s} {v['wall_s']:6.1f} s ok={v['ok']} so={v['so_bytes']} "
+                      + " ".join(f"{k}={ms / 1e3:.1f}s" for k, ms in top))
+        if not args.no_family:
+            cache = work / "cache"
+            env = dict(os.environ, EVTC_CACHE_DIR=str(cache), EVTC_PROGRESS="0")
+            env.setdefault("EVTC_BUILD_JOBS", str(os.cpu_count() or 1))
+            t0 = time.perf_counter()
+            n, construct_s, build_s = _run_py(FAMILY.format(examples=str(common.ROOT / "examples")), env)
+            res["family"] = {"kernels": int(n), "construct_s": float(construct_s), "build_s": float(build_s),
+                             "process_wall_s": round(time.perf_counter() - t0, 1), "jobs": env["EVTC_BUILD_JOBS"]}
+            print(f"family of bias_relu, cold, {n} kernels, {env['EVTC_BUILD_JOBS']} jobs: build {build_s} s "
+                  f"(construct {construct_s} s)")
+            hits = [_run_py(HIT.format(examples=str(common.ROOT / "examples")), env) for _ in range(3)]
+            keys = ("import_torch_ms", "import_evtc_ms", "construct_ms", "first_call_ms", "second_call_ms")
+            res["hit"] = [dict(zip(keys, map(float, h))) for h in hits]
+            for h in res["hit"]:
+                print("cache hit: " + ", ".join(f"{k} {v}" for k, v in h.items()))
+    common.write_json(args.json, res)
+
+
+if __name__ == "__main__":
+    main()
