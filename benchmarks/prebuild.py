@@ -126,11 +126,13 @@ def runtime_gemms():
     return list(runtime_kernels.gemms().values())
 
 
-def host_gemms():
-    """bench_host.py's kernels."""
+def host_gemms(shape="256x256x256"):
+    """bench_host.py's kernels: the family member each of its epilogues runs at ``shape``
+    (``host:MxNxK``; bench_host.py's default shape), not whole families."""
     import bench_host
 
-    return list(bench_host.gemms().values())
+    M, N, K = (int(x) for x in shape.split("x"))
+    return [g.kernel(g.choose(M, N, K)).job() for g in bench_host.gemms().values()]
 
 
 def family_gemms():
