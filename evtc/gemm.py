@@ -30,7 +30,7 @@ from evtc.plan import make_plan
 from evtc.plan.model import Plan
 from evtc.ir.printer import print_graph
 from evtc.family.spec import KernelSpec, Problem, choose, default_family, on_demand
-from evtc.ir.nodes import AuxLoad, Source, Store
+from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN, Binder
 from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
@@ -118,13 +118,45 @@ class Kernel:
         return art
 
 
-def _scheduler_args(config: GemmConfig, arch: str) -> dict[str, int]:
-    """The sm90 tile scheduler's run-time arguments of ``config`` (fields of ``evtc_args_t``)."""
+def has_scalar_reduction(graph: Graph) -> bool:
+    """Whether ``graph`` has a reduction to one value per batch (``dim=None``: amax, a total)."""
+    return any(isinstance(o, Reduction) and o.dim is None for o in graph.outputs)
+
+
+def _scheduler_args(config: GemmConfig, arch: str, graph: Graph | None = None) -> dict[str, int]:
+    """The sm90 tile scheduler's run-time arguments of ``config`` (fields of ``evtc_args_t``).
+
+    NOTE [Scalar reductions and stream-K]: on the H100 (2026-11-23, tests/gpu/test_family_gpu.py)
+    fp8_out's amax (CUTLASS's ``Sm90ScalarReduction``) came out 15 % too large for one batch of a
+    777x1031x1024x2 problem under the stream-K decomposition, while D, row and column reductions
+    were exact, and under split-K and data-parallel the amax was exact. Until the cause is found,
+    an epilogue with a scalar reduction never runs stream-K: an explicit
+    ``decomposition="stream_k"`` is refused (:func:`check_decomposition`) and CUTLASS's
+    ``"heuristic"`` (which may pick stream-K) becomes data-parallel (or split-K with splits > 1).
+    """
     if arch != "sm90":
         return {}
+    decomposition = config.decomposition
+    if graph is not None and decomposition == "heuristic" and has_scalar_reduction(graph):
+        decomposition = "split_k" if config.split_k > 1 else "data_parallel"
     return {"max_swizzle_size": 1 << config.swizzle, "raster_order": RASTER_ORDERS.index(config.raster),
-            "splits": config.split_k, "decomposition_mode": DECOMPOSITIONS.index(config.decomposition),
+            "splits": config.split_k, "decomposition_mode": DECOMPOSITIONS.index(decomposition),
             "reduction_mode": 0}
+
+
+def check_decomposition(graph: Graph, config: GemmConfig) -> None:
+    """Refuse the stream-K decomposition for an epilogue with a scalar reduction.
+
+    Raises:
+        ConfigError: ``config.decomposition == "stream_k"`` and ``graph`` reduces to a scalar
+            (NOTE [Scalar reductions and stream-K] in :func:`_scheduler_args`).
+    """
+    if config.decomposition == "stream_k" and has_scalar_reduction(graph):
+        names = ", ".join(o.name for o in graph.outputs if isinstance(o, Reduction) and o.dim is None)
+        raise ConfigError(f"decomposition='stream_k' with a scalar reduction ({names}) gave a wrong result on the "
+                          "H100, so evtc does not run it",
+                          epilogue=graph.name,
+                          hint="use decomposition='split_k' (with split_k=S) or 'data_parallel'")
 
 
 def _aligned_rows(v: tensors.TensorView, eb: int) -> bool:
@@ -203,6 +235,7 @@ class Gemm:
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
         self._policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
         if pinned:
+            check_decomposition(self._traced, config)
             self.family = {"pinned": KernelSpec("pinned", config, arch)}
         else:
             self.family = {s.name: s for s in default_family(arch, self.a, self.b)}
@@ -250,7 +283,7 @@ class Gemm:
         """The primary kernel's argument checker (before it is built: the ABI from the graph)."""
         k = self._primary
         Args = k.library.Args if k.library is not None else ctypes_struct(abi_fields(self.graph, self.arch))
-        return Binder(self.graph, self.a, self.b, Args, self._direct, _scheduler_args(self.config, self.arch),
+        return Binder(self.graph, self.a, self.b, Args, self._direct, _scheduler_args(self.config, self.arch, self.graph),
                       arch=self.arch, swap=self.config.swap_ab, mn_tma=self.arch == "sm90" and not self.config.unaligned)
 
     @property
@@ -403,7 +436,8 @@ class Gemm:
                 b.name for b in plan.buffers if b.mode == "direct" and b.role in ("aux_load", "aux_store"))
             binder = Binder(self.graph_for(spec.arch), self.a, self.b, kernel.library.Args, direct,
                             _scheduler_args(spec.config.replace(swizzle=spec.config.swizzle if spec.config.swizzle
-                                                                 is not None else kernel.config.swizzle), spec.arch),
+                                                                 is not None else kernel.config.swizzle), spec.arch,
+                                            self.graph),
                             arch=spec.arch, swap=spec.config.swap_ab, mn_tma=spec.arch == "sm90" and not unaligned)
             launcher = self._launchers[key] = Launcher(binder, kernel.library, self.name)
         return launcher

@@ -207,5 +207,6 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
         uses_reduction=any(r.is_reduction for r in uses),
+        scalar_reduction=Role.SCALAR_REDUCTION in uses,
         buffer_probes=buffer_probes(plan),
     )

@@ -61,6 +61,11 @@ VARIANTS = {
 }
 
 
+#: (epilogue, variant) pairs evtc refuses: a scalar reduction (fp8_out's amax) under the stream-K
+#: decomposition (NOTE [Scalar reductions and stream-K] in evtc/gemm.py)
+REFUSED = {("fp8_out", "streamk")}
+
+
 def make(name: str, variant: str) -> evtc.Gemm:
     import epilogues as E
 
@@ -74,7 +79,7 @@ def built(request):
 
     names = selected_params(request, "test_family_member", "name") or set(NAMES)
     variants = selected_params(request, "test_family_member", "variant") or set(VARIANTS)
-    table = {(n, v): make(n, v) for n in names for v in variants}
+    table = {(n, v): make(n, v) for n in names for v in variants if (n, v) not in REFUSED}
     prebuild(list(table.values()))
     return table
 
@@ -90,6 +95,10 @@ def _contiguous(ins: dict, outs: dict):
 def test_family_member(built, name, variant, record_errors):
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
+    if (name, variant) in REFUSED:
+        with pytest.raises(evtc.ConfigError, match="stream_k"):
+            make(name, variant)
+        return
     g = built[(name, variant)]
     for shape in VARIANTS[variant]:
         seed = zlib.crc32(f"{name}{variant}{shape}".encode())
@@ -124,7 +133,8 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     g = family_gemm
-    cases = [((16, 4096, 1024, 1), "swap", False), ((2048, 2048, 4096, 1), "large", False),
+    cases = [((16, 4096, 1024, 1), "swap", False), ((4096, 2048, 1024, 1), "large", False),
+             ((2048, 2048, 4096, 1), "streamk", False),
              ((256, 256, 8192, 1), "kheavy", False), ((300, 515, 256, 1), "unaligned", True),
              ((300, 512, 1023, 1), "unaligned_k", True)]
     for shape, member, packed in cases:

@@ -143,6 +143,33 @@ def test_tuning_candidates_cover_splits_and_stream_k():
     assert not any(c.config.swap_ab for c in candidates(g, Problem(4096, 4096, 4096)))
 
 
+def test_scalar_reductions_never_run_stream_k():
+    """NOTE [Scalar reductions and stream-K]: fp8_out's amax was wrong under the stream-K
+    decomposition on the H100; an explicit stream_k is refused, CUTLASS's heuristic (which may
+    pick it) runs data-parallel or split-K, the tuner does not time it, and the kernel always
+    initialises the amax (CUTLASS fills it in initialize_workspace, even without a workspace)."""
+    import epilogues as E
+    from evtc.gemm import _scheduler_args
+    from evtc.plan.config import DECOMPOSITIONS
+
+    ep = E.REFERENCE["fp8_out"]
+    with pytest.raises(evtc.ConfigError, match="stream_k"):
+        evtc.Gemm(ep, a=evtc.e4m3, b=evtc.e4m3, config=evtc.GemmConfig(scheduler="streamk", decomposition="stream_k"))
+    g = evtc.Gemm(ep, a=evtc.e4m3, b=evtc.e4m3)
+    cfg = evtc.GemmConfig(scheduler="streamk", tile=(128, 128, 64), cluster=(1, 1, 1), swizzle=1, raster="heuristic")
+    assert _scheduler_args(cfg, "sm90", g.graph)["decomposition_mode"] == DECOMPOSITIONS.index("data_parallel")
+    split = cfg.replace(split_k=3)
+    assert _scheduler_args(split, "sm90", g.graph)["decomposition_mode"] == DECOMPOSITIONS.index("split_k")
+    # an epilogue without one keeps CUTLASS's heuristic and may be tuned with stream-K
+    b = evtc.Gemm(E.bias_relu)
+    assert _scheduler_args(cfg, "sm90", b.graph)["decomposition_mode"] == DECOMPOSITIONS.index("heuristic")
+    assert not any(c.config.decomposition == "stream_k" for c in candidates(g, Problem(512, 512, 32768)))
+    for spec in g.family.values():
+        src = g.kernel(spec).source
+        assert "with or without a workspace: always call it" in src and "if (workspace != nullptr)" not in src
+    assert "if (workspace != nullptr)" in b.source
+
+
 def test_every_reference_epilogue_plans_every_family_member():
     import epilogues as E
 
