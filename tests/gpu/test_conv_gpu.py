@@ -28,16 +28,60 @@ from evtc.ir.nodes import (
 pytestmark = pytest.mark.gpu
 
 
+#: the Convs each test without a kernel parameter uses: (name, kind, dims, arch, dtype, layout, strided)
+FIXED_KERNELS = {
+    "test_sm90_dgrad_routes_strided_problems_to_the_strided_kernel": [
+        ("dgelu_bgrad", "dgrad", 2, "sm90", "bf16", "nhwc", False), ("dgelu_bgrad", "dgrad", 2, "sm80", "bf16", "nhwc", True)],
+    "test_torch_channels_last_layout": [("bias_relu", "fprop", 2, "sm90", "bf16", "nchw", False)],
+    "test_evtc_allocates_outputs": [(n, k, 2, arch, "bf16", "nhwc", False) for n, k in (("row_stats", "fprop"), ("dgelu_bgrad", "dgrad"))
+                                    for arch in ("sm90", "sm80")],
+    "test_results_depend_on_the_inputs": [("bias_relu", "fprop", 2, arch, "bf16", "nhwc", False) for arch in ("sm90", "sm80")],
+    "test_zero_batch_gives_empty_outputs_and_identities": [("row_stats", "fprop", 2, "sm90", "bf16", "nhwc", False)],
+    "test_bad_problem_is_refused_before_the_launch": [("bias_relu", "fprop", 2, "sm90", "bf16", "nhwc", False)],
+}
+
+
+def _key(conv, strided):
+    return (conv.name, conv.kind, conv.dims, conv.arch, conv.a.name, conv.layout, strided)
+
+
+def needed(items) -> tuple[set, set]:
+    """The Conv keys and the strided-dgrad FastDivmod choices the selected tests of this module
+    among ``items`` use (so that a run of some of them builds only their kernels)."""
+    keys, divmod = set(), set()
+    for item in items:
+        if item.module.__name__ != __name__:
+            continue
+        p = getattr(item, "callspec", None)
+        p = p.params if p is not None else {}
+        name = item.originalname
+        if name == "test_reference_epilogue":
+            keys.add((p["name"], p["kind"], p["dims"], p["arch"], p["dtype"], "nhwc", False))
+        elif name == "test_strided_dgrad":
+            keys.add((p["name"], "dgrad", p["dims"], p["arch"], "bf16", "nhwc", True))
+        elif name == "test_strided_dgrad_divmod_choices":
+            divmod.add(p["fast"])
+        else:
+            keys.update(k for k in FIXED_KERNELS.get(name, []) if k[3] == p.get("arch", k[3]))
+    return keys, divmod
+
+
 @pytest.fixture(scope="module")
-def convs():
-    """Every Conv of the module, built in parallel up front."""
+def convs(request):
+    """The Convs of the selected tests, built in parallel up front."""
     import os
 
     from evtc.compiler import build_many
 
-    pairs = CC.all_convs()
+    keys, divmod = needed(request.session.items)
+    default = (True, True)
+    pairs = [(c, s) for c, s in CC.all_convs()
+             if (c.fast_divmod == default and _key(c, s) in keys) or (c.fast_divmod != default and c.fast_divmod in divmod)]
     build_many(CC.kernels(pairs),
                workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
+    # (the FastDivmod variants share their key with the default strided kernel: they stay out of
+    # the table; test_strided_dgrad_divmod_choices makes its own)
+    pairs = [(c, s) for c, s in pairs if c.fast_divmod == default]
     table = {}
     for conv, strided in pairs:
         table[(conv.name, conv.kind, conv.dims, conv.arch, conv.a.name, conv.layout, strided)] = conv
