@@ -160,14 +160,15 @@ def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict) -> list[d
         return conv2d_input(x.shape, w, dy, stride, pad) * (Fpre > 0)
 
     rows = []
-    fns = {"evtc": lambda: table["fprop"](x, w, problem=problem, out=y, bias=bias),
-           "cudnn_eager": eager_fprop, "torch_compile": lambda: compiled["fprop"](x, w, bias, stride, pad)}
+    fns = {"evtc": lambda: table["fprop"](x, w, problem=problem, out=y, bias=bias), "cudnn_eager": eager_fprop}
+    if compiled:
+        fns["torch_compile"] = lambda: compiled["fprop"](x, w, bias, stride, pad)
     t = time_interleaved(fns, iters)
     rows.append(_row(layer, "fprop", t))
 
-    fns = {"evtc": lambda: table["dgrad"](dy, w, problem=dproblem, out=dx, F=Fpre),
-           "cudnn_eager": eager_dgrad,
-           "torch_compile": lambda: compiled["dgrad"](x.shape, w, dy, Fpre, stride, pad)}
+    fns = {"evtc": lambda: table["dgrad"](dy, w, problem=dproblem, out=dx, F=Fpre), "cudnn_eager": eager_dgrad}
+    if compiled:
+        fns["torch_compile"] = lambda: compiled["dgrad"](x.shape, w, dy, Fpre, stride, pad)
     if layer.stride > 1:
         for fast in DIVMODS:
             conv = table[divmod_name(fast)]
@@ -190,8 +191,8 @@ def _row(layer: Layer, mode: str, t: dict) -> dict:
     flops = 2.0 * layer.n * p * q * layer.k * layer.c * layer.r * layer.s
     return {"layer": layer.name, "mode": mode, "shape": f"{layer.n}x{layer.h}x{layer.w}x{layer.c}->{layer.k} "
             f"{layer.r}x{layer.s}/{layer.stride}", "evtc_ms": t["evtc"], "cudnn_eager_ms": t["cudnn_eager"],
-            "compile_ms": t["torch_compile"], "evtc_over_cudnn_eager": t["evtc"] / t["cudnn_eager"],
-            "evtc_over_compile": t["evtc"] / t["torch_compile"], "evtc_tflops": flops / t["evtc"] / 1e9}
+            "compile_ms": t.get("torch_compile", float("nan")), "evtc_over_cudnn_eager": t["evtc"] / t["cudnn_eager"],
+            "evtc_over_compile": t["evtc"] / t.get("torch_compile", float("nan")), "evtc_tflops": flops / t["evtc"] / 1e9}
 
 
 def compiled_fns() -> dict:
@@ -213,6 +214,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--arch", default="sm90", choices=("sm90", "sm80"))
     ap.add_argument("--only", choices=sorted(LAYERS), help="one network's layers")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles once per layer)")
+    ap.add_argument("--layers", help="comma-separated layer names (default: every layer)")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -220,12 +223,14 @@ def main() -> None:
     table = convs(args.arch)
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     common.build_all(kernels(args.arch), "conv")
-    compiled = compiled_fns()
+    compiled = None if args.no_compile else compiled_fns()
     rows = []
     for net, layers in LAYERS.items():
         if args.only and net != args.only:
             continue
         for layer in layers:
+            if args.layers and layer.name not in args.layers.split(","):
+                continue
             got = bench_layer(layer, table, args.iters, compiled)
             for r in got:
                 r["net"] = net
