@@ -89,7 +89,7 @@ def main() -> None:
             rows.append({"epilogue": ep, "shape": shape, "cublas_us": cub * 1e3, "pick": pick.name,
                          "heuristic_us": t["heuristic"] * 1e3,
                          "us": {k: v * 1e3 for k, v in t.items() if k not in ("cublas", "heuristic")}})
-    common.write_json(args.json, {"device": common.device_name(), "rows": rows})
+            common.write_json(args.json, {"device": common.device_name(), "rows": rows})  # after each (time limits)
 
 
 if __name__ == "__main__":
