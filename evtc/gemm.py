@@ -29,7 +29,7 @@ from evtc.plan.config import validate as validate_config
 from evtc.plan import make_plan
 from evtc.plan.model import Plan
 from evtc.ir.printer import print_graph
-from evtc.family.spec import KernelSpec, Problem, choose, default_family, on_demand
+from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, on_demand
 from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN, Binder
@@ -248,6 +248,7 @@ class Gemm:
         self._single: Launcher | None = None  # a pinned family's launcher, once built
         self._prober = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, arch)), arch=arch)
         self._tuned = None
+        self._traits: EpilogueTraits | None = None
 
     # ---- the primary kernel (what a family of one is) ----------------------------------------------
 
@@ -344,7 +345,9 @@ class Gemm:
             tuned = self.tuned_choice(p, device)
             if tuned is not None:
                 return tuned
-        return choose(self.family, p, self.arch, self.a, self.b)
+        if self._traits is None:
+            self._traits = EpilogueTraits.of(self.graph)
+        return choose(self.family, p, self.arch, self.a, self.b, self._traits)
 
     def tuned_choice(self, p: Problem, device: str) -> KernelSpec | None:
         """The tuner's stored choice for ``p`` on ``device`` (:mod:`evtc.family.tune`), or None."""

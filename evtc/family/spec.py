@@ -31,7 +31,7 @@ splits), hence :data:`MIN_SPLIT_K_TILES`.
 
 Built on demand, never by default: ``unaligned`` (the large tile with every M x N tensor
 register-direct, for rows not 16-byte aligned; ``unaligned_pingpong`` the same on the ping-pong
-tile, for 15 waves or more) and, for A or B rows not 16-byte aligned (K not a
+tile, for epilogues with reductions at 15 waves or more: NOTE [Epilogue-aware choices]) and, for A or B rows not 16-byte aligned (K not a
 multiple of 8 in 16-bit), an sm80 kernel with one-element mainloop accesses, which runs on Hopper
 through the driver's PTX JIT.
 """
@@ -44,7 +44,35 @@ import math
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig, default_config
 
-__all__ = ["KernelSpec", "Problem", "choose", "default_family", "on_demand"]
+__all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "on_demand"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpilogueTraits:
+    """What of the epilogue the choice depends on (NOTE [Epilogue-aware choices]).
+
+    Attributes:
+        reductions: it has a row or column reduction (CUTLASS's Sm90ColReduction /
+            Sm90RowReduction: a workspace and a final reduction across tiles).
+        aux_stores: it stores an M x N tensor besides D.
+    """
+
+    reductions: bool = False
+    aux_stores: bool = False
+
+    @classmethod
+    def of(cls, graph) -> "EpilogueTraits":
+        """The traits of an epilogue Graph (after passes)."""
+        from evtc.ir.nodes import Reduction, Store
+
+        outs = graph.outputs
+        return cls(reductions=any(isinstance(o, Reduction) and o.dim is not None for o in outs),
+                   aux_stores=sum(isinstance(o, Store) for o in outs) > 1)
+
+    @property
+    def heavy(self) -> bool:
+        """An epilogue whose cost per tile the ping-pong overlap doesn't hide."""
+        return self.reductions or self.aux_stores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +164,8 @@ def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = M
     return max(1, min(sm_count // tiles, k_tiles // min_k_tiles, max_splits))
 
 
-def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType) -> KernelSpec:
+def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType,
+           traits: EpilogueTraits = EpilogueTraits()) -> KernelSpec:
     """The kernel for problem ``p``, by a heuristic that is good without tuning (measured on the
     H100: docs/performance.md); a tuned choice, when the tuner stored one, takes precedence in
     :class:`evtc.Gemm`.
@@ -146,6 +175,21 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     ping-pong; a wave or more of 128x256 tiles to the large kernel; long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
     128x128 tiles to ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
+    ``traits`` change three of them (NOTE [Epilogue-aware choices]).
+
+    NOTE [Epilogue-aware choices]: measured on the H100 (2026-11-23,
+    benchmarks/explore_members.py, time / cuBLAS's plain GEMM in CUDA graphs):
+    * a row or column reduction under swap-AB becomes the other kind over the long N: the row max
+      took 2.57 / 2.83 / 1.95x cuBLAS on swap at 1x4096x4096 / 32x28672x4096 / 64x8192x8192
+      against 2.21 / 1.93 / 1.38x on ``small``: epilogues with reductions don't take swap-AB;
+    * at 16384x4096x1024 (21 waves of ping-pong tiles) the row max took 1.85x on ``pingpong``
+      and 1.46x on ``large``, the aux-heavy epilogue (an aux store and two aux loads) 2.16x
+      against 1.77x (bias_relu: 0.92x on ping-pong): heavy epilogues (reductions, aux stores)
+      don't take ping-pong;
+    * unaligned N (4096x50257x4096): ``unaligned`` (cooperative) beat ``unaligned_pingpong`` for
+      bias_relu (0.237 / 0.268 of cuBLAS) and the aux-heavy epilogue (0.429 / 0.618); the row
+      max was the other way (0.189 / 0.181): ``unaligned_pingpong`` only for epilogues with
+      reductions.
     """
     if arch != "sm90" or "large" not in family:
         return next(iter(family.values()))
@@ -154,16 +198,20 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     if not p.aligned_mn:
         # register-direct stores cost the epilogue most where tiles are many: ping-pong hides
         # one warpgroup's epilogue behind the other's MMAs
-        name = "unaligned_pingpong" if _tiles(p.M, p.N, p.L, (128, 192, 1)) >= 15 * p.sm_count else "unaligned"
+        many = _tiles(p.M, p.N, p.L, (128, 192, 1)) >= 15 * p.sm_count
+        name = "unaligned_pingpong" if many and traits.reductions else "unaligned"
         return family.get(name) or on_demand(arch, a, b, name)
 
     def has(*names: str) -> bool:
         return all(n in family for n in names)
 
     large = family["large"]
-    if p.M <= 64 and p.N >= 256 and has("swap"):
+    if p.M <= 64 and p.N >= 256 and has("swap") and not traits.reductions:
         return family["swap"]
-    if has("pingpong") and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count:
+    if p.M <= 64 and p.N >= 256 and has("small"):
+        return family["small"]
+    if (has("pingpong") and not traits.heavy
+            and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count):
         # many waves: ping-pong's overlap of one warpgroup's epilogue with the other's MMAs pays
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
         # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)

@@ -179,3 +179,23 @@ def test_every_reference_epilogue_plans_every_family_member():
         for k in g.kernels():
             assert k.plan.mainloop_stages >= 2, (name, k.spec.name)
         assert g.kernel("unaligned").plan.config.unaligned
+
+
+def test_epilogue_aware_choices():
+    """NOTE [Epilogue-aware choices]: reductions avoid swap-AB and ping-pong (and take the
+    ping-pong unaligned kernel), aux stores avoid ping-pong, light epilogues keep both."""
+    import epilogues as E
+    from evtc.family.spec import EpilogueTraits
+
+    light = evtc.Gemm(E.bias_relu)
+    stats = evtc.Gemm(E.REFERENCE["row_stats"])
+    aux = evtc.Gemm(E.REFERENCE["gelu_aux"])
+    assert EpilogueTraits.of(light.graph) == EpilogueTraits()
+    assert EpilogueTraits.of(stats.graph).reductions and EpilogueTraits.of(aux.graph).aux_stores
+    assert not EpilogueTraits.of(evtc.Gemm(E.REFERENCE["fp8_out"], a=evtc.e4m3, b=evtc.e4m3).graph).reductions  # amax: a scalar
+    assert light.choose(16, 4096, 4096).name == "swap" and stats.choose(16, 4096, 4096).name == "small"
+    assert light.choose(16384, 4096, 1024).name == "pingpong"
+    assert stats.choose(16384, 4096, 1024).name == "large" and aux.choose(16384, 4096, 1024).name == "large"
+    assert light.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
+    assert aux.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
+    assert stats.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned_pingpong"
