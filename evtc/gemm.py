@@ -14,6 +14,7 @@ are cached on disk. A pinned :class:`~evtc.plan.config.GemmConfig` is a family o
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Mapping
 
 from evtc import dtypes, passes
@@ -116,6 +117,15 @@ class Kernel:
         art = cache.build(self.source, arch=self.arch, name=self.job_name, timeout=timeout)
         self.load(art)
         return art
+
+
+def _torch_compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing this call (torch only if already imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
 
 
 def has_scalar_reduction(graph: Graph) -> bool:
@@ -509,6 +519,9 @@ class Gemm:
             ArgumentError: a missing, extra or malformed argument (named).
             LaunchError: CUDA reported an error.
         """
+        if out is None and stream is None and _torch_compiling():
+            # inside torch.compile: the call is a custom op in the graph (evtc/torch_ops.py)
+            return self.torch_op()(A, B, **kwargs)
         single = self._single
         if single is not None:
             return single(A, B, kwargs, out, stream)
@@ -532,6 +545,20 @@ class Gemm:
             # a base address TMA can't use, with strides it can: this call (only) goes to the member
             # chosen from its real alignment
             return self._select(A, B, kwargs, out)(A, B, kwargs, out, stream)
+
+    def torch_op(self):
+        """This Gemm as a PyTorch custom op (:class:`evtc.torch_ops.TorchOp`): the same call
+        without ``out=``/``stream=``, traceable by ``torch.compile(fullgraph=True)`` and
+        ``torch.export`` (a fake implementation gives the outputs' shapes), usable in CUDA graphs.
+        Calls inside a compiled function use it by themselves.
+
+        Raises:
+            ArgumentError: a parameter name the op schema can't hold.
+            ImportError: torch is not installed.
+        """
+        from evtc.torch_ops import torch_op
+
+        return torch_op(self)
 
     def __repr__(self) -> str:
         members = ", ".join(self.family)

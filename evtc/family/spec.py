@@ -61,7 +61,7 @@ class EpilogueTraits:
     aux_stores: bool = False
 
     @classmethod
-    def of(cls, graph) -> "EpilogueTraits":
+    def of(cls, graph) -> EpilogueTraits:
         """The traits of an epilogue Graph (after passes)."""
         from evtc.ir.nodes import Reduction, Store
 
@@ -111,7 +111,7 @@ class KernelSpec:
     config: GemmConfig
     arch: str
 
-    def with_runtime(self, **changes) -> "KernelSpec":
+    def with_runtime(self, **changes) -> KernelSpec:
         return dataclasses.replace(self, config=self.config.replace(**changes))
 
 

@@ -1,0 +1,158 @@
+"""PyTorch custom ops for Gemms: calls that ``torch.compile(fullgraph=True)``, ``torch.export`` and
+CUDA graphs can hold.
+
+Input: an :class:`evtc.Gemm`. Output: a callable with the Gemm's call signature (``A``, ``B``
+and the epilogue's parameters by name) that runs through a ``torch.library`` custom op
+``evtc::<epilogue>_<hash>``, one per distinct Gemm (the hash covers the IR, the dtypes, the
+arch and the family), with a fake implementation that gives every output's shape and dtype
+without running anything. Dynamo puts the op in the graph instead of breaking it on evtc's
+ctypes call; Inductor and ``torch.export`` see an opaque, functional op (its outputs are new
+tensors, it mutates nothing). torch is imported only here: ``import evtc`` never imports it.
+
+Inside a ``torch.compile``-d function a Gemm call without ``out=`` or ``stream=`` goes through
+this op by itself (:meth:`evtc.Gemm.__call__`); outside, :meth:`evtc.Gemm.torch_op` gives it.
+
+The op's schema: ``(Tensor A, Tensor B, Tensor <each tensor parameter>..., float <each scalar
+parameter>...) -> Tensor`` (one output) or a tuple of Tensors in the epilogue's output order.
+Scalars are Python numbers here (a device scalar is a tensor parameter). Outputs: stores (M, N)
+or (L, M, N) of the output dtype; row reductions (M,) / (L, M); column reductions (N,) / (L, N);
+scalar reductions () / (L,) (as :meth:`evtc.Gemm.__call__` returns them).
+
+Raises (when the op is made): :class:`evtc.errors.ArgumentError` for a Gemm whose parameter
+names the op schema can't hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+
+from evtc.errors import ArgumentError
+
+__all__ = ["TorchOp", "qualname", "torch_op"]
+
+_LOCK = threading.Lock()
+_OPS: dict[str, TorchOp] = {}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: words of the op schema language a parameter can't be named
+_RESERVED = {"Tensor", "float", "int", "bool", "str", "Scalar", "None", "True", "False", "out", "self"}
+
+
+class TorchOp:
+    """A Gemm behind a ``torch.library`` custom op (see the module docstring).
+
+    Attributes:
+        qualname: ``"evtc::<name>_<hash>"``.
+        schema: the op's schema string.
+        op: the ``torch.library`` op (``torch.ops.evtc.<name>_<hash>``).
+        tensor_names, scalar_names, output_names: the Gemm's parameters in schema order, its
+            outputs in return order.
+    """
+
+    def __init__(self, gemm) -> None:
+        import torch
+
+        from evtc.ir.nodes import Reduction, Store
+
+        binder = gemm._prober
+        graph = gemm.graph
+        self.gemm = gemm
+        self.tensor_names = tuple(binder.tensor_names)
+        self.scalar_names = tuple(binder.scalar_names)
+        self.unused_names = tuple(binder.unused_names)
+        self.output_names = tuple(o.name for o in graph.outputs)
+        for n in self.tensor_names + self.scalar_names:
+            if not _NAME.match(n) or n in _RESERVED or n in ("A", "B"):
+                raise ArgumentError(f"parameter {n!r} can't be named in a torch op schema", epilogue=graph.name,
+                                    hint="rename the parameter")
+        self.qualname = qualname(gemm)
+        args = ["Tensor A", "Tensor B"] + [f"Tensor {n}" for n in self.tensor_names] + \
+               [f"float {n}" for n in self.scalar_names]
+        outs = "Tensor" if len(self.output_names) == 1 else "(" + ", ".join(["Tensor"] * len(self.output_names)) + ")"
+        self.schema = "(" + ", ".join(args) + ") -> " + outs
+        specs = []
+        for o in graph.outputs:
+            dtype = getattr(torch, o.dtype.torch)
+            if isinstance(o, Store):
+                specs.append(("store", None, dtype))
+            elif isinstance(o, Reduction):
+                specs.append(("reduction", o.axis, dtype))
+        self._specs = specs
+        names = self.tensor_names + self.scalar_names
+        single = len(self.output_names) == 1
+        out_names = self.output_names
+
+        def run(A, B, *rest):
+            got = gemm(A, B, **dict(zip(names, rest)))
+            if single:
+                return got if not isinstance(got, dict) else got[out_names[0]]
+            return tuple(got[n] for n in out_names)
+
+        def fake(A, B, *rest):
+            return self._fake_outputs(A, B)
+
+        self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",
+                                          schema=self.schema)
+        self.op.register_fake(fake)
+
+    def _fake_outputs(self, A, B):
+        batched = A.dim() == 3 or B.dim() == 3
+        L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
+        M, N = A.shape[-2], B.shape[-2]
+        outs = []
+        for kind, axis, dtype in self._specs:
+            shape = (M, N) if kind == "store" else tuple(axis.shape(M, N))
+            if batched:
+                shape = (L,) + tuple(shape)
+            outs.append(A.new_empty(shape, dtype=dtype))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __call__(self, A, B, **kwargs):
+        """Run the Gemm through the op: the same arguments and results as
+        :meth:`evtc.Gemm.__call__` without ``out=`` and ``stream=`` (the op allocates its
+        outputs on the current stream)."""
+        missing = [n for n in self.tensor_names + self.scalar_names if n not in kwargs]
+        extra = [n for n in kwargs if n not in self.tensor_names + self.scalar_names + self.unused_names]
+        if missing or extra:
+            raise ArgumentError(f"{'missing ' + ', '.join(missing) if missing else ''}"
+                                f"{'; ' if missing and extra else ''}"
+                                f"{'unknown ' + ', '.join(extra) if extra else ''}",
+                                epilogue=self.gemm.name,
+                                hint="pass the epilogue's parameters by name: "
+                                     + ", ".join(self.tensor_names + self.scalar_names))
+        args = [kwargs[n] for n in self.tensor_names] + [float(kwargs[n]) for n in self.scalar_names]
+        got = self.op(A, B, *args)
+        if len(self.output_names) == 1:
+            return got if self.output_names[0] == "D" else {self.output_names[0]: got}
+        return dict(zip(self.output_names, got))
+
+
+def qualname(gemm) -> str:
+    """``"evtc::<epilogue>_<12 hex digits>"``: the hash of the Gemm's IR, dtypes, arch and family."""
+    from evtc.ir.printer import print_graph
+
+    key = json.dumps({"ir": print_graph(gemm.graph), "a": gemm.a.name, "b": gemm.b.name, "arch": gemm.arch,
+                      "family": {n: repr(s.config) for n, s in gemm.family.items()}}, sort_keys=True)
+    return f"evtc::{gemm.graph.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def torch_op(gemm) -> TorchOp:
+    """The :class:`TorchOp` of ``gemm`` (made once per distinct Gemm and kept: torch.library ops
+    can't be unregistered).
+
+    Raises:
+        ArgumentError: a parameter name the schema can't hold.
+        ImportError: torch is not installed.
+    """
+    op = getattr(gemm, "_torch_op", None)
+    if op is not None:
+        return op
+    with _LOCK:
+        qual = qualname(gemm)
+        op = _OPS.get(qual)
+        if op is None:
+            op = _OPS[qual] = TorchOp(gemm)
+    gemm._torch_op = op
+    return op

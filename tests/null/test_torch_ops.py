@@ -1,0 +1,135 @@
+"""Gemms as PyTorch custom ops (evtc/torch_ops.py) without a GPU: the schema and name, the fake
+implementation's shapes and dtypes, a Gemm call inside torch.compile(fullgraph=True) (one op in
+the graph, no break) and torch.export. The op's CUDA implementation is the Gemm itself (GPU
+tests: tests/gpu/test_torch_gpu.py); here a CPU kernel computed by evtc's float64 interpreter is
+registered for the op so the compiled function runs."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import evtc
+
+torch = pytest.importorskip("torch")
+
+import epilogues as E
+
+from evtc.ir.interpret import interpret
+
+
+def gemm(name="bias_relu", **kw):
+    ep = E.REFERENCE[name]
+    return evtc.Gemm(ep, a=evtc.bf16, b=evtc.bf16, c=evtc.bf16, d=evtc.bf16, **kw)
+
+
+_REGISTERED: set = set()
+
+
+def op_with_cpu_kernel(g):
+    """``g``'s op with a CPU kernel (once per op): the float64 interpreter rounded to the output
+    dtypes, so that compiled functions run here."""
+    op = g.torch_op()
+    if op.qualname in _REGISTERED:
+        return op
+
+    def cpu(A, B, *rest):
+        kw = dict(zip(op.tensor_names + op.scalar_names, rest))
+        acc = A.double().numpy() @ np.swapaxes(B.double().numpy(), -1, -2)
+        res = interpret(g.graph, acc, {k: (v.double().numpy() if torch.is_tensor(v) else v) for k, v in kw.items()})
+        outs = []
+        for o in g.graph.outputs:
+            x = torch.from_numpy(np.asarray(res[o.name])).to(getattr(torch, o.dtype.torch))
+            outs.append(x if A.dim() == 3 or B.dim() == 3 else x[0])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    torch.library.register_kernel(op.qualname, "cpu", cpu)
+    _REGISTERED.add(op.qualname)
+    return op
+
+
+def test_schema_name_and_one_op_per_distinct_gemm():
+    g = gemm()
+    op = g.torch_op()
+    assert op.schema == "(Tensor A, Tensor B, Tensor C, Tensor bias, float alpha, float beta) -> Tensor"
+    assert op.qualname.startswith("evtc::bias_relu_") and len(op.qualname.split("_")[-1]) == 12
+    assert gemm().torch_op() is op  # an equal Gemm: the registered op
+    pinned = gemm(config=evtc.GemmConfig(tile=(128, 128, 64)))
+    assert pinned.torch_op().qualname != op.qualname
+    stats = gemm("row_stats").torch_op()
+    assert stats.output_names == ("D", "row_max", "row_sum") and stats.schema.endswith("-> (Tensor, Tensor, Tensor)")
+
+
+def test_fake_outputs_have_the_call_s_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = gemm("row_stats").torch_op()
+    with FakeTensorMode():
+        for L in (None, 3):
+            lead = () if L is None else (L,)
+            A = torch.empty(*lead, 300, 64, dtype=torch.bfloat16, device="cuda")
+            B = torch.empty(*lead, 200, 64, dtype=torch.bfloat16, device="cuda")
+            kw = {n: torch.empty(*lead, 300, 200, dtype=torch.bfloat16, device="cuda") if n == "C" else
+                  torch.empty(200, device="cuda") for n in op.tensor_names}
+            out = op(A, B, **kw, **{n: 1.0 for n in op.scalar_names})
+            assert {k: (tuple(v.shape), v.dtype, v.device.type) for k, v in out.items()} == {
+                "D": (lead + (300, 200), torch.bfloat16, "cuda"),
+                "row_max": (lead + (300,), torch.float32, "cuda"),
+                "row_sum": (lead + (300,), torch.float32, "cuda")}
+
+
+def test_a_gemm_call_compiles_with_fullgraph_into_one_op():
+    g = gemm()
+    op = op_with_cpu_kernel(g)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(A, B, C, bias):
+        return g(A, B, C=C, bias=bias, alpha=0.5, beta=1.5) * 2
+
+    gen = torch.Generator().manual_seed(1)
+    A = torch.randn(64, 32, generator=gen).bfloat16()
+    B = torch.randn(48, 32, generator=gen).bfloat16()
+    C = torch.randn(64, 48, generator=gen).bfloat16()
+    bias = torch.randn(48, generator=gen)
+    y = torch.compile(f, fullgraph=True, backend=backend)(A, B, C, bias)
+    want = torch.relu(0.5 * (A.double() @ B.double().T) + 1.5 * C.double() + bias.double())
+    want = want.to(torch.bfloat16).double() * 2
+    assert y.shape == (64, 48) and y.dtype == torch.bfloat16
+    assert torch.equal(y.double(), want.to(torch.bfloat16).double())
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum(op.qualname.replace("::", ".") in t for t in targets) == 1, targets
+
+
+def test_torch_export_holds_the_op():
+    g = gemm("row_stats")
+    op = op_with_cpu_kernel(g)
+
+    class M(torch.nn.Module):
+        def forward(self, A, B, C, shift):
+            out = g.torch_op()(A, B, C=C, shift=shift, alpha=1.0, beta=0.5)
+            return out["D"], out["row_max"]
+
+    A, B = torch.randn(16, 8).bfloat16(), torch.randn(24, 8).bfloat16()
+    ep = torch.export.export(M(), (A, B, torch.randn(16, 24).bfloat16(), torch.randn(24)))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert any(op.qualname.replace("::", ".") in t for t in targets), targets
+
+
+def test_op_arguments_are_checked_by_name():
+    op = gemm().torch_op()
+    A = torch.empty(4, 8)
+    with pytest.raises(evtc.ArgumentError, match="missing bias"):
+        op(A, A, C=A, alpha=1.0, beta=1.0)
+    with pytest.raises(evtc.ArgumentError, match="unknown gamma"):
+        op(A, A, C=A, bias=A, alpha=1.0, beta=1.0, gamma=2.0)
+
+
+def test_import_evtc_does_not_import_torch():
+    code = "import sys, evtc; g = evtc.Gemm('D = relu(acc)'); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
