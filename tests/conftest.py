@@ -1,5 +1,4 @@
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -37,17 +36,7 @@ def pytest_configure(config):
         )
 
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
-HAS_GPU = _has_gpu()
-HAS_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+from devices import HAS_GPU, HAS_NVCC  # noqa: E402  (tests/ is on sys.path above)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -38,7 +38,7 @@ def test_stale_handle_is_refused_without_touching_cuda(library):
 
 
 def test_prepare_without_a_device_is_a_launch_error(library):
-    from conftest import HAS_GPU
+    from devices import HAS_GPU
 
     if HAS_GPU:
         pytest.skip("a GPU is present")
@@ -56,7 +56,7 @@ def test_a_call_reaches_the_library_and_fails_cleanly_without_a_device(library, 
     import sys
     import types
 
-    from conftest import HAS_GPU
+    from devices import HAS_GPU
 
     if HAS_GPU:
         pytest.skip("a GPU is present")

@@ -73,7 +73,7 @@ def test_library_reports_the_plan(built, arch):
 def test_a_call_reaches_the_library_and_fails_cleanly_without_a_device(built):
     """Conv.__call__ through the real sm90 library with fake f16 device tensors: checked, packed
     and prepared; without a GPU, evtc_prepare's CUDA error is a LaunchError (no crash)."""
-    from conftest import HAS_GPU
+    from devices import HAS_GPU
 
     if HAS_GPU:
         pytest.skip("a GPU is present")
