@@ -16,18 +16,9 @@ kernel (``ConvUniversal``), the problem shape and the workspace handling differ.
 
 from __future__ import annotations
 
-from evtc.abi import ABI_VERSION
 from evtc.emit import common
-from evtc.emit.core import TreeEmitter
-from evtc.emit.sm90 import (
-    _share_wrapper,
-    buffer_probes,
-    cxx_shape,
-    mn_stride_args,
-    node_table,
-)
+from evtc.emit.sm90 import collective_epilogue_args, cxx_shape, mn_stride_args
 from evtc.ir.graph import Graph
-from evtc.ir.printer import print_graph
 from evtc.plan.model import Plan
 from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
@@ -68,28 +59,13 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
         raise ValueError(f"emit_conv_sm90 needs an sm90 plan with its visitor tree, got {plan.arch}")
     if plan.config.unaligned or plan.config.swap_ab:
         raise ValueError("the conv kernels have no unaligned or swap-AB variants")
-    em = TreeEmitter(node_table(plan))
-    root = em.declare(plan.tree.root)
-    fusion_args = em.arguments(plan.tree.root, 3)
-    fusion_root, fusion_note = _share_wrapper(plan, root)
     cfg = plan.config
-    a, b = plan.operands
-    c_input = graph.input(plan.c_slot) if plan.c_slot else None
     d_output = graph.output(plan.d_slot)
-    fields = conv_abi_fields(graph)
-    info = {
-        "abi_version": ABI_VERSION,
-        "name": name or graph.name,
-        "arch": "sm90",
-        "conv": {"kind": kind, "dims": dims},
-        "plan": {**plan.to_json(), "config": cfg.kernel_json("sm90")},
-        "abi": [f.to_json() for f in fields],
-        "ir": print_graph(graph),
-    }
     an, bn, _ = OPERANDS[kind]
     return common.render(
         "sm90/conv.cu.j2",
-        name=name or graph.name,
+        **collective_epilogue_args(graph, plan, name=name, fields=conv_abi_fields(graph),
+                                   extra_info={"conv": {"kind": kind, "dims": dims}}),
         kind=kind,
         dims=dims,
         mapping=(MAPPING if dims == 2 else MAPPING_3D)[kind],
@@ -98,40 +74,13 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
         operand_b=_operand_comment(bn, dims),
         conv_operator=CONV_OPERATORS[kind],
         layout_tag="cutlass::layout::TensorNHWC" if dims == 2 else "cutlass::layout::TensorNDHWC",
-        ir_lines=print_graph(graph).rstrip("\n").splitlines(),
-        plan_lines=str(plan).rstrip("\n").splitlines(),
-        element_a=a.cutlass,
-        element_b=b.cutlass,
-        alignment_a=16 // a.bytes,
-        alignment_b=16 // b.bytes,
-        element_c=c_input.dtype.cutlass if c_input is not None else "void",
         element_d=d_output.dtype.cutlass,
         tile_shape=cxx_shape(*cfg.tile),
         mainloop_tile_shape=(f"cute::Shape<cute::_{cfg.tile[0]}, cute::Shape<cute::_{cfg.tile[1]}>, "
                              f"cute::Shape<cute::_{cfg.tile[2]}>>" if kind == "wgrad" else
                              f"cute::Shape<cute::_{cfg.tile[0]}, cute::_{cfg.tile[1]}, cute::Shape<cute::_{cfg.tile[2]}>>"),
-        cluster_shape=cxx_shape(*cfg.cluster),
-        epilogue_tile=cxx_shape(*plan.epilogue_tile),
-        stages_c=plan.stages_c,
-        stages_d=plan.stages_d,
-        fragment_size=plan.fragment_size,
-        reuse_smem_c="true" if plan.reuse_smem_c else "false",
-        delay_tma_store="true" if plan.delay_tma_store else "false",
-        copy_atom_c="SM90_U32x4_STSM_N" if plan.epilogue_tile[1] % 16 == 0 else "SM90_U32x2_STSM_N",
-        decls=em.decls,
-        root=fusion_root,
-        root_note=fusion_note,
-        epilogue_smem_bytes=plan.epilogue_smem_bytes,
-        mainloop_stages=plan.mainloop_stages,
         smem_capacity=plan.smem_capacity,
         kernel_smem_bound=kernel_smem_bound,
-        fusion_args=fusion_args,
-        c_ptr=f"static_cast<ElementC const*>(args.p_{c_input.name})" if c_input is not None else "nullptr",
-        c_stride=f"StrideC{mn_stride_args(plan, c_input.name)}" if c_input is not None else "StrideC{}",
         d_ptr=f"static_cast<ElementD*>(args.p_{d_output.name})",
         d_stride=f"StrideD{mn_stride_args(plan, d_output.name)}",
-        fields=fields,
-        abi_version=ABI_VERSION,
-        info_json=common.c_string(common.json_compact(info)),
-        buffer_probes=buffer_probes(plan),
     )

@@ -143,6 +143,39 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     """
     if plan.arch != "sm90" or plan.tree is None:
         raise ValueError(f"emit_sm90 needs an sm90 plan with its visitor tree, got {plan.arch}")
+    cfg = plan.config
+    # the unaligned variant has void C and D: its root is D's register-direct aux store, whose
+    # element type the collective takes for its (unused) D buffer
+    d_output = graph.output(plan.d_slot) if plan.d_slot else None
+    smem_element_d = (d_output or plan.tree.d_output).dtype.cutlass
+    fields = abi_fields(graph, "sm90")
+    uses = {v.role for v in plan.tree.visitors()}
+    return common.render(
+        "sm90/gemm.cu.j2",
+        **collective_epilogue_args(graph, plan, name=name, fields=fields),
+        element_d=d_output.dtype.cutlass if d_output is not None else "void",
+        smem_element_d=smem_element_d,
+        tile_shape=cxx_shape(*cfg.tile),
+        kernel_schedule=KERNEL_SCHEDULES[(cfg.schedule, bool(cfg.fast_accum and plan.operands[0].is_fp8))],
+        tile_scheduler=SCHEDULERS[cfg.scheduler],
+        stage_count=(f"cutlass::gemm::collective::StageCount<{cfg.stages}>" if cfg.stages else
+                     "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"),
+        d_ptr=f"static_cast<ElementD*>(args.p_{d_output.name})" if d_output is not None else "nullptr",
+        d_stride=f"StrideD{mn_stride_args(plan, d_output.name)}" if d_output is not None else "StrideD{}",
+        stride_mn=mn_stride(plan),
+        swap_ab=cfg.swap_ab,
+        stream_k=cfg.scheduler == "streamk",
+        uses_reduction=any(r.is_reduction for r in uses),
+        scalar_reduction=Role.SCALAR_REDUCTION in uses,
+    )
+
+
+def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fields, extra_info: dict | None = None
+                             ) -> dict:
+    """The render arguments every sm90 kernel template (GEMM and conv) shares: the visitor tree's
+    declarations and arguments, the collective epilogue's parameters from the plan, the operand
+    and C types, the comments (IR, plan), the C ABI fields and the info JSON (``extra_info``
+    goes after its ``arch``)."""
     em = TreeEmitter(node_table(plan))
     root = em.declare(plan.tree.root)
     fusion_args = em.arguments(plan.tree.root, 3)
@@ -150,23 +183,17 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     cfg = plan.config
     a, b = plan.operands
     c_input = graph.input(plan.c_slot) if plan.c_slot else None
-    # the unaligned variant has void C and D: its root is D's register-direct aux store, whose
-    # element type the collective takes for its (unused) D buffer
-    d_output = graph.output(plan.d_slot) if plan.d_slot else None
-    smem_element_d = (d_output or plan.tree.d_output).dtype.cutlass
-    fields = abi_fields(graph, "sm90")
-    uses = {v.role for v in plan.tree.visitors()}
     info = {
         "abi_version": ABI_VERSION,
         "name": name or graph.name,
         "arch": "sm90",
+        **(extra_info or {}),
         # the tile order is a run-time argument: leave it out, so that it doesn't change the source
         "plan": {**plan.to_json(), "config": cfg.kernel_json("sm90")},
         "abi": [f.to_json() for f in fields],
         "ir": print_graph(graph),
     }
-    return common.render(
-        "sm90/gemm.cu.j2",
+    return dict(
         name=name or graph.name,
         ir_lines=print_graph(graph).rstrip("\n").splitlines(),
         plan_lines=str(plan).rstrip("\n").splitlines(),
@@ -175,13 +202,8 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         alignment_a=16 // a.bytes,
         alignment_b=16 // b.bytes,
         element_c=c_input.dtype.cutlass if c_input is not None else "void",
-        element_d=d_output.dtype.cutlass if d_output is not None else "void",
-        smem_element_d=smem_element_d,
-        tile_shape=cxx_shape(*cfg.tile),
         cluster_shape=cxx_shape(*cfg.cluster),
         epilogue_tile=cxx_shape(*plan.epilogue_tile),
-        kernel_schedule=KERNEL_SCHEDULES[(cfg.schedule, bool(cfg.fast_accum and a.is_fp8))],
-        tile_scheduler=SCHEDULERS[cfg.scheduler],
         stages_c=plan.stages_c,
         stages_d=plan.stages_d,
         fragment_size=plan.fragment_size,
@@ -191,22 +213,13 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         decls=em.decls,
         root=fusion_root,
         root_note=fusion_note,
-        stage_count=(f"cutlass::gemm::collective::StageCount<{cfg.stages}>" if cfg.stages else
-                     "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>"),
         epilogue_smem_bytes=plan.epilogue_smem_bytes,
         mainloop_stages=plan.mainloop_stages,
         fusion_args=fusion_args,
         c_ptr=f"static_cast<ElementC const*>(args.p_{c_input.name})" if c_input is not None else "nullptr",
         c_stride=f"StrideC{mn_stride_args(plan, c_input.name)}" if c_input is not None else "StrideC{}",
-        d_ptr=f"static_cast<ElementD*>(args.p_{d_output.name})" if d_output is not None else "nullptr",
-        d_stride=f"StrideD{mn_stride_args(plan, d_output.name)}" if d_output is not None else "StrideD{}",
-        stride_mn=mn_stride(plan),
-        swap_ab=cfg.swap_ab,
-        stream_k=cfg.scheduler == "streamk",
         fields=fields,
         abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
-        uses_reduction=any(r.is_reduction for r in uses),
-        scalar_reduction=Role.SCALAR_REDUCTION in uses,
         buffer_probes=buffer_probes(plan),
     )
