@@ -97,6 +97,15 @@ class TorchOp:
                                           schema=self.schema)
         self.op.register_fake(fake)
 
+    @property
+    def overload(self):
+        """The op's ``OpOverload`` (``torch.ops.evtc.<name>_<hash>.default``): the target FX
+        graphs call."""
+        import torch
+
+        ns, name = self.qualname.split("::")
+        return getattr(getattr(torch.ops, ns), name).default
+
     def _fake_outputs(self, A, B):
         batched = A.dim() == 3 or B.dim() == 3
         L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
