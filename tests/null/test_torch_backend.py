@@ -115,6 +115,7 @@ def test_a_chain_value_used_elsewhere_ends_the_match():
     assert fused == 1  # the bare linear (with its bias); relu and * 2 stay outside
     ref = x.double() @ m.fc.weight.double().T + m.fc.bias.double()
     assert ((b.double() - 2 * ref).abs() <= 2 * ulp_bf16(2 * ref) + 1e-30).all()
+    assert ((a.double() - ref.clamp(min=0)).abs() <= ulp_bf16(ref) + 1e-30).all()
 
 
 def test_backend_is_registered_under_its_name():
