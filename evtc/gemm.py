@@ -128,6 +128,16 @@ def _torch_compiling() -> bool:
     return bool(compiler is not None and compiler.is_compiling())
 
 
+def _no_torch_op(gemm: "Gemm") -> str:
+    """Why a call that torch.compile traces has no torch op (NOTE [The torch op is made outside
+    torch.compile])."""
+    if gemm._torch_op_error is not None:
+        return str(gemm._torch_op_error)
+    return (f"evtc: the Gemm '{gemm.name}' was made before torch was imported, so it has no torch op "
+            "and torch.compile can't make one while it traces; call gemm.torch_op() once before "
+            "compiling (or construct the Gemm after `import torch`)")
+
+
 def has_scalar_reduction(graph: Graph) -> bool:
     """Whether ``graph`` has a reduction to one value per batch (``dim=None``: amax, a total)."""
     return any(isinstance(o, Reduction) and o.dim is None for o in graph.outputs)
@@ -259,6 +269,15 @@ class Gemm:
         self._prober = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, arch)), arch=arch)
         self._tuned = None
         self._traits: EpilogueTraits | None = None
+        self._torch_op = self._torch_op_error = None
+        if "torch" in sys.modules:
+            # NOTE [The torch op is made outside torch.compile]: Dynamo can't trace the making of
+            # a torch.library op (a lock, the registration), so a call it traces must find the op
+            # made already: made here when torch is imported (about 1.5 ms), else by torch_op().
+            try:
+                self.torch_op()
+            except ArgumentError as e:  # a parameter name the schema can't hold: said when compiled
+                self._torch_op_error = e
 
     # ---- the primary kernel (what a family of one is) ----------------------------------------------
 
@@ -521,7 +540,10 @@ class Gemm:
         """
         if out is None and stream is None and _torch_compiling():
             # inside torch.compile: the call is a custom op in the graph (evtc/torch_ops.py)
-            return self.torch_op()(A, B, **kwargs)
+            op = self._torch_op
+            if op is None:  # NOTE [The torch op is made outside torch.compile]
+                raise RuntimeError(_no_torch_op(self))
+            return op(A, B, **kwargs)
         single = self._single
         if single is not None:
             return single(A, B, kwargs, out, stream)

@@ -105,6 +105,28 @@ def test_a_gemm_call_compiles_with_fullgraph_into_one_op():
     assert sum(op.qualname.replace("::", ".") in t for t in targets) == 1, targets
 
 
+def test_a_new_gemm_compiles_without_calling_torch_op_first():
+    """The GPU machine's failure: a Gemm whose op was never asked for, called inside
+    torch.compile(fullgraph=True), broke on the op's registration (a lock Dynamo can't enter).
+    Made after torch is imported, a Gemm has its op from the start."""
+    op_with_cpu_kernel(gemm())  # the op's CPU kernel, registered through another, equal Gemm
+    g = gemm()
+    assert g._torch_op is not None
+
+    def f(A, B, C, bias):
+        return g(A, B, C=C, bias=bias, alpha=1.0, beta=0.0)
+
+    A, B, C = torch.randn(32, 16).bfloat16(), torch.randn(24, 16).bfloat16(), torch.randn(32, 24).bfloat16()
+    bias = torch.randn(24)
+    y = torch.compile(f, fullgraph=True, backend="eager")(A, B, C, bias)
+    want = torch.relu(A.double() @ B.double().T + bias.double()).to(torch.bfloat16)
+    assert torch.equal(y, want)
+    torch._dynamo.reset()
+    g._torch_op = None  # as if made before torch was imported: the reason reaches the user
+    with pytest.raises(Exception, match=r"call gemm.torch_op\(\) once before compiling"):
+        torch.compile(f, fullgraph=True, backend="eager")(A, B, C, bias)
+
+
 def test_torch_export_holds_the_op():
     g = gemm("row_stats")
     op = op_with_cpu_kernel(g)
