@@ -168,7 +168,15 @@ def conv_gemms(which=None):
         (bench_conv.kernels() if which in (None, "", "bench") else [])
 
 
-GROUPS = {"family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
+def torch_gemms():
+    """bench_torch.py's kernels (and tests/gpu/test_torch_gpu.py's backend tests): the families of
+    the two epilogues the evtc torch.compile backend makes for an MLP block."""
+    import bench_torch
+
+    return bench_torch.gemms()
+
+
+GROUPS = {"torch": torch_gemms, "family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,

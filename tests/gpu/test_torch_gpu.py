@@ -85,3 +85,54 @@ def test_exported_module_runs(gemms, record_errors):
     ep = torch.export.export(M(), (A, B, *[kw[n] for n in names]))
     got = ep.module()(A, B, *[kw[n] for n in names])
     assert_outputs_match(g, ins, {"D": got}, "exported", record_errors)
+
+
+# ---- torch.compile(backend="evtc") on the GPU (kernels: benchmarks/prebuild.py group ``torch``) ----
+
+
+def _bf16_ulp(x):
+    """The spacing of bf16 numbers at |x| (8 significant bits), elementwise, float64."""
+    e = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126)))
+    return torch.pow(2.0, e - 7)
+
+
+def _staged_reference(model, x):
+    """The MLP block in float64 with the bf16 roundings the fused kernels also make: after fc1 +
+    GELU (a bf16 tensor in both) and at the output."""
+    W1, b1 = model.fc1.weight.double(), model.fc1.bias.double()
+    W2, b2 = model.fc2.weight.double(), model.fc2.bias.double()
+    h = torch.nn.functional.gelu(x.double() @ W1.T + b1).to(torch.bfloat16).double()
+    return (x.double() + h @ W2.T + b2).to(torch.bfloat16).double(), h
+
+
+@pytest.mark.parametrize("tokens", [1, 300, 2048])
+def test_backend_fuses_an_mlp_block_on_the_gpu(tokens):
+    """torch.compile(model, backend="evtc") on an MLP block (fc1 + bias + GELU, fc2 + bias +
+    residual): both matches fused, the output within one bf16 ulp (plus f32 accumulation's share)
+    of the float64 reference rounded where the kernels round."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_torch
+
+    from evtc.torch_backend import make_backend
+
+    from conftest_gpu import prebuild
+
+    prebuild(bench_torch.gemms())
+    model = bench_torch.block(256, 512)
+    backend = make_backend()
+    x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got = torch.compile(model, backend=backend, dynamic=False)(x).double()
+    torch._dynamo.reset()
+    assert backend.fused == 2
+    want, h = _staged_reference(model, x)
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    # one ulp of the output, and room for f32 accumulation to round a few intermediate bf16 h to
+    # the neighbour of float64's choice: each such flip moves an output by <= max|W2| * ulp(h)
+    slack = 4 * _bf16_ulp(h).amax(1, keepdim=True) * model.fc2.weight.double().abs().amax(1)
+    err = (got - want).abs()
+    bound = _bf16_ulp(want) + slack
+    assert (err <= bound).all(), f"max err {err.max().item():.3e}, worst excess {(err - bound).max().item():.3e}"

@@ -1,0 +1,148 @@
+"""Issue 13's torch benchmark: a transformer MLP block under eager PyTorch, torch.compile (default
+and max-autotune) and ``torch.compile(backend="evtc")``, in one run.
+
+The block (bf16, inference): ``y = x + fc2(gelu(fc1(x)))`` with ``fc1`` d_model -> ffn and
+``fc2`` ffn -> d_model (both with bias), d_model 4096, ffn 14336, x of shape (tokens, d_model) for
+tokens = batch*seq in ``--tokens`` (default 1..8192). The evtc backend fuses two matches: fc1 +
+bias + GELU (erf) and fc2 + bias + the residual (an aux load); Inductor compiles the rest (nothing
+here).
+
+Each mode is compiled for each size with static shapes (``dynamic=False``, one graph per size),
+then timed with :func:`evtc.bench.time_interleaved` (CUDA events around back-to-back calls, median,
+modes in alternation). Before timing, every mode's output is compared with eager's (max relative
+error over the outputs, printed) and the evtc backend's number of fused matches is checked (2).
+Prints ms per call and each mode / eager, and evtc / compile-default (the issue's target: <= 1/1.1
+at tokens >= 1024, never > 1.0); ``--json`` writes every number.
+
+On the GPU machine, build the evtc backend's kernels first (``python benchmarks/prebuild.py
+torch``, which traces the block on the CPU to find its two epilogues), then:
+
+    python benchmarks/bench_torch.py --json $OUT/torch.json [--modes eager,default,evtc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import common  # noqa: F401  (sets sys.path)
+
+D_MODEL, FFN = 4096, 14336
+TOKENS = (1, 16, 64, 256, 1024, 2048, 4096, 8192)
+MODES = ("eager", "default", "max-autotune", "evtc")
+
+
+def block(d_model: int = D_MODEL, ffn: int = FFN, device: str = "cuda"):
+    """The MLP block as an ``nn.Module`` (bf16, eval mode, random weights: seed 0)."""
+    import torch
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(d_model, ffn)
+            self.fc2 = torch.nn.Linear(ffn, d_model)
+
+        def forward(self, x):
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+    torch.manual_seed(0)
+    m = MLP().to(device=device, dtype=torch.bfloat16).eval()
+    with torch.no_grad():  # weights of a trained layer's scale: outputs of order 1
+        for lin in (m.fc1, m.fc2):
+            lin.weight.normal_(0, 1 / math.sqrt(lin.in_features))
+            lin.bias.normal_(0, 0.1)
+    return m
+
+
+def gemms(d_model: int = D_MODEL, ffn: int = FFN) -> list:
+    """The Gemms the evtc backend makes for the block (traced on the CPU with small weights of
+    the same dtypes; the kernels depend only on the epilogues and dtypes): for prebuilding."""
+    import torch
+
+    from evtc.torch_backend import fuse
+
+    made, matches = [], []
+
+    def backend(gm, example_inputs):  # fuse, then never run: the op has no CPU kernel
+        matches.append(fuse(gm, allow_cpu=True, on_gemm=made.append))
+        return lambda *args: [None] * len(gm.graph.find_nodes(op="output")[0].args[0])
+
+    m = block(64, 128, device="cpu")
+    with torch.inference_mode():
+        torch.compile(m, backend=backend, dynamic=False)(torch.randn(8, 64, dtype=torch.bfloat16))
+    torch._dynamo.reset()
+    if matches != [2]:
+        raise SystemExit(f"the evtc backend fused {matches} matches in the MLP block, not [2]")
+    return made
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated batch*seq sizes")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    import torch
+    import torch._dynamo
+
+    from evtc.bench import time_interleaved
+    from evtc.torch_backend import make_backend
+
+    torch._dynamo.config.cache_size_limit = 64
+    modes = args.modes.split(",")
+    sizes = [int(t) for t in args.tokens.split(",")]
+    model = block()
+    evtc_backend = make_backend()
+    compiled = {"eager": model}
+    if "default" in modes:
+        compiled["default"] = torch.compile(model, dynamic=False)
+    if "max-autotune" in modes:
+        compiled["max-autotune"] = torch.compile(model, mode="max-autotune-no-cudagraphs", dynamic=False)
+    if "evtc" in modes:
+        compiled["evtc"] = torch.compile(model, backend=evtc_backend, dynamic=False)
+    rows = []
+    for T in sizes:
+        x = torch.randn(T, D_MODEL, device="cuda", dtype=torch.bfloat16)
+        row = {"tokens": T}
+        with torch.inference_mode():
+            want = model(x).double()
+            fns = {}
+            for name, fn in compiled.items():
+                t0 = time.perf_counter()
+                fused_before = evtc_backend.fused
+                got = fn(x)
+                torch.cuda.synchronize()
+                row[f"{name}_compile_s"] = time.perf_counter() - t0
+                if name == "evtc":
+                    row["evtc_fused"] = evtc_backend.fused - fused_before
+                    if row["evtc_fused"] != 2:
+                        raise SystemExit(f"tokens {T}: the evtc backend fused {row['evtc_fused']} matches, not 2")
+                row[f"{name}_max_rel_err"] = ((got.double() - want).abs().max() / want.abs().max()).item()
+                fns[name] = (lambda f=fn: f(x))
+            t = time_interleaved(fns, args.iters, warmup_ms=100)
+        for name in compiled:
+            row[f"{name}_ms"] = t[name]
+            row[f"{name}_over_eager"] = t[name] / t["eager"]
+        if "evtc" in t and "default" in t:
+            row["evtc_over_default"] = t["evtc"] / t["default"]
+        if "evtc" in t and "max-autotune" in t:
+            row["evtc_over_max_autotune"] = t["evtc"] / t["max-autotune"]
+        rows.append(row)
+        print(f"tokens {T:5d}: " + "  ".join(f"{n} {t[n]:.3f} ms" for n in compiled)
+              + (f"  evtc/default {row['evtc_over_default']:.3f}" if "evtc_over_default" in row else "")
+              + (f"  evtc/max-autotune {row['evtc_over_max_autotune']:.3f}" if "evtc_over_max_autotune" in row else "")
+              + "  max rel err " + " ".join(f"{n} {row[f'{n}_max_rel_err']:.1e}" for n in compiled if n != "eager"),
+              flush=True)
+        common.write_json(args.json, {"device": common.device_name(), "rows": rows, "partial": True})
+    cols = ["tokens"] + [f"{n}_ms" for n in compiled] + [c for c in ("evtc_over_default", "evtc_over_max_autotune")
+                                                          if any(c in r for r in rows)]
+    print(f"\nMLP block (d_model {D_MODEL}, ffn {FFN}, bf16) on {common.device_name()}")
+    print(common.table(rows, cols))
+    common.write_json(args.json, {"device": common.device_name(), "d_model": D_MODEL, "ffn": FFN, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
