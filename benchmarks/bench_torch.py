@@ -9,7 +9,8 @@ here).
 
 Each mode is compiled for each size with static shapes (``dynamic=False``, one graph per size),
 then timed with :func:`evtc.bench.time_interleaved` (CUDA events around back-to-back calls, median,
-modes in alternation). Before timing, every mode's output is compared with eager's (max relative
+modes in alternation), and again inside CUDA graphs (:func:`evtc.bench.time_graphs`: the kernels
+without host launch costs, ``graph_*``). Before timing, every mode's output is compared with eager's (max relative
 error over the outputs, printed) and the evtc backend's number of fused matches is checked (2).
 Prints ms per call and each mode / eager, and evtc / compile-default (the issue's target: <= 1/1.1
 at tokens >= 1024, never > 1.0); ``--json`` writes every number.
@@ -88,7 +89,7 @@ def main() -> None:
     import torch
     import torch._dynamo
 
-    from evtc.bench import time_interleaved
+    from evtc.bench import time_graphs, time_interleaved
     from evtc.torch_backend import make_backend
 
     torch._dynamo.config.cache_size_limit = 64
@@ -123,11 +124,15 @@ def main() -> None:
                 row[f"{name}_max_rel_err"] = ((got.double() - want).abs().max() / want.abs().max()).item()
                 fns[name] = (lambda f=fn: f(x))
             t = time_interleaved(fns, args.iters, warmup_ms=100)
+            tg = time_graphs(fns, args.iters)  # the kernels alone: host launch costs gone
         for name in compiled:
             row[f"{name}_ms"] = t[name]
             row[f"{name}_over_eager"] = t[name] / t["eager"]
+            row[f"graph_{name}_ms"] = tg.get(name, float("nan"))
         if "evtc" in t and "default" in t:
             row["evtc_over_default"] = t["evtc"] / t["default"]
+        if "evtc" in tg and "default" in tg:
+            row["graph_evtc_over_default"] = tg["evtc"] / tg["default"]
         if "evtc" in t and "max-autotune" in t:
             row["evtc_over_max_autotune"] = t["evtc"] / t["max-autotune"]
         rows.append(row)
@@ -137,7 +142,8 @@ def main() -> None:
               + "  max rel err " + " ".join(f"{n} {row[f'{n}_max_rel_err']:.1e}" for n in compiled if n != "eager"),
               flush=True)
         common.write_json(args.json, {"device": common.device_name(), "rows": rows, "partial": True})
-    cols = ["tokens"] + [f"{n}_ms" for n in compiled] + [c for c in ("evtc_over_default", "evtc_over_max_autotune")
+    cols = ["tokens"] + [f"{n}_ms" for n in compiled] + [c for c in ("evtc_over_default", "evtc_over_max_autotune",
+                                                                     "graph_evtc_over_default")
                                                           if any(c in r for r in rows)]
     print(f"\nMLP block (d_model {D_MODEL}, ffn {FFN}, bf16) on {common.device_name()}")
     print(common.table(rows, cols))

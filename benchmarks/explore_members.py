@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", help="comma-separated epilogues (default: bench_shapes.py's three)")
     ap.add_argument("--problems", help="comma-separated MxNxK[xL]")
+    ap.add_argument("--torch", help="comma-separated token counts: the MLP block's two GEMMs of bench_torch.py "
+                                    "(fc1 + GELU at tokens x ffn x d_model, fc2 + residual at tokens x d_model x ffn) "
+                                    "instead of bench_shapes.py's epilogues")
     ap.add_argument("--json")
     args = ap.parse_args()
     import bench_shapes
@@ -43,6 +46,15 @@ def main() -> None:
     problems = PROBLEMS if not args.problems else [
         tuple(int(x) for x in p.split("x")) + ((1,) if p.count("x") == 2 else ()) for p in args.problems.split(",")]
     fams = bench_shapes.gemms()
+    per_fam = {}
+    if args.torch:
+        import bench_torch
+
+        fc1, fc2 = bench_torch.gemms()
+        fams = {"mlp_fc1": fc1, "mlp_fc2": fc2}
+        tokens = [int(t) for t in args.torch.split(",")]
+        D, F = bench_torch.D_MODEL, bench_torch.FFN
+        per_fam = {"mlp_fc1": [(t, F, D, 1) for t in tokens], "mlp_fc2": [(t, D, F, 1) for t in tokens]}
     if args.only:
         fams = {k: v for k, v in fams.items() if k in args.only.split(",")}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -56,7 +68,7 @@ def main() -> None:
 
     rows = []
     for ep, g in fams.items():
-        for M, N, K, L in problems:
+        for M, N, K, L in per_fam.get(ep, problems):
             aligned = N % 8 == 0
             fp = FP(M, N, K, L, aligned, True, sms)
             cands = [c for c in candidates(g, fp) if c.config.decomposition != "stream_k" and c.config.split_k <= 4] \
