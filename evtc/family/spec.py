@@ -42,9 +42,10 @@ import dataclasses
 import math
 
 from evtc.dtypes import DType
-from evtc.plan.config import GemmConfig, default_config
+from evtc.plan.config import DEFAULT_SWIZZLE, GemmConfig, default_config
 
-__all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "on_demand"]
+__all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "fit_swizzle", "on_demand",
+           "scheduled_tiles"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +165,63 @@ def split_count(tiles: int, k_tiles: int, sm_count: int, *, min_k_tiles: int = M
     return max(1, min(sm_count // tiles, k_tiles // min_k_tiles, max_splits))
 
 
+def _log_swizzle(ctas_m: int, ctas_n: int, max_swizzle: int) -> int:
+    """log2 of the swizzle CUTLASS's sm90 tile schedulers use: ``get_log_swizzle_size`` in
+    ``cutlass/gemm/kernel/tile_scheduler_params.h`` (``ctas_*`` already rounded to the cluster)."""
+    least = min(ctas_m, ctas_n)
+    if max_swizzle >= 8 and least >= 6:
+        return 3
+    if max_swizzle >= 4 and least >= 3:
+        return 2
+    if max_swizzle >= 2 and least >= 2:
+        return 1
+    return 0
+
+
+def scheduled_tiles(config: GemmConfig, M: int, N: int, L: int = 1, swizzle: int | None = None) -> int:
+    """Output tiles the sm90 persistent and stream-K schedulers hand out for an M x N x L problem
+    (the kernel's own M and N: swap-AB's are the call's N and M): CUTLASS rounds the tile counts
+    of M and of N each up to a multiple of cluster x swizzle (``PersistentTileSchedulerSm90Params
+    ::initialize``, tile_scheduler_params.h), and the padding tiles are scheduled and run like the
+    rest (``blocks_per_problem_`` counts them)."""
+    tm, tn = config.tile[:2]
+    cm, cn = config.cluster[:2]
+    ctas_m = math.ceil(math.ceil(M / tm) / cm) * cm
+    ctas_n = math.ceil(math.ceil(N / tn) / cn) * cn
+    log = _log_swizzle(ctas_m, ctas_n, 1 << (config.swizzle if swizzle is None else swizzle))
+    band = 1 << log
+    return math.ceil(ctas_m / (band * cm)) * band * cm * math.ceil(ctas_n / (band * cn)) * band * cn * L
+
+
+#: the most padding tiles a swizzle may add, as a share of the problem's tiles (NOTE [Swizzle padding])
+SWIZZLE_WASTE = 0.03
+
+
+def fit_swizzle(spec: KernelSpec, p: Problem) -> KernelSpec:
+    """``spec`` with its tile order's band narrowed until CUTLASS's rounding adds at most
+    :data:`SWIZZLE_WASTE` of padding tiles.
+
+    NOTE [Swizzle padding]: CUTLASS's sm90 schedulers round the M and N tile counts up to a
+    multiple of cluster x swizzle and run the padding tiles (out of bounds: zero-filled loads,
+    predicated stores, full MMA time). With ``large``'s 2x1 cluster and 8-tile bands, M = 1024 (8
+    tiles) became 16: on the H100 (2026-11-25, explore_members --torch) 1024x14336x4096 took 372
+    us on ``large``, exactly its time at M = 2048, against 185 us on ``pingpong`` (no swizzle).
+    Narrowing the band (a run-time argument, the same build) removes the padding."""
+    cfg = spec.config
+    if spec.arch != "sm90" or cfg.scheduler not in ("persistent", "streamk"):
+        return spec
+    if cfg.swizzle is None:  # the schedule's default (evtc/plan/config.py)
+        cfg = cfg.replace(swizzle=DEFAULT_SWIZZLE["sm90"].get(cfg.schedule or "cooperative", 0))
+    if not cfg.swizzle:
+        return spec
+    M, N = (p.N, p.M) if cfg.swap_ab else (p.M, p.N)
+    least = scheduled_tiles(cfg, M, N, 1, swizzle=0)
+    for log in range(cfg.swizzle, 0, -1):
+        if scheduled_tiles(cfg, M, N, 1, swizzle=log) <= (1 + SWIZZLE_WASTE) * least:
+            return spec if log == cfg.swizzle else dataclasses.replace(spec, config=cfg.replace(swizzle=log))
+    return dataclasses.replace(spec, config=cfg.replace(swizzle=0))
+
+
 def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType,
            traits: EpilogueTraits = EpilogueTraits()) -> KernelSpec:
     """The kernel for problem ``p``, by a heuristic that is good without tuning (measured on the
@@ -191,6 +249,11 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
       max was the other way (0.189 / 0.181): ``unaligned_pingpong`` only for epilogues with
       reductions.
     """
+    return fit_swizzle(_choose(family, p, arch, a, b, traits), p)
+
+
+def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType,
+            traits: EpilogueTraits) -> KernelSpec:
     if arch != "sm90" or "large" not in family:
         return next(iter(family.values()))
     if not p.aligned_k:

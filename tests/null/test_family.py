@@ -7,7 +7,7 @@ import pytest
 
 import evtc
 from evtc import bf16, f32
-from evtc.family.spec import KernelSpec, Problem, choose, default_family, split_count
+from evtc.family.spec import KernelSpec, Problem, choose, default_family, scheduled_tiles, split_count
 from evtc.family.swap_ab import transpose
 from evtc.family.tune import TuneStore, candidates, shape_bucket
 from evtc.passes import run
@@ -58,6 +58,24 @@ def test_heuristic_by_shape(family):
     assert pick(family, 4096, 4095, 4096, aligned_mn=False).config.unaligned
     s = pick(family, 4096, 4096, 4095, aligned_k=False)
     assert s.arch == "sm80"
+
+
+def test_the_tile_order_band_never_pads_the_problem(family):
+    """NOTE [Swizzle padding]: CUTLASS rounds each tile count up to cluster x band and runs the
+    padding; the choice narrows the band where that would add more than 3 % of tiles."""
+    large = family["large"].config.replace(swizzle=3)
+    # 1024 rows are 8 tiles of 128; 2x1 clusters of 8-tile bands round them to 16: twice the work
+    assert scheduled_tiles(large, 1024, 14336) == scheduled_tiles(large, 2048, 14336) == 16 * 56
+    assert scheduled_tiles(large, 1024, 14336, swizzle=2) == 8 * 56
+    for M in (512, 1024, 1536, 3072):
+        s = pick(family, M, 14336, 4096)
+        assert s.name == "large" and s.config.swizzle < 3, M
+        assert scheduled_tiles(s.config, M, 14336) <= 1.03 * scheduled_tiles(s.config, M, 14336, swizzle=0)
+    # no padding at 2048 or 4096 rows: the measured 8-tile band stays (config None = the default)
+    assert pick(family, 2048, 14336, 4096).config.swizzle in (None, 3)
+    assert pick(family, 4096, 4096, 4096).config.swizzle in (None, 3)
+    # ping-pong's one-tile order has nothing to narrow; swap-AB counts the kernel's own M (the call's N)
+    assert pick(family, 8192, 8192, 8192).config.swizzle in (None, 0)
 
 
 def test_split_count_fills_the_machine_without_tiny_splits():
