@@ -109,6 +109,7 @@ class GemmRoute:
         self._stores = tuple(o for o in graph.outputs if isinstance(o, Store))
         self._names = tuple(o.name for o in graph.outputs)
         self._vec = ALIGN // conv.a.bytes
+        self._recipes: dict[tuple, tuple] = {}
 
     @property
     def gemm(self) -> Gemm:
@@ -121,13 +122,76 @@ class GemmRoute:
         return self._gemm
 
     def views(self, a: Any, b: Any, kwargs: Mapping[str, Any], out: Any):
-        """The GEMM call of a conv call: ``(A, B, kwargs, out, allocated)`` with (M, K), (N, K)
-        and (M, N) views, the outputs evtc allocated (name -> tensor in the Conv's layout), or
-        None when the call is not the GEMM's to run.
+        """The GEMM call of a conv call: ``(A, B, kwargs, out, allocate)`` with (M, K), (N, K)
+        and (M, N) views, and the M x N outputs evtc allocates, ``[(name, shape, strides, dtype,
+        framework, device)]`` in the Conv's layout (their (M, N) views are packed rows); or None when the call is not
+        the GEMM's to run. Calls whose tensors have the shapes, strides, dtypes and devices of
+        an earlier one reuse its views with their own pointers (NOTE [The launch path]).
 
         Raises:
             ArgumentError: an M x N argument of a wrong shape (named).
         """
+        fast = self._probe(a, b, kwargs, out)
+        if fast is not None:
+            key, objs = fast
+            recipe = self._recipes.get(key)
+            if recipe is not None and not (objs[0][1] % ALIGN or objs[1][1] % ALIGN):
+                templates, kw_names, out_names, allocate = recipe
+                made = [TensorView(obj, ptr, t.shape, t.strides, t.dtype, t.dtype_name, t.device, t.framework)
+                        for (obj, ptr), t in zip(objs, templates)]
+                kw = dict(kwargs)
+                for nm, v in zip(kw_names, made[2:]):
+                    kw[nm] = v
+                outs = {nm: v for nm, v in zip(out_names, made[2 + len(kw_names):])}
+                if isinstance(out, Mapping):
+                    for nm, v in out.items():
+                        if v is not None and nm not in outs:
+                            outs[nm] = v
+                return made[0], made[1], kw, outs, allocate
+        got = self._views(a, b, kwargs, out)
+        if got is not None and fast is not None:
+            A, B, kw, outs, allocate = got
+            kw_names = tuple(nm for nm in self._mxn_inputs if nm in kwargs)
+            out_names = tuple(o.name for o in self._stores if o.name in outs)
+            templates = (A, B, *(kw[nm] for nm in kw_names), *(outs[nm] for nm in out_names))
+            if len(self._recipes) > 256:
+                self._recipes.clear()
+            self._recipes[fast[0]] = (templates, kw_names, out_names, allocate)
+        return got
+
+    def _probe(self, a: Any, b: Any, kwargs: Mapping[str, Any], out: Any):
+        """(key, [(object, pointer)] of x, w, the M x N inputs and the given M x N outputs) by
+        the tensors' fast probes, or None when a tensor has none (the full path then)."""
+        if out is None:
+            given: Mapping[str, Any] = {}
+        elif type(out) is dict:
+            given = out
+        elif len(self._names) == 1:
+            given = {self._names[0]: out}
+        else:
+            return None
+        objs = [a, b] + [kwargs[nm] for nm in self._mxn_inputs if nm in kwargs]
+        objs += [given[o.name] for o in self._stores if given.get(o.name) is not None]
+        keys: list = [tuple(given), tuple(nm for nm in self._mxn_inputs if nm in kwargs)]
+        pairs = []
+        probes = tensors._PROBES
+        for x in objs:
+            probe = probes.get(type(x))
+            if probe is None:
+                probe = tensors.probe_for(type(x))
+                if probe is None:
+                    if not hasattr(x, "__cuda_array_interface__"):  # an instance attribute, not the class's
+                        return None
+                    probe = tensors.cai_probe
+            try:
+                k, p = probe(x)
+            except Exception:
+                return None
+            keys.append(k)
+            pairs.append((x, p))
+        return tuple(keys), pairs
+
+    def _views(self, a: Any, b: Any, kwargs: Mapping[str, Any], out: Any):
         c = self.conv
         layout, name = c.layout, c.name
         try:
@@ -156,19 +220,17 @@ class GemmRoute:
             else:
                 return None  # the conv binder says what is wrong
         outs: dict[str, Any] = {}
-        allocated: dict[str, Any] = {}
+        allocate = []
         for o in self._stores:
             if o.name in given:
                 outs[o.name] = mn_view(given[o.name], f"out['{o.name}']", M, N, out_nhwc, layout, name)
             else:
                 shape, strides = from_nhwc(out_nhwc, packed_strides(out_nhwc), layout)
-                obj, ptr = tensors.strided_allocator(vx.framework, vx.device, shape, strides, o.dtype)()
-                allocated[o.name] = obj
-                outs[o.name] = TensorView(obj, ptr, (M, N), (N, 1), o.dtype, o.dtype.name, vx.device, vx.framework)
+                allocate.append((o.name, shape, strides, o.dtype, vx.framework, vx.device))
         for nm, v in given.items():
             if nm not in outs:
                 outs[nm] = v  # reductions: (M,), (N,) or () as the conv's
-        return A, B, kw, outs, allocated
+        return A, B, kw, outs, tuple(allocate)
 
     def __call__(self, a: Any, b: Any, kwargs: Mapping[str, Any], out: Any, stream: Any):
         """Run a conv call on the Gemm; :data:`NOT_ROUTED` when it isn't the GEMM's.
@@ -184,7 +246,13 @@ class GemmRoute:
         got = self.views(a, b, kwargs, out)
         if got is None:
             return NOT_ROUTED
-        A, B, kw, outs, allocated = got
+        A, B, kw, outs, allocate = got
+        allocated: dict[str, Any] = {}
+        M, N = A.shape[0], B.shape[0]
+        for nm, shape, strides, dtype, framework, device in allocate:
+            obj, ptr = tensors.strided_allocator(framework, device, shape, strides, dtype)()
+            allocated[nm] = obj
+            outs[nm] = TensorView(obj, ptr, (M, N), (N, 1), dtype, dtype.name, device, framework)
         res = self.gemm.run(A, B, kw, outs or None, stream)
         if not isinstance(res, dict):
             res = {self._names[0]: res}

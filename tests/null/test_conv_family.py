@@ -79,13 +79,13 @@ def route_views(ep, x, w, kwargs, out, layout="nhwc"):
 def test_gemm_views_of_packed_nhwc():
     x, w = packed((2, 8, 6, 16)), packed((32, 1, 1, 16))
     C, D = packed((2, 8, 6, 32)), packed((2, 8, 6, 32))
-    A, B, kw, outs, allocated = route_views(bias_relu, x, w, {"C": C, "alpha": 1.0, "beta": 0.5,
-                                                              "bias": FakeCuda((32,), typestr="<f4")}, D)
+    A, B, kw, outs, allocate = route_views(bias_relu, x, w, {"C": C, "alpha": 1.0, "beta": 0.5,
+                                                             "bias": FakeCuda((32,), typestr="<f4")}, D)
     M = 2 * 8 * 6
     assert (A.shape, A.strides, A.ptr) == ((M, 16), (16, 1), view(x, "x").ptr)
     assert (B.shape, B.strides, B.ptr) == ((32, 16), (16, 1), view(w, "w").ptr)
     assert (kw["C"].shape, kw["C"].strides, kw["C"].ptr) == ((M, 32), (32, 1), view(C, "C").ptr)
-    assert (outs["D"].shape, outs["D"].strides) == ((M, 32), (32, 1)) and allocated == {}
+    assert (outs["D"].shape, outs["D"].strides) == ((M, 32), (32, 1)) and allocate == ()
     assert kw["alpha"] == 1.0 and kw["bias"] is not None  # scalars and vectors pass as they are
     # an M x N input may be the (M, N) matrix, as for the conv kernel
     Cm = packed((M, 32))
@@ -103,6 +103,27 @@ def test_gemm_views_of_channels_last_and_3d():
     x3, w3, D3 = packed((2, 3, 4, 5, 8)), packed((16, 1, 1, 1, 8)), packed((2, 3, 4, 5, 16))
     A, B, _, outs, _ = route_views(bias_silu, x3, w3, {"bias": FakeCuda((16,), typestr="<f4")}, D3)
     assert (A.shape, B.shape, outs["D"].shape) == ((120, 8), (16, 8), (120, 16))
+
+
+def test_later_calls_reuse_the_views_with_their_own_pointers():
+    conv = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90", layout="nchw")
+    route = conv.gemm_route
+    scale = FakeCuda((128,), typestr="<f4")
+    first = route.views(channels_last((2, 16, 8, 8)), channels_last((32, 16, 1, 1)), {"scale": scale}, None)
+    assert len(route._recipes) == 1
+    x, w, rmax = channels_last((2, 16, 8, 8)), channels_last((32, 16, 1, 1)), FakeCuda((128,), typestr="<f4")
+    again = route.views(x, w, {"scale": scale}, {"row_max": rmax})  # another key: out= differs
+    assert len(route._recipes) == 2 and again[3]["row_max"] is rmax
+    third = route.views(x, w, {"scale": scale}, None)
+    assert len(route._recipes) == 2
+    for got, want in zip(third[:2], first[:2]):
+        assert (got.shape, got.strides, got.dtype) == (want.shape, want.strides, want.dtype)
+    assert third[0].ptr == view(x, "x").ptr and third[1].ptr == view(w, "w").ptr and third[0].obj is x
+    # D is allocated channels-last (logical N, K, H, W), its (M, N) view packed
+    assert third[4] == (("D", (2, 32, 8, 8), (2048, 1, 256, 32), f16, "other", 0),)
+    # a misaligned x with a cached key goes the full way (and is not the GEMM's)
+    bad = FakeCuda((2, 16, 8, 8), ptr=(1 << 41) + 8, strides=x.__cuda_array_interface__["strides"])
+    assert route.views(bad, w, {"scale": scale}, None) is None
 
 
 def test_aux_rows_of_a_wider_tensor_keep_their_stride():
