@@ -575,6 +575,31 @@ class Conv:
         members = {n: (self.member(n).config, m.ctas_per_sm) for n, m in self.family.items()}
         return conv_family.choose(members, M, N, K, sm_count or get_target(self.arch).sm_count)
 
+    def kernel_for(self, a_shape: Sequence[int], b_shape: Sequence[int], problem: ConvProblem | None = None):
+        """The kernel a call with packed, aligned operands of these NHWC (KRSC) shapes runs on, and
+        its label: ``("m64", conv kernel)`` for a family member, ``("gemm:small", Gemm kernel)``
+        for a 1x1 problem on the Gemm, ``("base", ...)`` for a Conv of one kernel. Both kernels
+        have ``job()`` and ``build()`` (to prebuild what a set of layers runs).
+
+        Raises:
+            ArgumentError: shapes that are not a convolution of the Conv's kind (anchor
+                ``conv-problem``).
+        """
+        spec = (problem or _DEFAULT_PROBLEM).normalize(self.dims, self.name)
+        g = geometry(self.kind, self.dims, tuple(a_shape), tuple(b_shape), spec, None, self.name)
+        M, N, K = g.gemm
+        vec = 16 // self.a.bytes
+        if (self.gemm_route is not None and all(f == 1 for f in g.flt) and not (g.c % vec or g.k % vec)
+                and min(M, N, K) > 0 and pointwise_problem(self.kind, spec.stride, spec.padding, spec.dilation,
+                                                           spec.groups)):
+            gemm = self.gemm_route.gemm
+            member = gemm.choose(M, N, K)
+            return f"gemm:{member.name}", gemm.kernel(member)
+        if self.kind == "dgrad" and not spec.unit_stride:
+            return "strided", self._kernel("sm80", True)
+        name = self.choose(M, N, K)
+        return name, self.member(name)
+
     def _route(self, spec: ConvSpec, a: Any = None, b: Any = None, out: Any = None) -> _Kernel:
         """The kernel of a problem: strided dgrad runs on the sm80 strided-dgrad kernel (on either
         arch); an sm90 fprop family's member by :meth:`choose` (given the operands ``a`` and

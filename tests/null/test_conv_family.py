@@ -337,3 +337,43 @@ def test_to_nhwc_of_a_view_is_a_view():
     assert nv.shape == (2, 4, 4, 16) and nv.strides == (256, 64, 16, 1)
     assert view(nv, "x") is nv  # TensorViews pass through evtc.runtime.tensors.view
     assert conv_gemm.NOT_ROUTED is not None
+
+
+# ---- what a call runs on, for the benchmarks' prebuilds ----------------------------------------------
+
+
+def test_kernel_for_names_the_route_or_the_member():
+    conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
+    label, k = conv.kernel_for((32, 56, 56, 256), (64, 1, 1, 256))
+    gemm = conv.gemm_route.gemm
+    assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}" and k.job().source in {j.source for j in gemm.jobs()}
+    label, k = conv.kernel_for((8, 8, 8, 1280), (1280, 3, 3, 1280), evtc.ConvProblem(padding=1))
+    assert (label, k.member) == ("m64", "m64")
+    # 1x1 with stride 2 (ResNet's downsampling shortcut) stays on a conv kernel
+    label, _ = conv.kernel_for((32, 56, 56, 256), (512, 1, 1, 256), evtc.ConvProblem(stride=2))
+    assert not label.startswith("gemm")
+    dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    assert dgrad.kernel_for((2, 8, 8, 32), (32, 3, 3, 16), evtc.ConvProblem(stride=2, padding=1, input_size=(16, 16)))[0] \
+        == "strided"
+
+
+def test_explore_and_bench_prebuild_lists():
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for d in ("benchmarks", "tests/gpu"):
+        if str(root / d) not in sys.path:
+            sys.path.insert(0, str(root / d))
+    import bench_conv
+    import explore_conv
+
+    assert {l.n for l in bench_conv.RESNET50} == {32} and {l.n for l in bench_conv.UNET} == {8}
+    table = explore_conv.convs(("unet",))
+    assert {name for (_, name) in table} == set(CF.CANDIDATES) | {"family"}
+    assert all(isinstance(c, evtc.Conv) for c in table.values())
+    jobs = explore_conv.kernels(("unet",))
+    # one kernel per candidate (the family's picks are among them; no 1x1 layer in the UNet)
+    assert len(jobs) == len(CF.CANDIDATES)
+    rn = explore_conv.kernels(("resnet50",), candidates=("base",))
+    assert any("[" in j.name and "bias_relu" in j.name for j in rn)  # the 1x1 layers' Gemm members
