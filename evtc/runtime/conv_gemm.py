@@ -113,12 +113,13 @@ class GemmRoute:
 
     @property
     def gemm(self) -> Gemm:
-        """The Gemm of the Conv's epilogue, dtypes and arch (its default family)."""
+        """The Gemm of the Conv's epilogue, dtypes, arch and plan policy (its default family)."""
         if self._gemm is None:
             from evtc.gemm import Gemm
 
             c = self.conv
-            self._gemm = Gemm(c.traced, a=c.a, b=c.b, c=c.c, d=c.d, arch=c.arch)
+            policy = c._plan_args.get("policy", "evtc") if c._plan_args else "evtc"
+            self._gemm = Gemm(c.traced, a=c.a, b=c.b, c=c.c, d=c.d, arch=c.arch, plan=policy)
         return self._gemm
 
     def views(self, a: Any, b: Any, kwargs: Mapping[str, Any], out: Any):
