@@ -169,7 +169,9 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     ``config`` is a dict of :class:`~evtc.plan.config.GemmConfig` fields, or a GemmConfig whose
     fields left at GemmConfig's defaults take the conv defaults. sm90 takes ``tile`` (M of 64
     or 128: one consumer warpgroup, whose ``TM*TN/128`` f32 accumulators per thread are at most
-    128), ``cluster``, ``stages``, ``epilogue_tile``; sm80 ``tile``, ``warp_tile``, ``stages``,
+    128; N a multiple of 16 up to 256), ``cluster`` (1, 2 or 4 per mode, at most 4 CTAs: TMA
+    multicast of the activation over N, of the filter over M), ``stages``, ``epilogue_tile`` (M
+    = 64, N of 16, 32 or 64 dividing the tile's); sm80 ``tile``, ``warp_tile``, ``stages``,
     ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
     fit; sm80 128x128x32, warps 64x64x32, 4 stages.
 
