@@ -12,6 +12,8 @@ GPU time for both sets):
 Per layer (bf16, channels-last, ``act(conv(x, w) + bias[k])``: SiLU on the UNet, ReLU on
 ResNet-50, as bench_conv.py): each candidate runs as a Conv pinned to its configuration
 (``Conv(config=...)``), ``route`` as a family Conv on a 1x1 layer (its Gemm's heuristic pick),
+``gemm:MEMBER`` (1x1 layers) each member of that Gemm's family pinned, on torch views of the same
+NHWC memory (stream-K members data-parallel; swap-AB only where M <= 256),
 ``family`` as a user's Conv (the heuristic's pick, or the route), ``cudnn_eager`` as torch's
 ``act(F.conv2d(x, w) + bias)``. Each output is first checked against cuDNN's (relative error
 below 2 %: a wrong kernel is recorded, not timed). Times are device times: each candidate
@@ -76,18 +78,38 @@ def convs(nets=("unet", "resnet50"), candidates=CANDIDATES) -> dict:
     return out
 
 
+def gemm_members(conv: evtc.Conv, M: int) -> dict:
+    """``gemm:MEMBER`` -> a Gemm pinned to each member of ``conv``'s route Gemm family that a 1x1
+    layer of M rows can use (stream-K members run data-parallel; swap-AB only for M <= 256)."""
+    out = {}
+    for name, spec in conv.gemm_route.gemm.family.items():
+        if spec.config.swap_ab and M > 256:
+            continue
+        cfg = spec.config
+        if cfg.scheduler == "streamk":
+            cfg = cfg.replace(decomposition="data_parallel")
+        out[f"gemm:{name}"] = evtc.Gemm(conv.traced, a=bf16, b=bf16, d=bf16, arch="sm90", config=cfg)
+    return out
+
+
 def kernels(nets=("unet", "resnet50"), only: str | None = None, candidates=CANDIDATES) -> list:
     """Build jobs of every kernel the exploration runs (benchmarks/prebuild.py ``conv:explore``):
-    each candidate per network's epilogue, and the Gemm member each 1x1 layer's route runs on."""
+    each candidate per network's epilogue, the Gemm member each 1x1 layer's route runs on, and
+    the pinned Gemm members of the 1x1 layers."""
     table = convs(nets, candidates)
     jobs = [c._kernels[("sm90", False)].job() for c in table.values() if isinstance(c, evtc.Conv)
             and c.pinned]
     for net, layer in layers(nets, only):
         jobs.append(BC.fprop_kernel(table[(net, "family")], layer)[1].job())
+        if is_1x1(layer):
+            for g in gemm_members(table[(net, "family")], layer.n * layer.h * layer.w).values():
+                jobs += g.jobs()
     return list({j.source: j for j in jobs}.values())
 
 
-def explore_layer(net: str, layer: BC.Layer, table: dict, candidates, args, broken: set) -> dict:
+def explore_layer(net: str, layer: BC.Layer, table: dict, candidates, args, broken: set, built: set) -> dict:
+    """One layer's row: every candidate checked against cuDNN and timed (``broken``: (net,
+    candidate) whose build failed; ``built``: the sources that built)."""
     import torch
     import torch.nn.functional as F
 
@@ -121,18 +143,26 @@ def explore_layer(net: str, layer: BC.Layer, table: dict, candidates, args, brok
            "rel_err": {}}
     runs = {"cudnn_eager": eager}
     names = list(candidates) + (["route"] if is_1x1(layer) else []) + ["family"]
-    for name in names:
-        conv = family if name in ("route", "family") else table[(net, name)]
+    gemms = gemm_members(family, M) if is_1x1(layer) else {}
+    for name in names + list(gemms):
+        conv = gemms[name] if name in gemms else family if name in ("route", "family") else table[(net, name)]
         if isinstance(conv, Exception):
             row["errors"][name] = f"{type(conv).__name__}: {conv}"
             continue
-        if (net, name) in broken:
+        if (net, name) in broken or (name in gemms and any(j.source not in built for j in conv.jobs())):
             row["errors"][name] = "its build failed"
             continue
         y = torch.empty(layer.n, layer.k, p, q, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl)
 
-        def run(conv=conv, y=y):
-            return conv(x, w, problem=problem, out=y, bias=bias)
+        if name in gemms:  # A = x as (M, C), B = w as (K, C), D = y as (M, K): views of NHWC memory
+            A2, B2 = x.permute(0, 2, 3, 1).reshape(M, K), w.permute(0, 2, 3, 1).reshape(N, K)
+            D2 = y.permute(0, 2, 3, 1).view(M, N)
+
+            def run(g=conv, A2=A2, B2=B2, D2=D2):
+                return g(A2, B2, out=D2, bias=bias)
+        else:
+            def run(conv=conv, y=y):
+                return conv(x, w, problem=problem, out=y, bias=bias)
 
         try:
             run()
@@ -156,7 +186,7 @@ def explore_layer(net: str, layer: BC.Layer, table: dict, candidates, args, brok
                 row["ms"][name] = ms
             else:
                 row["errors"][name] = "could not be timed (CUDA graph capture failed)"
-    timed = {n: v for n, v in row["ms"].items() if n not in ("family",)}
+    timed = {n: v for n, v in row["ms"].items() if n != "family"}
     if timed:
         best = min(timed, key=timed.get)
         row["best"], row["best_over_cudnn_eager"] = best, timed[best] / base
@@ -199,7 +229,7 @@ def main() -> None:
     rows = []
     for net, layer in layers(nets, args.layers):
         try:
-            row = explore_layer(net, layer, table, candidates, args, broken)
+            row = explore_layer(net, layer, table, candidates, args, broken, built)
         except Exception as e:  # noqa: BLE001 - the next layer may still run
             traceback.print_exc()
             row = {"net": net, "layer": layer.name, "errors": {"layer": f"{type(e).__name__}: {e}"}, "ms": {}}
