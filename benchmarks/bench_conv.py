@@ -283,12 +283,16 @@ def main() -> None:
             rows += got
             torch.cuda.empty_cache()
     summary = {}
-    for mode in ("fprop", "dgrad", "strided_dgrad"):
-        sel = [r for r in rows if r["mode"] == mode]
+    groups = [(mode, None) for mode in ("fprop", "dgrad", "strided_dgrad")] + [("fprop", net) for net in LAYERS]
+    for mode, net in groups:
+        sel = [r for r in rows if r["mode"] == mode and net in (None, r["net"])]
         if sel:
-            summary[mode] = {"median_evtc_over_cudnn_eager": statistics.median(r["evtc_over_cudnn_eager"] for r in sel),
-                             "max_evtc_over_cudnn_eager": max(r["evtc_over_cudnn_eager"] for r in sel),
-                             "median_evtc_over_compile": statistics.median(r["evtc_over_compile"] for r in sel)}
+            summary[mode if net is None else f"{mode}_{net}"] = {
+                "median_evtc_over_cudnn_eager": statistics.median(r["evtc_over_cudnn_eager"] for r in sel),
+                "max_evtc_over_cudnn_eager": max(r["evtc_over_cudnn_eager"] for r in sel),
+                "layers_slower_than_cudnn_eager": sum(r["evtc_over_cudnn_eager"] > 1 for r in sel),
+                "layers": len(sel),
+                "median_evtc_over_compile": statistics.median(r["evtc_over_compile"] for r in sel)}
     strided = [r for r in rows if r["mode"] == "strided_dgrad"]
     if strided:
         summary["divmod"] = {divmod_name(f): statistics.median(r[f"{divmod_name(f)}_over_div"] for r in strided)
