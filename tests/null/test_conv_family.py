@@ -377,3 +377,25 @@ def test_explore_and_bench_prebuild_lists():
     assert len(jobs) == len(CF.CANDIDATES)
     rn = explore_conv.kernels(("resnet50",), candidates=("base",))
     assert any("[" in j.name and "bias_relu" in j.name for j in rn)  # the 1x1 layers' Gemm members
+
+
+def test_the_gemm_sees_the_conv_kernels_problem():
+    """The Gemm's checks of the route's views give the implicit GEMM's M, N, K, the output's row
+    stride, and the same reduction outputs (shapes, identities for an empty call) as the conv
+    kernel's binder of the same call."""
+    from evtc.abi import ctypes_struct
+    from evtc.runtime.conv_bind import ConvBinder, conv_abi_fields
+
+    conv = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90")
+    x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
+    kw = {"scale": FakeCuda((128,), typestr="<f4")}
+    A, B, gkw, outs, _ = conv.gemm_route.views(x, w, kw, {"D": D})
+    gsig, _ = conv.gemm_route.gemm._prober.signature(A, B, gkw, outs)
+    sp = evtc.ConvProblem().normalize(2)
+    cb = ConvBinder(conv.graph, f16, f16, ctypes_struct(conv_abi_fields(conv.graph)), kind="fprop", dims=2,
+                    layout="nhwc", spec=sp, arch="sm90", tile=conv.config.tile)
+    csig, _ = cb.signature(x, w, kw, {"D": D})
+    assert (gsig.M, gsig.N, gsig.K, gsig.L) == (csig.M, csig.N, csig.K, csig.L) == (128, 32, 16, 1)
+    assert gsig.values["ld_D"] == csig.values["ld_D"] == 32
+    assert [(a.name, a.shape) for a in gsig.allocs] == [(a.name, a.shape) for a in csig.allocs] == \
+        [("row_max", (128,)), ("csum", (32,)), ("amax", ())]
