@@ -1,5 +1,5 @@
 """Every candidate kernel of the sm90 conv family (evtc/family/conv.py CANDIDATES: tiles, clusters,
-two CTAs per SM, the epilogue tile) and, on 1x1 layers, the GEMM route, on each fprop layer of
+the epilogue tile) and, on 1x1 layers, the GEMM route, on each fprop layer of
 bench_conv.py's UNet and ResNet-50 sets, beside cuDNN's conv followed by the eager epilogue, in
 one run: the evidence for the family's heuristic (NOTE [The sm90 conv family]).
 

@@ -21,20 +21,26 @@ to it). So a family varies what the kernel does take:
   activation when the cluster's N extent is above 1 and ``SM90_TMA_LOAD_MULTICAST`` for the filter
   when its M extent is (``sm90_gmma_builder.inl``, ``sm90_common.inl``); the grid is rounded up to
   whole clusters (``get_tiled_cta_shape_mnl``);
-* the mainloop stages: with 4 stages a 128x64 or 64x128 CTA takes about 97 KiB of shared memory
-  (``evtc.conv.sm90_kernel_smem``), so two CTAs fit one SM's 228 KiB, and one CTA's epilogue
-  runs while the other's mainloop does (what ping-pong does inside one CTA); whether their
-  registers let two CTAs stay resident is for the measurement (benchmarks/explore_conv.py);
 * the epilogue tile (64x32 by the planner; 64x64).
 
-:data:`CANDIDATES` are all of these (benchmarks/explore_conv.py times each on bench_conv's
-layers); :data:`FAMILY` the ones the heuristic chooses between. The heuristic
+Not a candidate: two CTAs per SM (one CTA's epilogue under the other's mainloop, what ping-pong
+does inside one CTA). With 4 stages a 128x64 or 64x128 CTA takes about 97 KiB of shared memory
+(``evtc.conv.sm90_kernel_smem``), so two would fit an SM's 228 KiB, but the registers don't: the
+64x128 kernel of ``dgelu_bgrad`` (tests/compile) takes 182 registers a thread (cuobjdump
+``--dump-resource-usage``, nvcc 13.0), and two CTAs of 256 threads need at most 128
+(65536 a SM). The kernel's ``__launch_bounds__`` asks for one CTA per SM
+(``MinBlocksPerMultiprocessor = 1``, ``gemm/kernel/sm90_gemm_tma_warpspecialized.hpp``); a member
+with two would need a derived kernel type that sets it to 2 (and the spills measured).
+:attr:`ConvMember.ctas_per_sm` is there for such a member.
+
+:data:`CANDIDATES` are these (benchmarks/explore_conv.py times each on bench_conv's layers);
+:data:`FAMILY` the ones the heuristic chooses between. The heuristic
 (:func:`choose`) knows only what needs no measurement: wave quantization. Each candidate's time
 is modelled as (waves of its CTAs over the SMs) x (its tile's work) / (its tile's relative MMA
 efficiency); the default 128x128 stays unless another member is modelled :data:`MARGIN` faster.
 Until explore_conv has run on the H100, :data:`EFFICIENCY` is a guess (smaller tiles re-read
-operands more per FLOP) and :data:`FAMILY` holds only the plain tile variants; the cluster,
-two-CTA and epilogue-tile candidates are built and timed by the exploration only, and pinned
+operands more per FLOP) and :data:`FAMILY` holds only the plain tile variants; the 64x256,
+cluster and epilogue-tile candidates are built and timed by the exploration only, and pinned
 with ``Conv(config=...)``.
 
 # NOTE [1x1 convolutions as GEMMs]
@@ -71,8 +77,6 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "n64": ({"tile": (128, 64)}, 1),
     "m64": ({"tile": (64, 128)}, 1),
     "wide": ({"tile": (64, 256)}, 1),
-    "n64x2": ({"tile": (128, 64), "stages": 4}, 2),              # two CTAs per SM
-    "m64x2": ({"tile": (64, 128), "stages": 4}, 2),
     "c2x1": ({"cluster": (2, 1, 1)}, 1),                         # filter multicast along M
     "c1x2": ({"cluster": (1, 2, 1)}, 1),                         # activation multicast along N
     "epi64": ({"epilogue_tile": (64, 64)}, 1),

@@ -231,7 +231,10 @@ def test_family_members_and_candidates_plan():
         cm, cn, _ = cfg.cluster
         assert f"using ClusterShape = cute::Shape<cute::_{cm}, cute::_{cn}, cute::_1>;" in src
     assert conv.member("epi64").plan.epilogue_tile == (64, 64) and conv.plan.epilogue_tile == (64, 32)
-    assert conv.member("m64x2").plan.mainloop_stages == 4
+    # two CTAs of a 4-stage 64x128 tile would fit an SM's shared memory (not its registers: NOTE
+    # [The sm90 conv family])
+    m64x2 = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90", config={"tile": (64, 128, 64), "stages": 4})
+    assert 2 * (m64x2.plan.kernel_smem_bound + CF.CTA_RESERVED_SMEM) <= CF.SM_SMEM_BYTES
 
 
 def test_the_main_kernel_is_the_pinned_default():
