@@ -125,9 +125,10 @@ class GemmRoute:
     def views(self, a: Any, b: Any, kwargs: Mapping[str, Any], out: Any):
         """The GEMM call of a conv call: ``(A, B, kwargs, out, allocate)`` with (M, K), (N, K)
         and (M, N) views, and the M x N outputs evtc allocates, ``[(name, shape, strides, dtype,
-        framework, device)]`` in the Conv's layout (their (M, N) views are packed rows); or None when the call is not
-        the GEMM's to run. Calls whose tensors have the shapes, strides, dtypes and devices of
-        an earlier one reuse its views with their own pointers (NOTE [The launch path]).
+        framework, device)]`` in the Conv's layout (their (M, N) views are packed rows); or None
+        when the call is not the GEMM's to run. Calls whose tensors have the shapes, strides,
+        dtypes and devices of an earlier one reuse its views with their own pointers (NOTE [The
+        launch path]).
 
         Raises:
             ArgumentError: an M x N argument of a wrong shape (named).
