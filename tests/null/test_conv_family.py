@@ -349,15 +349,16 @@ def test_kernel_for_names_the_route_or_the_member():
     conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
     label, k = conv.kernel_for((32, 56, 56, 256), (64, 1, 1, 256))
     gemm = conv.gemm_route.gemm
-    assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}" and k.job().source in {j.source for j in gemm.jobs()}
+    assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}"
+    assert k.job().source in {j.source for j in gemm.jobs()}
     label, k = conv.kernel_for((8, 8, 8, 1280), (1280, 3, 3, 1280), evtc.ConvProblem(padding=1))
     assert (label, k.member) == ("m64", "m64")
     # 1x1 with stride 2 (ResNet's downsampling shortcut) stays on a conv kernel
     label, _ = conv.kernel_for((32, 56, 56, 256), (512, 1, 1, 256), evtc.ConvProblem(stride=2))
     assert not label.startswith("gemm")
     dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
-    assert dgrad.kernel_for((2, 8, 8, 32), (32, 3, 3, 16), evtc.ConvProblem(stride=2, padding=1, input_size=(16, 16)))[0] \
-        == "strided"
+    problem = evtc.ConvProblem(stride=2, padding=1, input_size=(16, 16))
+    assert dgrad.kernel_for((2, 8, 8, 32), (32, 3, 3, 16), problem)[0] == "strided"
 
 
 def test_explore_and_bench_prebuild_lists():
