@@ -4,13 +4,16 @@ On the GPU machine (after ``python benchmarks/prebuild.py conv:bench`` here or t
 
     python benchmarks/bench_conv.py --json $OUT/conv.json
 
-Layers: ResNet-50's convolutions (batch 64) and a Stable-Diffusion-style UNet's (64x64 latents,
+Layers: ResNet-50's convolutions (batch 32) and a Stable-Diffusion-style UNet's (64x64 latents,
 batch 8), bf16, channels-last (torch ``channels_last`` tensors, evtc's ``layout="nchw"``). Per
 layer, three modes:
 
-* ``fprop``: ``silu(conv(x, w) + bias[k])``; evtc's fused kernel against cuDNN's conv followed by
-  the eager epilogue (``F.silu(F.conv2d(x, w) + bias)``) and against ``torch.compile`` of that
-  function (Inductor: cuDNN's conv, the epilogue as one Triton kernel);
+* ``fprop``: ``act(conv(x, w) + bias[k])``, act = ReLU on ResNet-50's layers and SiLU on the
+  UNet's; evtc's Conv as a user gets it (no ``config``: the sm90 family's member its heuristic
+  picks per layer, 1x1 layers on its Gemm; the ``evtc_kernel`` column names it) against cuDNN's
+  conv followed by the eager epilogue (``F.silu(F.conv2d(x, w) + bias)``) and against
+  ``torch.compile`` of that function (Inductor: cuDNN's conv, the epilogue as one Triton kernel;
+  ``--no-compile`` leaves it out);
 * ``dgrad``: ``dx = conv_input(dy, w) * (F > 0)``, the input gradient through a ReLU whose
   pre-activation F was saved (dReLU); unit-stride layers on the Conv's arch, stride-2 layers on
   the sm80 strided-dgrad kernel; against ``torch.nn.grad.conv2d_input`` (cuDNN's dgrad) and the
@@ -21,7 +24,10 @@ layer, three modes:
   the same run.
 
 Device times per call: median of --iters samples of back-to-back calls, CUDA events, after
-warm-up, the candidates of a layer interleaved (evtc.bench.time_interleaved). Ratios below 1 mean
+warm-up, the candidates of a layer interleaved (evtc.bench.time_interleaved); ``--graphs`` times
+each in a CUDA graph instead (evtc.bench.time_graphs: the kernels alone, no host launch path,
+for layers of a few microseconds).
+benchmarks/explore_conv.py times every candidate kernel of the family per layer. Ratios below 1 mean
 evtc is faster. The issue's target: evtc fused at least as fast as cuDNN + eager on every layer,
 faster than torch.compile on the median layer.
 """
@@ -41,8 +47,14 @@ from evtc import bf16
 
 @evtc.epilogue
 def bias_silu(acc, bias: evtc.RowVector[bf16]):
-    """fprop's epilogue: silu(acc + bias[k])."""
+    """The UNet's fprop epilogue: silu(acc + bias[k])."""
     return evtc.silu(acc + bias)
+
+
+@evtc.epilogue
+def bias_relu(acc, bias: evtc.RowVector[bf16]):
+    """ResNet-50's fprop epilogue: relu(acc + bias[k]) (a folded batch norm's shift, then ReLU)."""
+    return evtc.relu(acc + bias)
 
 
 @evtc.epilogue
@@ -69,21 +81,22 @@ class Layer:
         return ((self.h + 2 * self.pad - self.r) // self.stride + 1, (self.w + 2 * self.pad - self.s) // self.stride + 1)
 
 
-# ResNet-50 (torchvision's v1.5: the stride in the 3x3), batch 64; conv1 (3 input channels) is left
+# ResNet-50 (torchvision's v1.5: the stride in the 3x3), batch 32; conv1 (3 input channels) is left
 # out: its channels are not a 16-byte vector (evtc's conv kernels need C % 8 == 0)
+RN_BATCH = 32
 RESNET50 = [
-    Layer("rn50_res2_1x1_256_64", 64, 56, 56, 256, 64, 1, 1, 1, 0),
-    Layer("rn50_res2_3x3_64", 64, 56, 56, 64, 64, 3, 3, 1, 1),
-    Layer("rn50_res2_1x1_64_256", 64, 56, 56, 64, 256, 1, 1, 1, 0),
-    Layer("rn50_res3_3x3_128_s2", 64, 56, 56, 128, 128, 3, 3, 2, 1),
-    Layer("rn50_res3_3x3_128", 64, 28, 28, 128, 128, 3, 3, 1, 1),
-    Layer("rn50_res3_1x1_128_512", 64, 28, 28, 128, 512, 1, 1, 1, 0),
-    Layer("rn50_res3_down_256_512_s2", 64, 56, 56, 256, 512, 1, 1, 2, 0),
-    Layer("rn50_res4_3x3_256", 64, 14, 14, 256, 256, 3, 3, 1, 1),
-    Layer("rn50_res4_3x3_256_s2", 64, 28, 28, 256, 256, 3, 3, 2, 1),
-    Layer("rn50_res4_1x1_1024_256", 64, 14, 14, 1024, 256, 1, 1, 1, 0),
-    Layer("rn50_res5_3x3_512", 64, 7, 7, 512, 512, 3, 3, 1, 1),
-    Layer("rn50_res5_1x1_512_2048", 64, 7, 7, 512, 2048, 1, 1, 1, 0),
+    Layer("rn50_res2_1x1_256_64", RN_BATCH, 56, 56, 256, 64, 1, 1, 1, 0),
+    Layer("rn50_res2_3x3_64", RN_BATCH, 56, 56, 64, 64, 3, 3, 1, 1),
+    Layer("rn50_res2_1x1_64_256", RN_BATCH, 56, 56, 64, 256, 1, 1, 1, 0),
+    Layer("rn50_res3_3x3_128_s2", RN_BATCH, 56, 56, 128, 128, 3, 3, 2, 1),
+    Layer("rn50_res3_3x3_128", RN_BATCH, 28, 28, 128, 128, 3, 3, 1, 1),
+    Layer("rn50_res3_1x1_128_512", RN_BATCH, 28, 28, 128, 512, 1, 1, 1, 0),
+    Layer("rn50_res3_down_256_512_s2", RN_BATCH, 56, 56, 256, 512, 1, 1, 2, 0),
+    Layer("rn50_res4_3x3_256", RN_BATCH, 14, 14, 256, 256, 3, 3, 1, 1),
+    Layer("rn50_res4_3x3_256_s2", RN_BATCH, 28, 28, 256, 256, 3, 3, 2, 1),
+    Layer("rn50_res4_1x1_1024_256", RN_BATCH, 14, 14, 1024, 256, 1, 1, 1, 0),
+    Layer("rn50_res5_3x3_512", RN_BATCH, 7, 7, 512, 512, 3, 3, 1, 1),
+    Layer("rn50_res5_1x1_512_2048", RN_BATCH, 7, 7, 512, 2048, 1, 1, 1, 0),
 ]
 # A Stable-Diffusion-1.5-style UNet at 64x64 latents, batch 8: the 3x3 convolutions of its
 # resnet blocks at each resolution and its stride-2 downsamplers
@@ -97,6 +110,8 @@ UNET = [
     Layer("unet_down_640_s2", 8, 32, 32, 640, 640, 3, 3, 2, 1),
 ]
 LAYERS = {"resnet50": RESNET50, "unet": UNET}
+#: each network's fprop activation (its epilogue: bias + activation)
+ACTIVATION = {"resnet50": "relu", "unet": "silu"}
 DIVMODS = [(True, True), (True, False), (False, True), (False, False)]
 
 
@@ -105,9 +120,11 @@ def divmod_name(fast: tuple[bool, bool]) -> str:
 
 
 def convs(arch: str) -> dict:
-    """The benchmark's Convs: fprop and dgrad on ``arch`` (dgrad's strided problems run on its
-    strided sm80 kernel), and one strided-dgrad Conv per FastDivmod choice."""
-    out = {"fprop": evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch=arch, layout="nchw"),
+    """The benchmark's Convs: fprop (``fprop_relu``, ``fprop_silu``: families on sm90, no config)
+    and dgrad on ``arch`` (dgrad's strided problems run on its strided sm80 kernel), and one
+    strided-dgrad Conv per FastDivmod choice."""
+    out = {"fprop_silu": evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch=arch, layout="nchw"),
+           "fprop_relu": evtc.Conv(bias_relu, kind="fprop", a=bf16, d=bf16, arch=arch, layout="nchw"),
            "dgrad": evtc.Conv(drelu, kind="dgrad", a=bf16, c=bf16, d=bf16, arch=arch, layout="nchw")}
     for fast in DIVMODS:
         out[divmod_name(fast)] = evtc.Conv(drelu, kind="dgrad", a=bf16, d=bf16, arch="sm80", layout="nchw",
@@ -115,25 +132,37 @@ def convs(arch: str) -> dict:
     return out
 
 
+def fprop_kernel(conv, layer: Layer):
+    """(label, kernel) a family Conv runs ``layer``'s fprop on (evtc.Conv.kernel_for)."""
+    return conv.kernel_for((layer.n, layer.h, layer.w, layer.c), (layer.k, layer.r, layer.s, layer.c),
+                           evtc.ConvProblem(stride=layer.stride, padding=layer.pad))
+
+
 def kernels(arch: str = "sm90") -> list:
-    """(source, arch, name) jobs of every kernel the benchmark runs (benchmarks/prebuild.py conv:bench)."""
+    """Build jobs of every kernel the benchmark runs (benchmarks/prebuild.py conv:bench): the fprop
+    kernel each layer runs on, dgrad's, and the strided-dgrad variants."""
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import conv_cases
 
     table = convs(arch)
-    pairs = [(table["fprop"], False), (table["dgrad"], False)]
-    pairs += [(table[divmod_name(f)], True) for f in DIVMODS]
-    return conv_cases.kernels(pairs)
+    jobs = [fprop_kernel(table[f"fprop_{ACTIVATION[net]}"], layer)[1].job()
+            for net, layers in LAYERS.items() for layer in layers]
+    pairs = [(table["dgrad"], False)] + [(table[divmod_name(f)], True) for f in DIVMODS]
+    return list({j.source: j for j in jobs + conv_cases.kernels(pairs)}.values())
 
 
-def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict) -> list[dict]:
+def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict, act: str = "silu",
+                timer=None, fprop_only: bool = False) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.grad import conv2d_input
 
     from evtc.bench import time_interleaved
 
+    timer = timer or time_interleaved
     cl = torch.channels_last
+    activation = F.relu if act == "relu" else F.silu
+    fprop_conv = table[f"fprop_{act}"]
     dev = "cuda"
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)
@@ -154,17 +183,21 @@ def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict) -> list[d
     dx = torch.empty_like(x)
 
     def eager_fprop():
-        return F.silu(F.conv2d(x, w, None, stride, pad) + bias.view(1, -1, 1, 1))
+        return activation(F.conv2d(x, w, None, stride, pad) + bias.view(1, -1, 1, 1))
 
     def eager_dgrad():
         return conv2d_input(x.shape, w, dy, stride, pad) * (Fpre > 0)
 
     rows = []
-    fns = {"evtc": lambda: table["fprop"](x, w, problem=problem, out=y, bias=bias), "cudnn_eager": eager_fprop}
+    fns = {"evtc": lambda: fprop_conv(x, w, problem=problem, out=y, bias=bias), "cudnn_eager": eager_fprop}
     if compiled:
-        fns["torch_compile"] = lambda: compiled["fprop"](x, w, bias, stride, pad)
-    t = time_interleaved(fns, iters)
-    rows.append(_row(layer, "fprop", t))
+        fns["torch_compile"] = lambda: compiled[f"fprop_{act}"](x, w, bias, stride, pad)
+    t = timer(fns, iters)
+    row = _row(layer, "fprop", t)
+    row["evtc_kernel"] = fprop_kernel(fprop_conv, layer)[0]
+    rows.append(row)
+    if fprop_only:
+        return rows
 
     fns = {"evtc": lambda: table["dgrad"](dy, w, problem=dproblem, out=dx, F=Fpre), "cudnn_eager": eager_dgrad}
     if compiled:
@@ -173,8 +206,9 @@ def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict) -> list[d
         for fast in DIVMODS:
             conv = table[divmod_name(fast)]
             fns[divmod_name(fast)] = (lambda conv=conv: conv(dy, w, problem=dproblem, out=dx, F=Fpre))
-    t = time_interleaved(fns, iters)
+    t = timer(fns, iters)
     row = _row(layer, "strided_dgrad" if layer.stride > 1 else "dgrad", t)
+    row["evtc_kernel"] = "strided" if layer.stride > 1 else "base"
     if layer.stride > 1:
         base = t[divmod_name((False, False))]
         for fast in DIVMODS:
@@ -200,13 +234,17 @@ def compiled_fns() -> dict:
     import torch.nn.functional as F
     from torch.nn.grad import conv2d_input
 
-    def fprop(x, w, b, stride, pad):
+    def fprop_silu(x, w, b, stride, pad):
         return F.silu(F.conv2d(x, w, None, stride, pad) + b.view(1, -1, 1, 1))
+
+    def fprop_relu(x, w, b, stride, pad):
+        return F.relu(F.conv2d(x, w, None, stride, pad) + b.view(1, -1, 1, 1))
 
     def dgrad(shape, w, dy, Fpre, stride, pad):
         return conv2d_input(shape, w, dy, stride, pad) * (Fpre > 0)
 
-    return {"fprop": torch.compile(fprop, dynamic=False), "dgrad": torch.compile(dgrad, dynamic=False)}
+    return {"fprop_silu": torch.compile(fprop_silu, dynamic=False), "fprop_relu": torch.compile(fprop_relu, dynamic=False),
+            "dgrad": torch.compile(dgrad, dynamic=False)}
 
 
 def main() -> None:
@@ -216,9 +254,13 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(LAYERS), help="one network's layers")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles once per layer)")
     ap.add_argument("--layers", help="comma-separated layer names (default: every layer)")
+    ap.add_argument("--graphs", action="store_true", help="time each candidate in a CUDA graph (evtc.bench.time_graphs)")
+    ap.add_argument("--fprop-only", action="store_true", help="skip the dgrad modes")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
+
+    from evtc.bench import time_graphs
 
     table = convs(args.arch)
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
@@ -231,27 +273,32 @@ def main() -> None:
         for layer in layers:
             if args.layers and layer.name not in args.layers.split(","):
                 continue
-            got = bench_layer(layer, table, args.iters, compiled)
+            got = bench_layer(layer, table, args.iters, compiled, ACTIVATION[net],
+                              time_graphs if args.graphs else None, fprop_only=args.fprop_only)
             for r in got:
                 r["net"] = net
-                print(f"{r['layer']:28s} {r['mode']:13s} evtc {r['evtc_ms']:.3f} ms  cuDNN+eager "
+                print(f"{r['layer']:28s} {r['mode']:13s} {r['evtc_kernel']:14s} evtc {r['evtc_ms']:.3f} ms  cuDNN+eager "
                       f"{r['cudnn_eager_ms']:.3f}  compile {r['compile_ms']:.3f}  ratios "
                       f"{r['evtc_over_cudnn_eager']:.3f} / {r['evtc_over_compile']:.3f}", flush=True)
             rows += got
             torch.cuda.empty_cache()
     summary = {}
-    for mode in ("fprop", "dgrad", "strided_dgrad"):
-        sel = [r for r in rows if r["mode"] == mode]
+    groups = [(mode, None) for mode in ("fprop", "dgrad", "strided_dgrad")] + [("fprop", net) for net in LAYERS]
+    for mode, net in groups:
+        sel = [r for r in rows if r["mode"] == mode and net in (None, r["net"])]
         if sel:
-            summary[mode] = {"median_evtc_over_cudnn_eager": statistics.median(r["evtc_over_cudnn_eager"] for r in sel),
-                             "max_evtc_over_cudnn_eager": max(r["evtc_over_cudnn_eager"] for r in sel),
-                             "median_evtc_over_compile": statistics.median(r["evtc_over_compile"] for r in sel)}
+            summary[mode if net is None else f"{mode}_{net}"] = {
+                "median_evtc_over_cudnn_eager": statistics.median(r["evtc_over_cudnn_eager"] for r in sel),
+                "max_evtc_over_cudnn_eager": max(r["evtc_over_cudnn_eager"] for r in sel),
+                "layers_slower_than_cudnn_eager": sum(r["evtc_over_cudnn_eager"] > 1 for r in sel),
+                "layers": len(sel),
+                "median_evtc_over_compile": statistics.median(r["evtc_over_compile"] for r in sel)}
     strided = [r for r in rows if r["mode"] == "strided_dgrad"]
     if strided:
         summary["divmod"] = {divmod_name(f): statistics.median(r[f"{divmod_name(f)}_over_div"] for r in strided)
                              for f in DIVMODS}
     print(f"\nconvolutions, bf16, {args.arch} kernels on {common.device_name()}")
-    print(common.table(rows, ["layer", "mode", "evtc_ms", "cudnn_eager_ms", "compile_ms", "evtc_over_cudnn_eager",
+    print(common.table(rows, ["layer", "mode", "evtc_kernel", "evtc_ms", "cudnn_eager_ms", "compile_ms", "evtc_over_cudnn_eager",
                               "evtc_over_compile", "evtc_tflops"]))
     if strided:
         print("\nstrided dgrad, the row map's arithmetic (time / plain division for both):")
@@ -259,7 +306,8 @@ def main() -> None:
     print("\nsummary:", summary)
     common.write_json(args.json, {"device": common.device_name(), "arch": args.arch, "rows": rows,
                                   "summary": summary,
-                                  "plans": {k: str(v.plan) for k, v in table.items() if k in ("fprop", "dgrad")}})
+                                  "timing": "graphs" if args.graphs else "interleaved",
+                                  "plans": {k: str(v.plan) for k, v in table.items() if k.startswith(("fprop", "dgrad"))}})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 on the GPU machine: its 16 cores build in about the time one build takes here).
 
     python benchmarks/prebuild.py tests random explore bias_relu planner:many_aux plan_vs_stock:differing runtime host
+    python benchmarks/prebuild.py conv conv:explore
 
 A group takes an argument after a colon: ``planner:NAME`` builds only that epilogue's kernels
 of bench_planner.py (its ``--only NAME``), ``plan_vs_stock:differing`` only the epilogues whose
@@ -159,12 +160,23 @@ def shapes_gemms():
 
 
 def conv_gemms(which=None):
-    """The conv kernels: tests/gpu/test_conv_gpu.py's and bench_conv.py's (``conv:tests``, ``conv:bench``)."""
+    """The conv kernels: tests/gpu/test_conv_gpu.py's matrix (``conv:tests``), its sm90 fprop family
+    tests' (the 1x1 GEMM route and a non-default member: ``conv:family``), bench_conv.py's
+    (``conv:bench``: the kernel each layer runs on), and explore_conv.py's (``conv:explore``: every
+    candidate configuration per network epilogue and the 1x1 layers' Gemm members; not in the
+    plain ``conv`` group)."""
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import bench_conv
     import conv_cases
 
+    if which not in (None, "", "tests", "family", "bench", "explore"):
+        raise SystemExit(f"conv group '{which}': one of tests, family, bench, explore")
+    if which == "explore":
+        import explore_conv
+
+        return explore_conv.kernels()
     return (conv_cases.kernels(conv_cases.all_convs()) if which in (None, "", "tests") else []) + \
+        (conv_cases.family_kernels() if which in (None, "", "family") else []) + \
         (bench_conv.kernels() if which in (None, "", "bench") else [])
 
 

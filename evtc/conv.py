@@ -21,6 +21,9 @@ mainloop and the problem mapping differ:
   sm80 kernel, JIT-compiled from PTX on Hopper): CUTLASS 3.x's sm90 kernels compute unit-stride
   dgrad only.
 
+An sm90 fprop Conv is a kernel family (:mod:`evtc.family.conv`): conv kernels of several tiles,
+one picked per problem, and a GEMM for 1x1 problems (:mod:`evtc.runtime.conv_gemm`).
+
 Example::
 
     @evtc.epilogue
@@ -59,7 +62,12 @@ from evtc.runtime.conv_bind import (
     ConvSpec,
     conv_abi_fields,
 )
+from evtc.runtime.conv_bind import geometry, to_nhwc
+from evtc.runtime.conv_gemm import NOT_ROUTED, GemmRoute
 from evtc.runtime.launch import KernelLibrary, Launcher
+from evtc.runtime import tensors
+from evtc.family import conv as conv_family
+from evtc.family.conv import ConvMember, member_configs, pointwise_problem
 
 __all__ = ["Conv", "ConvPlan", "ConvProblem", "conv_config", "plan_conv"]
 
@@ -161,7 +169,9 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     ``config`` is a dict of :class:`~evtc.plan.config.GemmConfig` fields, or a GemmConfig whose
     fields left at GemmConfig's defaults take the conv defaults. sm90 takes ``tile`` (M of 64
     or 128: one consumer warpgroup, whose ``TM*TN/128`` f32 accumulators per thread are at most
-    128), ``cluster``, ``stages``, ``epilogue_tile``; sm80 ``tile``, ``warp_tile``, ``stages``,
+    128; N a multiple of 16 up to 256), ``cluster`` (1, 2 or 4 per mode, at most 4 CTAs: TMA
+    multicast of the activation over N, of the filter over M), ``stages``, ``epilogue_tile`` (M
+    = 64, N of 16, 32 or 64 dividing the tile's); sm80 ``tile``, ``warp_tile``, ``stages``,
     ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
     fit; sm80 128x128x32, warps 64x64x32, 4 stages.
 
@@ -196,16 +206,29 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
         # the GEMM's sm80 rules (tile/warp divisibility, K, stages) hold for the conv mainloop
         validate_gemm_config(cfg.replace(schedule="multistage", scheduler="persistent"), "sm80", a, b)
         return cfg
+    # The GEMM's sm90 rules hold for the conv mainloop (the same GMMA and TMA atoms,
+    # conv/collective/builders/sm90_gmma_builder.inl): tile N a multiple of 16 up to 256, K of
+    # 32-byte multiples; cluster extents 1, 2 or 4 and at most 4 CTAs (the builder multicasts the
+    # activation's im2col TMA over the cluster's N and the filter's TMA over its M:
+    # sm90_cluster_shape_to_im2col_tma_atom in conv/collective/builders/sm90_common.inl).
+    # Validated as ping-pong, whose M unit (64) is one warpgroup's, as the conv kernel's.
     checked = validate_gemm_config(cfg.replace(schedule="pingpong", scheduler="persistent", epilogue_tile=None),
                                    "sm90", a, b)
     del checked
     tm, tn, _ = cfg.tile
+    # conv/dispatch_policy.hpp: KernelImplicitTmaWarpSpecializedSm90 is KernelTmaWarpSpecialized,
+    # one consumer warpgroup (WGMMA M = 64 per instruction, so M of 64 or 128)
     if tm not in (64, 128):
         raise ConfigError(f"tile M = {tm}: the sm90 conv kernel has one consumer warpgroup (M of 64 or 128)",
                           anchor="conv-config")
+    # gemm/kernel/sm90_gemm_tma_warpspecialized.hpp (the non-persistent kernel) has no setmaxnreg:
+    # every thread keeps at most 255 registers, so the consumer's TM*TN/128 f32 accumulators are
+    # capped at 128 (128x256 would need 256 and spill)
     if tm * tn // 128 > 128:
         raise ConfigError(f"tile {cfg.tile}: one consumer warpgroup would hold {tm * tn // 128} f32 accumulators per "
-                          "thread (at most 128)", hint="use 128x128 or 64x256", anchor="conv-config")
+                          "thread (at most 128: the non-persistent kernel has no register reallocation, 255 registers "
+                          "a thread; sm90_gemm_tma_warpspecialized.hpp)", hint="use 128x128, 64x256, 128x64 or 64x128",
+                          anchor="conv-config")
     if cfg.epilogue_tile is not None:
         em, en = cfg.epilogue_tile
         if em != min(64, tm) or en not in (16, 32, 64) or tn % en:
@@ -319,14 +342,20 @@ class _Kernel:
     """One emitted conv kernel of a Conv: its arch, plan, source and (once built) library, and
     a Launcher per problem."""
 
-    def __init__(self, conv: Conv, arch: str, strided: bool) -> None:
+    def __init__(self, conv: Conv, arch: str, strided: bool, member: str | None = None) -> None:
         self.conv = conv
         self.arch = arch
         self.strided = strided
+        self.member = member or "base"
         a, b = conv.a, conv.b
         self.graph = conv.graph if arch == conv.arch else passes.run(conv.traced, arch)
-        self.config = conv.config if arch == conv.arch else conv_config(arch, a, b, None, kind=conv.kind)
-        self.plan = plan_conv(self.graph, arch, a, b, self.config, **(conv._plan_args if arch == conv.arch else {}))
+        if member is None:  # the main kernel (or another arch's default)
+            self.config = conv.config if arch == conv.arch else conv_config(arch, a, b, None, kind=conv.kind)
+            plan_args = conv._plan_args if arch == conv.arch else {}
+        else:  # a family member: the main kernel's plan policy, not its rank or fixed decisions
+            self.config = conv_config(arch, a, b, dict(conv._member_spec(member).fields), kind=conv.kind)
+            plan_args = {"policy": conv._plan_args["policy"]} if conv._plan_args else {}
+        self.plan = plan_conv(self.graph, arch, a, b, self.config, **plan_args)
         if arch == "sm90":
             from evtc.emit.conv_sm90 import emit_conv_sm90
 
@@ -343,15 +372,27 @@ class _Kernel:
         self.launchers: dict[ConvSpec, Launcher] = {}
         self.lock = threading.Lock()
 
+    @property
+    def job_name(self) -> str:
+        return self.conv.name if self.member == "base" else f"{self.conv.name}[{self.member}]"
+
+    def job(self) -> cache.BuildJob:
+        """The build job of this kernel (for :func:`evtc.compiler.build_many`)."""
+        return cache.BuildJob(self.source, self.arch, self.job_name)
+
     def build(self, timeout: float | None = None) -> cache.Artifact:
-        art = cache.build(self.source, arch=self.arch, name=self.conv.name, timeout=timeout)
+        art = cache.build(self.source, arch=self.arch, name=self.job_name, timeout=timeout)
+        self.load(art)
+        return art
+
+    def load(self, art: cache.Artifact) -> None:
+        """Load ``art`` (this kernel's build) and check it is this kernel (ABI, IR, name)."""
         if self.library is None or self.artifact is None or self.artifact.key != art.key:
             library = KernelLibrary(art.verified_library_path())
             library.verify(fields=self.fields, ir=print_graph(self.graph), name=self.conv.name, arch=self.arch)
             self.library = library
             self.launchers = {}
         self.artifact = art
-        return art
 
     def launcher(self, spec: ConvSpec) -> Launcher:
         got = self.launchers.get(spec)
@@ -383,7 +424,12 @@ class Conv:
         d: dtype of the output tensors that don't choose their own with ``.to()``.
         arch: ``"sm90"`` (Hopper: TMA im2col, warp-specialized) or ``"sm80"`` (Ampere, also runs
             on Hopper).
-        config: a dict of GemmConfig fields or a GemmConfig (see :func:`conv_config`).
+        config: a dict of GemmConfig fields or a GemmConfig (see :func:`conv_config`): pins
+            one kernel for every problem. None (default): sm90 fprop is a kernel family
+            (NOTE [The sm90 conv family] in :mod:`evtc.family.conv`): each call runs the member
+            :meth:`choose` picks for its implicit GEMM, and 1x1 problems (stride 1, no padding,
+            dilation 1) run on an :class:`evtc.Gemm` of the same epilogue (NOTE [1x1
+            convolutions as GEMMs]); other kinds and archs are one kernel.
         plan: ``"evtc"`` or ``"cutlass"`` (sm90: stock CUTLASS's epilogue rule), or a dict of
             fixed plan decisions (as :class:`evtc.Gemm`).
         plan_rank: sm90: take the n-th best plan of the cost model.
@@ -398,7 +444,12 @@ class Conv:
 
     Attributes:
         graph: the epilogue after passes. plan: the main kernel's Plan (``print(conv.plan)``).
-        source: the main kernel's ``.cu`` text. config: its configuration.
+        source: the main kernel's ``.cu`` text. config: its configuration (the family's
+        ``base`` member, or the pinned one).
+        family: member name -> :class:`~evtc.family.conv.ConvMember` (one entry, ``base`` or
+            ``pinned``, unless sm90 fprop without ``config``).
+        gemm_route: the :class:`~evtc.runtime.conv_gemm.GemmRoute` of 1x1 problems, or None
+            (its ``.gemm`` is the :class:`evtc.Gemm`, made on first use).
 
     Raises:
         ConfigError: a bad kind, dims, dtype, layout, arch or configuration.
@@ -453,32 +504,151 @@ class Conv:
         self._plan_args = {"policy": policy, "rank": plan_rank, "fixed": fixed} if arch == "sm90" else {}
         if arch == "sm80" and (policy != "evtc" or fixed or plan_rank):
             raise ConfigError("plan policies, ranks and fixed decisions are sm90's", anchor="conv-config")
-        self._kernels: dict[tuple[str, bool], _Kernel] = {}
+        self._kernels: dict[tuple, _Kernel] = {}
+        # the family (NOTE [The sm90 conv family]): sm90 fprop without a pinned config chooses a
+        # member per problem and sends 1x1 problems to a GEMM; everything else is one kernel
+        self.pinned = config is not None
+        if arch == "sm90" and kind == "fprop" and not self.pinned:
+            self.family: dict[str, ConvMember] = member_configs(self.a, conv_family.FAMILY)
+            self.gemm_route: GemmRoute | None = GemmRoute(self)
+        else:
+            self.family = {"pinned" if self.pinned else "base": ConvMember("pinned" if self.pinned else "base", {}, 1)}
+            self.gemm_route = None
         # the main kernel: planned and emitted now, so epilogue errors surface at construction
         strided_main = False
         main = self._kernel(arch, strided_main)
         self.plan = main.plan
         self.source = main.source
         self._specs: dict[ConvProblem, ConvSpec] = {}
+        self._choices: dict[tuple, _Kernel] = {}
 
-    def _kernel(self, arch: str, strided: bool) -> _Kernel:
-        key = (arch, strided)
+    def _kernel(self, arch: str, strided: bool, member: str | None = None) -> _Kernel:
+        if member in (None, "base", "pinned") or strided or arch != self.arch:
+            key: tuple = (arch, strided)
+            member = None
+        else:
+            key = (arch, strided, member)
         k = self._kernels.get(key)
         if k is None:
-            k = self._kernels[key] = _Kernel(self, arch, strided)
+            k = self._kernels[key] = _Kernel(self, arch, strided, member)
         return k
 
-    def _route(self, spec: ConvSpec) -> _Kernel:
+    def _member_spec(self, name: str) -> ConvMember:
+        if name in self.family:
+            return self.family[name]
+        if name not in conv_family.CANDIDATES:
+            raise ConfigError(f"no conv family member '{name}'",
+                              hint=f"members: {', '.join(conv_family.CANDIDATES)}", anchor="conv-config")
+        return member_configs(self.a, [name])[name]
+
+    def member(self, name: str) -> _Kernel:
+        """The (planned, emitted, maybe not built) kernel of a family member or exploration
+        candidate (:data:`evtc.family.conv.CANDIDATES`) by name; ``base`` is the main kernel.
+
+        Raises:
+            ConfigError: an unknown name, or a member this Conv's kind or arch can't take (only
+                sm90 fprop Convs without a pinned config have members besides their one kernel).
+        """
+        if name in ("base", "pinned") or name in self.family and len(self.family) == 1:
+            return self._kernels[(self.arch, False)]
+        if self.arch != "sm90" or self.kind != "fprop" or self.pinned:
+            raise ConfigError(f"member '{name}': only sm90 fprop Convs without config= have a kernel family",
+                              hint="pin a configuration with Conv(..., config={...}) instead", anchor="conv-config")
+        self._member_spec(name)
+        return self._kernel(self.arch, False, name)
+
+    def kernels(self) -> list[_Kernel]:
+        """The kernels of the family (planned and emitted, not built): the main kernel first."""
+        return [self.member(n) for n in self.family]
+
+    def jobs(self, *, gemm: bool = True) -> list[cache.BuildJob]:
+        """The build jobs of the family and (``gemm=True``) of the 1x1 route's Gemm family (for
+        :func:`evtc.compiler.build_many`, or to prebuild kernels on another machine)."""
+        out = [k.job() for k in self.kernels()]
+        if gemm and self.gemm_route is not None:
+            out += self.gemm_route.gemm.jobs()
+        return out
+
+    def choose(self, M: int, N: int, K: int, *, sm_count: int | None = None) -> str:
+        """The family member (name) an implicit GEMM of (M, N, K) runs on
+        (:func:`evtc.family.conv.choose`; NOTE [The sm90 conv family])."""
+        if len(self.family) == 1:
+            return next(iter(self.family))
+        members = {n: (self.member(n).config, m.ctas_per_sm) for n, m in self.family.items()}
+        return conv_family.choose(members, M, N, K, sm_count or get_target(self.arch).sm_count)
+
+    def kernel_for(self, a_shape: Sequence[int], b_shape: Sequence[int], problem: ConvProblem | None = None):
+        """The kernel a call with packed, aligned operands of these NHWC (KRSC) shapes runs on, and
+        its label: ``("m64", conv kernel)`` for a family member, ``("gemm:small", Gemm kernel)``
+        for a 1x1 problem on the Gemm, ``("base", ...)`` for a Conv of one kernel. Both kernels
+        have ``job()`` and ``build()`` (to prebuild what a set of layers runs).
+
+        Raises:
+            ArgumentError: shapes that are not a convolution of the Conv's kind (anchor
+                ``conv-problem``).
+        """
+        spec = (problem or _DEFAULT_PROBLEM).normalize(self.dims, self.name)
+        g = geometry(self.kind, self.dims, tuple(a_shape), tuple(b_shape), spec, None, self.name)
+        M, N, K = g.gemm
+        vec = 16 // self.a.bytes
+        if (self.gemm_route is not None and all(f == 1 for f in g.flt) and not (g.c % vec or g.k % vec)
+                and min(M, N, K) > 0 and pointwise_problem(self.kind, spec.stride, spec.padding, spec.dilation,
+                                                           spec.groups)):
+            gemm = self.gemm_route.gemm
+            member = gemm.choose(M, N, K)
+            return f"gemm:{member.name}", gemm.kernel(member)
+        if self.kind == "dgrad" and not spec.unit_stride:
+            return "strided", self._kernel("sm80", True)
+        name = self.choose(M, N, K)
+        return name, self.member(name)
+
+    def _route(self, spec: ConvSpec, a: Any = None, b: Any = None, out: Any = None) -> _Kernel:
         """The kernel of a problem: strided dgrad runs on the sm80 strided-dgrad kernel (on either
-        arch), everything else on the main kernel."""
+        arch); an sm90 fprop family's member by :meth:`choose` (given the operands ``a`` and
+        ``b``); everything else on the main kernel."""
         if self.kind == "dgrad" and not spec.unit_stride:
             return self._kernel("sm80", True)
-        return self._kernels[(self.arch, False)]
+        main = self._kernels[(self.arch, False)]
+        if len(self.family) == 1 or a is None:
+            return main
+        pa, pb = tensors.probe_for(type(a)), tensors.probe_for(type(b))
+        key = None
+        if pa is not None and pb is not None:
+            try:
+                key = (spec, pa(a)[0], pb(b)[0])
+            except Exception:
+                key = None
+        got = self._choices.get(key) if key is not None else None
+        if got is not None:
+            return got
+        try:
+            va = to_nhwc(tensors.view(a, OPERANDS[self.kind][0], self.name), self.layout)
+            vb = to_nhwc(tensors.view(b, OPERANDS[self.kind][1], self.name), self.layout)
+            g = geometry(self.kind, self.dims, tuple(va.shape), tuple(vb.shape), spec, None, self.name)
+        except ArgumentError:
+            return main  # its binder reports what is wrong
+        got = self.member(self.choose(*g.gemm))
+        if key is not None:
+            if len(self._choices) > 256:
+                self._choices.clear()
+            self._choices[key] = got
+        return got
 
     @api_boundary
-    def build(self, timeout: float | None = None, *, strided: bool = False) -> cache.Artifact:
+    def build(self, timeout: float | None = None, *, strided: bool = False, family: bool = False,
+              executor: Any = None) -> cache.Artifact:
         """Compile (or fetch from the cache) and load the main kernel, or with ``strided=True``
-        (dgrad) the strided-dgrad kernel.
+        (dgrad) the strided-dgrad kernel, or with ``family=True`` every family member and the
+        1x1 route's Gemm family, in parallel.
+
+        Args:
+            timeout: seconds before an nvcc is killed.
+            strided: build dgrad's strided kernel.
+            family: build the whole family (:meth:`jobs`).
+            executor: a :class:`concurrent.futures.Executor` for the family's builds.
+
+        Returns:
+            The main (or strided) kernel's Artifact.
 
         Raises:
             BuildError: nvcc failed (the source and log are kept and named).
@@ -488,7 +658,18 @@ class Conv:
             if self.kind != "dgrad":
                 raise ConfigError("only dgrad has a strided kernel", anchor="conv-config")
             return self._kernel("sm80", True).build(timeout)
-        return self._kernels[(self.arch, False)].build(timeout)
+        main = self._kernels[(self.arch, False)]
+        if not family:
+            return main.build(timeout)
+        kernels = self.kernels()
+        gemm_kernels = self.gemm_route.gemm.kernels() if self.gemm_route is not None else []
+        results = cache.build_many([k.job() for k in kernels + gemm_kernels], executor=executor, timeout=timeout)
+        for k, r in zip(kernels + gemm_kernels, results):
+            if isinstance(r, Exception):
+                raise r
+            k.load(r)
+        assert main.artifact is not None
+        return main.artifact
 
     def source_for(self, *, strided: bool = False) -> str:
         """The ``.cu`` text of the main kernel, or (dgrad, ``strided=True``) the strided one."""
@@ -543,7 +724,12 @@ class Conv:
             spec = problem.normalize(self.dims, self.name)
             if hashable:
                 self._specs[problem] = spec
-        return self._route(spec).launcher(spec)(a, b, kwargs, out, stream)
+        route = self.gemm_route
+        if route is not None and pointwise_problem(self.kind, spec.stride, spec.padding, spec.dilation, spec.groups):
+            got = route(a, b, kwargs, out, stream)
+            if got is not NOT_ROUTED:
+                return got
+        return self._route(spec, a, b, out).launcher(spec)(a, b, kwargs, out, stream)
 
     def __repr__(self) -> str:
         return (f"<evtc.Conv {self.name} {self.dims}-D {self.kind} {self.arch} a={self.a} "

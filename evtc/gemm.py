@@ -544,6 +544,12 @@ class Gemm:
             if op is None:  # NOTE [The torch op is made outside torch.compile]
                 raise RuntimeError(_no_torch_op(self))
             return op(A, B, **kwargs)
+        return self.run(A, B, kwargs, out, stream)
+
+    def run(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
+        """:meth:`__call__` with the epilogue's arguments as a dict, never through the torch op
+        (what :class:`evtc.Conv`'s 1x1 route calls, with :class:`~evtc.runtime.tensors.TensorView`
+        operands)."""
         single = self._single
         if single is not None:
             return single(A, B, kwargs, out, stream)

@@ -130,6 +130,8 @@ def view(obj: Any, name: str, epilogue: str | None = None) -> TensorView:
     Raises:
         ArgumentError: ``obj`` is not a tensor evtc can read; the message names the argument.
     """
+    if type(obj) is TensorView:  # a view evtc made itself (a Conv's GEMM operands)
+        return obj
     mod = type(obj).__module__
     try:
         if mod.startswith("torch") and hasattr(obj, "data_ptr"):
@@ -224,13 +226,17 @@ def _torch_probe(t) -> tuple[tuple, int]:
     return (t.shape, t.stride(), t.dtype, t.get_device()), t.data_ptr()
 
 
+def _view_probe(v: TensorView) -> tuple[tuple, int]:
+    return (v.shape, v.strides, v.dtype_name, v.device, v.framework), v.ptr
+
+
 def cai_probe(obj) -> tuple[tuple, int]:
     cai = obj.__cuda_array_interface__
     device = getattr(getattr(obj, "device", None), "id", 0)
     return (tuple(cai["shape"]), cai.get("strides"), cai["typestr"], device), int(cai["data"][0])
 
 
-_PROBES: dict[type, Any] = {}
+_PROBES: dict[type, Any] = {TensorView: _view_probe}
 
 
 def probe_for(cls: type):

@@ -92,3 +92,26 @@ def test_sm90_source_uses_the_flat_epilogue(built):
     assert "using CollectiveEpilogue = evtc::Sm90ConvEpilogue<StockEpilogue>;" in src
     assert "Sm90AuxLoad<" in src and "Sm90RowReduction<" in src
     assert "CollectiveEpilogue::initialize_workspace(shape, arguments.epilogue, workspace, stream" in src
+
+
+@pytest.fixture(scope="module")
+def member():
+    """The sm90 fprop family's ``m64`` member (64x128x64: one consumer warpgroup's 64-row WGMMA,
+    9 stages), with the aux load and the column reduction of ``dgelu_bgrad``."""
+    conv = evtc.Conv(dgelu_bgrad, kind="fprop", a=f16, d=f16, arch="sm90")
+    kernel = conv.member("m64")
+    kernel.build()
+    return conv, kernel
+
+
+def test_a_family_member_reports_its_plan(member):
+    """A conv config other than the default builds, and its library reports the planned epilogue
+    bytes (the kernel static_asserts sizeof == plan), the stages and the tile."""
+    conv, kernel = member
+    info = kernel.library.info
+    plan = kernel.plan
+    assert plan.config.tile == (64, 128, 64) and kernel.source != conv.source
+    assert info["epilogue_smem_bytes"] == plan.epilogue_smem_bytes
+    assert info["mainloop_stages"] == plan.mainloop_stages == 9
+    assert info["kernel_smem_bytes"] <= plan.kernel_smem_bound <= plan.smem_capacity
+    assert info["static"]["conv"]["kind"] == "fprop"

@@ -101,11 +101,17 @@ def cases(kind: str, dims: int, arch: str) -> list[Case]:
     return base
 
 
-def conv_for(name: str, kind: str, dims: int, arch: str, dtype=bf16, layout: str = "nhwc") -> evtc.Conv:
-    """The Conv of a reference epilogue: operands, C and D of ``dtype`` (fp8_out: e4m3 D)."""
+def conv_for(name: str, kind: str, dims: int, arch: str, dtype=bf16, layout: str = "nhwc", *,
+             family: bool = False) -> evtc.Conv:
+    """The Conv of a reference epilogue: operands, C and D of ``dtype`` (fp8_out: e4m3 D).
+
+    ``family=False`` pins the default configuration (``config={}``: the kernel a Conv had before
+    families, byte-identical), so that the matrix tests each kind's one kernel; ``family=True``
+    is a user's Conv (sm90 fprop: members chosen per problem, 1x1 problems on a Gemm)."""
     ep = E.REFERENCE[name]
     d = evtc.e4m3 if name == "fp8_out" else dtype
-    return evtc.Conv(ep, kind=kind, dims=dims, a=dtype, b=dtype, c=dtype, d=d, arch=arch, layout=layout)
+    return evtc.Conv(ep, kind=kind, dims=dims, a=dtype, b=dtype, c=dtype, d=d, arch=arch, layout=layout,
+                     config=None if family else {})
 
 
 #: the kernels of the default GPU run: (epilogue, kind, dims, arch, dtype)
@@ -152,6 +158,56 @@ def all_convs() -> list:
     out += [(divmod_conv(f), True) for f in DIVMOD_VARIANTS]
     out.append((conv_for("bias_relu", "fprop", 2, "sm90", layout="nchw"), False))
     return out
+
+
+# ---- the sm90 fprop family: the 1x1 GEMM route and the members ------------------------------------------
+
+#: 1x1 problems (stride 1, no padding) that family Convs run on their Gemm (NOTE [1x1 convolutions
+#: as GEMMs]): ragged M, channel counts not multiples of the tiles, batch > 1
+CASES_1X1 = [
+    Case("1x1_route", 4, (9, 7), 64, 48, (1, 1)),
+    Case("1x1_route_wide", 2, (24, 20), 40, 136, (1, 1)),
+    Case("1x1_route_big", 8, (32, 32), 64, 256, (1, 1)),   # most of a wave: the Gemm's streamk member
+]
+CASES_1X1_3D = [Case("1x1x1_route", 2, (3, 5, 6), 32, 24, (1, 1, 1))]
+#: epilogues on the route: every role (C, aux loads and stores, row and column broadcasts, row,
+#: column and scalar reductions, an fp8 output)
+ROUTE_EPILOGUES = ("bias_relu", "gelu_aux", "dgelu_bgrad", "residual_scale", "row_stats", "fp8_out", "many_aux")
+#: (epilogue, dims, layout) of the route's tests
+ROUTE = [(n, 2, "nhwc") for n in ROUTE_EPILOGUES] + [("bias_relu", 3, "nhwc"), ("bias_relu", 2, "nchw")]
+#: a family member other than the default: what the heuristic picks for the small CASES_2D
+#: (fprop, unit or any stride) is checked to be this one, then run
+MEMBER = "m64"
+MEMBER_EPILOGUES = ("bias_relu", "row_stats", "many_aux")
+
+
+def route_cases(dims: int) -> list[Case]:
+    return CASES_1X1 if dims == 2 else CASES_1X1_3D
+
+
+def chosen_job(conv: evtc.Conv, case: Case) -> BuildJob:
+    """The build job of the kernel a family Conv runs ``case`` (fprop) on: its Gemm's member for a
+    1x1 problem, else the conv member its heuristic picks (:meth:`evtc.Conv.kernel_for`)."""
+    a_shape, b_shape, _ = operand_shapes(conv.kind, case)
+    return conv.kernel_for(a_shape, b_shape, case.problem(conv.kind))[1].job()
+
+
+def family_convs() -> list[tuple[evtc.Conv, list[Case]]]:
+    """(family Conv, its cases) of the route's and the member's GPU tests."""
+    out = [(conv_for(n, "fprop", dims, "sm90", layout=layout, family=True), route_cases(dims))
+           for n, dims, layout in ROUTE]
+    out += [(conv_for(n, "fprop", 2, "sm90", family=True), CASES_2D) for n in MEMBER_EPILOGUES]
+    return out
+
+
+def family_kernels() -> list[BuildJob]:
+    """Every kernel the route's and the member's tests run (one job per distinct source)."""
+    jobs = {}
+    for conv, cs in family_convs():
+        for case in cs:
+            j = chosen_job(conv, case)
+            jobs.setdefault(j.source, j)
+    return list(jobs.values())
 
 
 # ---- the reference ----------------------------------------------------------------------------------
@@ -221,6 +277,7 @@ def ceil8(x: int) -> int:
 
 
 __all__ = [
+    "CASES_1X1",
     "CASES_2D",
     "CASES_3D",
     "EPILOGUES",
@@ -229,6 +286,9 @@ __all__ = [
     "Case",
     "all_convs",
     "cases",
+    "chosen_job",
+    "family_convs",
+    "family_kernels",
     "conv_for",
     "exact_accumulator",
     "kernels",

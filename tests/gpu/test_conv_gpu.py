@@ -2,7 +2,9 @@
 reference epilogue that makes sense for a kind, on fprop, dgrad (stride 1 and 2, padding,
 dilation) and wgrad, 2-D and 3-D, against torch's float64 convolution (``conv2d``/``conv3d``),
 input gradient and weight gradient, with fresh random data, NaN-poisoned outputs and
-evtc.testing's elementwise oracle (NOTE [The error bound]).
+evtc.testing's elementwise oracle (NOTE [The error bound]). The matrix pins each kind's default
+kernel; the sm90 fprop family (1x1 problems on a Gemm, a non-default member) has its own tests
+(``test_gemm_route``, ``test_family_member``; ``python benchmarks/prebuild.py conv:family``).
 
 The kernels are listed in conv_cases.py; ``python benchmarks/prebuild.py conv`` builds them all
 beforehand (in parallel, one nvcc per core).
@@ -269,3 +271,64 @@ def test_bad_problem_is_refused_before_the_launch(convs):
     with pytest.raises(evtc.ArgumentError, match="C \\(input channels\\) = 36 is not a multiple of 8"):
         conv(x, w, C=torch.empty(1, 8, 8, 72, device="cuda", dtype=torch.bfloat16), alpha=1.0, beta=1.0,
              bias=torch.zeros(72, device="cuda"), problem=evtc.ConvProblem(padding=1))
+
+
+# ---- the sm90 fprop family: 1x1 problems on the Gemm, members chosen per problem ---------------------
+
+
+@pytest.fixture(scope="module")
+def family():
+    """The family Convs of the route's and the member's tests, keyed (epilogue, dims, layout, kind
+    of test), with every kernel their cases run built up front."""
+    import os
+
+    from evtc.compiler import build_many
+
+    res = build_many(CC.family_kernels(), workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
+    for r in res:
+        if isinstance(r, Exception):
+            raise r
+    table = {}
+    for conv, cs in CC.family_convs():
+        table[(conv.name, conv.dims, conv.layout, "route" if cs is not CC.CASES_2D else "member")] = conv
+    return table
+
+
+ROUTE_PARAMS = [pytest.param(n, dims, layout, case, id=f"sm90-fprop{dims}d-{n}-{layout}-{case.name}")
+                for n, dims, layout in CC.ROUTE for case in CC.route_cases(dims) if fp8_ok(n, case, "fprop")]
+
+
+@pytest.mark.parametrize("name, dims, layout, case", ROUTE_PARAMS)
+def test_gemm_route(family, name, dims, layout, case, record_errors):
+    """A 1x1, stride-1, unpadded fprop of a family Conv runs on its Gemm (over views of the NHWC
+    tensors) and gives the reference's outputs in the Conv's layout; evtc allocates them in one
+    call, the caller in the other."""
+    conv = family[(name, dims, layout, "route")]
+    seed = zlib.crc32(f"route{name}{dims}{layout}{case}".encode())
+    run_and_check(conv, case, seed, record_errors, layout=layout)
+    assert conv.gemm_route._recipes, "the call did not take the GEMM route"
+    run_and_check(conv, case, seed + 1, record_errors, layout=layout, allocate=True)
+
+
+MEMBER_PARAMS = [pytest.param(n, case, id=f"sm90-fprop2d-{n}-{case.name}")
+                 for n in CC.MEMBER_EPILOGUES for case in CC.CASES_2D]
+
+
+@pytest.mark.parametrize("name, case", MEMBER_PARAMS)
+def test_family_member(family, name, case, record_errors):
+    """A family Conv runs the small CASES_2D on the member its heuristic picks (the 64x128 tile,
+    not the default; 1x1 ones on the Gemm), against the float64 reference."""
+    import torch
+
+    conv = family[(name, 2, "nhwc", "member")]
+    a_shape, b_shape, _ = CC.operand_shapes("fprop", case)
+    if all(f == 1 for f in case.flt):  # a 1x1 problem: the Gemm
+        run_and_check(conv, case, zlib.crc32(f"member{name}{case}".encode()), record_errors)
+        assert conv.gemm_route._recipes
+        return
+    x = torch.empty(a_shape, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(b_shape, device="cuda", dtype=torch.bfloat16)
+    k = conv._route(case.problem("fprop").normalize(2), x, w)
+    assert k.member == CC.MEMBER and k.config.tile[:2] == (64, 128)
+    run_and_check(conv, case, zlib.crc32(f"member{name}{case}".encode()), record_errors)
+    assert k.launchers, "the call did not run on the member"

@@ -1,0 +1,165 @@
+"""The sm90 convolution kernel family and the choice of one per problem.
+
+Input: the operand dtype (the members' configurations), a problem's implicit-GEMM extents
+(M, N, K) and the SM count (the choice). Output: :class:`ConvMember` s (a name, a conv
+:class:`~evtc.plan.config.GemmConfig`, how many CTAs of it one SM holds) and the name of the
+member a problem runs on; and the rule that sends a 1x1 fprop to a GEMM
+(:func:`pointwise_problem`).
+
+# NOTE [The sm90 conv family]
+CUTLASS's sm90 conv kernel is ``KernelImplicitTmaWarpSpecializedSm90`` only: one producer and
+one consumer warpgroup (256 threads), one output tile per CTA, no persistent, cooperative or
+ping-pong schedule (``conv/dispatch_policy.hpp`` static_asserts the cooperative and ping-pong
+schedule tags away; ``conv/collective/builders/sm90_gmma_builder.inl`` maps every conv schedule
+to it). So a family varies what the kernel does take:
+
+* the CTA tile: M of 64 or 128 (one consumer warpgroup: WGMMA's M = 64 per instruction; the
+  non-persistent kernel has no ``setmaxnreg``, so every thread keeps at most 255 registers and
+  the tile's ``TM*TN/128`` f32 accumulators per thread are capped at 128: 128x128, 64x256,
+  128x64, 64x128; 128x256 would need 256 and spill) (evtc.conv.conv_config). Measured with
+  cuobjdump ``--dump-resource-usage`` (nvcc 13.0): the 128x128 kernel of bench_conv's
+  ``bias_silu`` takes 179 registers a thread and no stack;
+* the cluster (1x1, 2x1, 1x2): the builder picks ``SM90_TMA_LOAD_IM2COL_MULTICAST`` for the
+  activation when the cluster's N extent is above 1 and ``SM90_TMA_LOAD_MULTICAST`` for the filter
+  when its M extent is (``sm90_gmma_builder.inl``, ``sm90_common.inl``); the grid is rounded up to
+  whole clusters (``get_tiled_cta_shape_mnl``);
+* the epilogue tile (64x32 by the planner; 64x64).
+
+Not a candidate: two CTAs per SM (one CTA's epilogue under the other's mainloop, what ping-pong
+does inside one CTA). With 4 stages a 128x64 or 64x128 CTA takes about 97 KiB of shared memory
+(``evtc.conv.sm90_kernel_smem``), so two would fit an SM's 228 KiB, but the registers don't: the
+64x128 kernel of ``dgelu_bgrad`` (tests/compile) takes 182 registers a thread (cuobjdump
+``--dump-resource-usage``, nvcc 13.0), and two CTAs of 256 threads need at most 128
+(65536 a SM). The kernel's ``__launch_bounds__`` asks for one CTA per SM
+(``MinBlocksPerMultiprocessor = 1``, ``gemm/kernel/sm90_gemm_tma_warpspecialized.hpp``); a member
+with two would need a derived kernel type that sets it to 2 (and the spills measured).
+:attr:`ConvMember.ctas_per_sm` is there for such a member.
+
+:data:`CANDIDATES` are these (benchmarks/explore_conv.py times each on bench_conv's layers);
+:data:`FAMILY` the ones the heuristic chooses between. The heuristic
+(:func:`choose`) knows only what needs no measurement: wave quantization. Each candidate's time
+is modelled as (waves of its CTAs over the SMs) x (its tile's work) / (its tile's relative MMA
+efficiency); the default 128x128 stays unless another member is modelled :data:`MARGIN` faster.
+Until explore_conv has run on the H100, :data:`EFFICIENCY` is a guess (smaller tiles re-read
+operands more per FLOP) and :data:`FAMILY` holds only the plain tile variants; the 64x256,
+cluster and epilogue-tile candidates are built and timed by the exploration only, and pinned
+with ``Conv(config=...)``.
+
+# NOTE [1x1 convolutions as GEMMs]
+An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
+y[n, h, w, k] = sum_c x[n, h, w, c] * w[k, c]. With x packed NHWC, A is x viewed as
+(M = N*H*W, K = C) with row stride C, B is w (KRSC with R = S = 1) viewed as (N = K, K = C),
+both K-major, as :class:`evtc.Gemm` takes them (``A @ B.T``), and every M x N tensor of the
+epilogue (C, aux loads and stores, D) is the output's packed NHWC rows, the same (M, N) matrix
+the implicit GEMM's epilogue sees. Row broadcasts (per output channel), column broadcasts (per
+pixel), row, column and scalar reductions are therefore the same vectors either way. A Conv
+routes such problems to a :class:`evtc.Gemm` of the same epilogue and dtypes
+(:mod:`evtc.runtime.conv_gemm`), whose persistent cooperative, ping-pong and stream-K kernels and
+heuristic the conv kernel lacks. dgrad 1x1 with stride 1 is a GEMM too, with B = w viewed as
+(N = C, K = K), which is N-major: evtc's Gemm takes B as N x K row-major (K-major) only, so
+dgrad stays on the conv kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from evtc.dtypes import DType
+from evtc.plan.config import GemmConfig
+
+__all__ = ["CANDIDATES", "EFFICIENCY", "FAMILY", "MARGIN", "ConvMember", "choose", "member_configs",
+           "modeled_time", "pointwise_problem", "tiles"]
+
+#: name -> (the conv config's fields over the default, CTAs one SM holds); the tile's K is the
+#: operand's 128 bytes (64 for 16-bit), filled in by :func:`member_configs`
+CANDIDATES: dict[str, tuple[dict, int]] = {
+    "base": ({}, 1),                                              # 128x128, the default
+    "n64": ({"tile": (128, 64)}, 1),
+    "m64": ({"tile": (64, 128)}, 1),
+    "wide": ({"tile": (64, 256)}, 1),
+    "c2x1": ({"cluster": (2, 1, 1)}, 1),                         # filter multicast along M
+    "c1x2": ({"cluster": (1, 2, 1)}, 1),                         # activation multicast along N
+    "epi64": ({"epilogue_tile": (64, 64)}, 1),
+}
+#: the members the heuristic chooses between (NOTE [The sm90 conv family])
+FAMILY = ("base", "n64", "m64")
+#: relative MMA throughput of one CTA tile (M, N) at equal occupancy: a guess until
+#: benchmarks/explore_conv.py measures it (NOTE [The sm90 conv family])
+EFFICIENCY = {(128, 128): 1.0, (64, 256): 0.95, (64, 128): 0.85, (128, 64): 0.8, (64, 64): 0.7}
+#: another member replaces the default only when modelled at least this much faster
+MARGIN = 0.10
+#: shared memory of one H100 SM, bytes (228 KiB), and what the driver reserves per CTA (1 KiB)
+SM_SMEM_BYTES = 233472
+CTA_RESERVED_SMEM = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvMember:
+    """One kernel of a Conv's family.
+
+    Attributes:
+        name: ``base``, ``n64``, ``m64``... (:data:`CANDIDATES`), or ``pinned``.
+        fields: the conv config's fields that differ from the default (for ``Conv(config=...)``).
+        ctas_per_sm: CTAs of this kernel one SM is meant to hold (its shared memory allows them;
+            tests/null check it against the plan).
+    """
+
+    name: str
+    fields: Mapping
+    ctas_per_sm: int = 1
+
+
+def member_configs(a: DType, names: Sequence[str] | None = None) -> dict[str, ConvMember]:
+    """The members ``names`` (default: every candidate) with full tiles for operand dtype ``a``."""
+    k = 128 // a.bytes
+    out = {}
+    for name in (names if names is not None else CANDIDATES):
+        fields, ctas = CANDIDATES[name]
+        f = dict(fields)
+        if "tile" in f:
+            f["tile"] = (*f["tile"], k)
+        out[name] = ConvMember(name, f, ctas)
+    return out
+
+
+def tiles(M: int, N: int, tile: Sequence[int]) -> int:
+    """CTA tiles of an M x N output."""
+    return math.ceil(M / tile[0]) * math.ceil(N / tile[1])
+
+
+def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int) -> float:
+    """A relative time (no unit; comparable between members for one problem): waves of CTA
+    tiles over ``sm_count * ctas_per_sm`` slots, times each tile's padded MMA work (its M x N x
+    K rounded up to whole tiles) over its :data:`EFFICIENCY`, times the CTAs sharing an SM."""
+    tm, tn, tk = config.tile
+    waves = math.ceil(tiles(M, N, config.tile) / (sm_count * ctas_per_sm))
+    work = tm * tn * math.ceil(K / tk) * tk
+    return waves * work * ctas_per_sm / EFFICIENCY.get((tm, tn), 0.7)
+
+
+def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int, sm_count: int = 132) -> str:
+    """The member a problem runs on (NOTE [The sm90 conv family]).
+
+    Args:
+        members: name -> (conv config, CTAs per SM) of the family; ``base`` is the default.
+        M, N, K: the implicit GEMM's extents.
+        sm_count: the device's multiprocessors.
+
+    Returns:
+        ``base`` unless a member is modelled :data:`MARGIN` faster (the fastest such).
+    """
+    if "base" not in members or len(members) == 1 or min(M, N, K) <= 0:
+        return "base" if "base" in members else next(iter(members))
+    times = {n: modeled_time(c, ctas, M, N, K, sm_count) for n, (c, ctas) in members.items()}
+    best = min(times, key=lambda n: (times[n], n != "base"))
+    return best if times[best] <= (1 - MARGIN) * times["base"] else "base"
+
+
+def pointwise_problem(kind: str, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                      groups: int = 1) -> bool:
+    """Whether a problem of a 1x1 filter is a GEMM (NOTE [1x1 convolutions as GEMMs]): fprop,
+    stride 1, no padding, dilation 1, groups 1 (the filter's extents are the call's)."""
+    return (kind == "fprop" and groups == 1 and all(s == 1 for s in stride) and all(p == 0 for p in padding)
+            and all(d == 1 for d in dilation))

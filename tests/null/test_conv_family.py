@@ -1,0 +1,405 @@
+"""The sm90 conv family without a GPU: which problems take the 1x1 GEMM route and the GEMM's
+views of NHWC tensors, the heuristic's choices, the members' configurations and plans, their
+sources, and the config rules (NOTE [The sm90 conv family], NOTE [1x1 convolutions as GEMMs] in
+evtc/family/conv.py)."""
+
+import pytest
+
+import evtc
+from evtc import bf16, f16, f32
+from evtc.conv import conv_config
+from evtc.family import conv as CF
+from evtc.runtime import conv_gemm
+from evtc.runtime.conv_bind import to_nhwc
+from evtc.runtime.tensors import TensorView, view
+from fakecuda import FakeCuda
+
+
+@evtc.epilogue
+def bias_relu(acc, C, alpha: float, beta: float, bias: evtc.RowVector[f32]):
+    return evtc.relu(alpha * acc + beta * C + bias)
+
+
+@evtc.epilogue
+def bias_silu(acc, bias: evtc.RowVector[f32]):
+    return evtc.silu(acc + bias)
+
+
+@evtc.epilogue
+def stats(acc, scale: evtc.ColVector[f32]):
+    D = acc * scale
+    return {"D": D, "row_max": evtc.max(D, dim=1), "csum": evtc.sum(D, dim=0), "amax": evtc.amax(D)}
+
+
+def packed(shape, ptr=None):
+    strides, acc = [], 2
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return FakeCuda(shape, ptr=ptr, strides=tuple(reversed(strides)))
+
+
+def channels_last(shape_nchw):
+    """A (N, C, H, W) f16 tensor stored NHWC, strides in bytes."""
+    n, c, h, w = shape_nchw
+    return FakeCuda(shape_nchw, strides=tuple(2 * s for s in (h * w * c, 1, w * c, c)))
+
+
+# ---- which problems are GEMMs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, stride, padding, dilation, groups, want", [
+    ("fprop", (1, 1), (0, 0), (1, 1), 1, True),
+    ("fprop", (1, 1, 1), (0, 0, 0), (1, 1, 1), 1, True),
+    ("fprop", (2, 2), (0, 0), (1, 1), 1, False),   # strided 1x1: rows of x are not one stride apart
+    ("fprop", (1, 1), (1, 1), (1, 1), 1, False),   # padding: the output is larger than x
+    ("fprop", (1, 1), (0, 0), (2, 2), 1, False),   # (a 1x1 filter ignores dilation; kept out anyway)
+    ("fprop", (1, 1), (0, 0), (1, 1), 2, False),
+    ("dgrad", (1, 1), (0, 0), (1, 1), 1, False),   # B would be N-major (NOTE [1x1 convolutions as GEMMs])
+    ("wgrad", (1, 1), (0, 0), (1, 1), 1, False),
+])
+def test_pointwise_problems(kind, stride, padding, dilation, groups, want):
+    assert CF.pointwise_problem(kind, stride, padding, dilation, groups) == want
+
+
+def test_the_route_exists_only_for_sm90_fprop_families():
+    assert evtc.Conv(bias_silu, kind="fprop", a=f16, arch="sm90").gemm_route is not None
+    assert evtc.Conv(bias_silu, kind="fprop", a=f16, arch="sm90", config={"tile": (128, 64, 64)}).gemm_route is None
+    assert evtc.Conv(bias_silu, kind="fprop", a=f16, arch="sm80").gemm_route is None
+    assert evtc.Conv(bias_silu, kind="dgrad", a=f16, arch="sm90").gemm_route is None
+    assert evtc.Conv(bias_silu, kind="wgrad", a=f16, arch="sm90").gemm_route is None
+
+
+def route_views(ep, x, w, kwargs, out, layout="nhwc"):
+    conv = evtc.Conv(ep, kind="fprop", dims=len(x.__cuda_array_interface__["shape"]) - 2, a=f16, c=f16, d=f16,
+                     arch="sm90", layout=layout)
+    return conv.gemm_route.views(x, w, kwargs, out)
+
+
+def test_gemm_views_of_packed_nhwc():
+    x, w = packed((2, 8, 6, 16)), packed((32, 1, 1, 16))
+    C, D = packed((2, 8, 6, 32)), packed((2, 8, 6, 32))
+    A, B, kw, outs, allocate = route_views(bias_relu, x, w, {"C": C, "alpha": 1.0, "beta": 0.5,
+                                                             "bias": FakeCuda((32,), typestr="<f4")}, D)
+    M = 2 * 8 * 6
+    assert (A.shape, A.strides, A.ptr) == ((M, 16), (16, 1), view(x, "x").ptr)
+    assert (B.shape, B.strides, B.ptr) == ((32, 16), (16, 1), view(w, "w").ptr)
+    assert (kw["C"].shape, kw["C"].strides, kw["C"].ptr) == ((M, 32), (32, 1), view(C, "C").ptr)
+    assert (outs["D"].shape, outs["D"].strides) == ((M, 32), (32, 1)) and allocate == ()
+    assert kw["alpha"] == 1.0 and kw["bias"] is not None  # scalars and vectors pass as they are
+    # an M x N input may be the (M, N) matrix, as for the conv kernel
+    Cm = packed((M, 32))
+    _, _, kw, _, _ = route_views(bias_relu, x, w, {"C": Cm, "alpha": 1.0, "beta": 0.5,
+                                                   "bias": FakeCuda((32,), typestr="<f4")}, D)
+    assert kw["C"].shape == (M, 32)
+
+
+def test_gemm_views_of_channels_last_and_3d():
+    x, w = channels_last((2, 16, 8, 8)), channels_last((24, 16, 1, 1))
+    D = channels_last((2, 24, 8, 8))
+    A, B, _, outs, _ = route_views(bias_silu, x, w, {"bias": FakeCuda((24,), typestr="<f4")}, D, layout="nchw")
+    assert (A.shape, A.strides, B.shape, B.strides) == ((128, 16), (16, 1), (24, 16), (16, 1))
+    assert (outs["D"].shape, outs["D"].strides) == ((128, 24), (24, 1))
+    x3, w3, D3 = packed((2, 3, 4, 5, 8)), packed((16, 1, 1, 1, 8)), packed((2, 3, 4, 5, 16))
+    A, B, _, outs, _ = route_views(bias_silu, x3, w3, {"bias": FakeCuda((16,), typestr="<f4")}, D3)
+    assert (A.shape, B.shape, outs["D"].shape) == ((120, 8), (16, 8), (120, 16))
+
+
+def test_later_calls_reuse_the_views_with_their_own_pointers():
+    conv = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90", layout="nchw")
+    route = conv.gemm_route
+    scale = FakeCuda((128,), typestr="<f4")
+    first = route.views(channels_last((2, 16, 8, 8)), channels_last((32, 16, 1, 1)), {"scale": scale}, None)
+    assert len(route._recipes) == 1
+    x, w, rmax = channels_last((2, 16, 8, 8)), channels_last((32, 16, 1, 1)), FakeCuda((128,), typestr="<f4")
+    again = route.views(x, w, {"scale": scale}, {"row_max": rmax})  # another key: out= differs
+    assert len(route._recipes) == 2 and again[3]["row_max"] is rmax
+    third = route.views(x, w, {"scale": scale}, None)
+    assert len(route._recipes) == 2
+    for got, want in zip(third[:2], first[:2]):
+        assert (got.shape, got.strides, got.dtype) == (want.shape, want.strides, want.dtype)
+    assert third[0].ptr == view(x, "x").ptr and third[1].ptr == view(w, "w").ptr and third[0].obj is x
+    # D is allocated channels-last (logical N, K, H, W), its (M, N) view packed
+    assert third[4] == (("D", (2, 32, 8, 8), (2048, 1, 256, 32), f16, "other", 0),)
+    # a misaligned x with a cached key goes the full way (and is not the GEMM's)
+    bad = FakeCuda((2, 16, 8, 8), ptr=(1 << 41) + 8, strides=x.__cuda_array_interface__["strides"])
+    assert route.views(bad, w, {"scale": scale}, None) is None
+
+
+def test_aux_rows_of_a_wider_tensor_keep_their_stride():
+    """C a channel slice of a 48-channel tensor: the GEMM reads it with row stride 48, as the conv
+    kernel does."""
+    x, w = packed((1, 4, 4, 16)), packed((32, 1, 1, 16))
+    C = FakeCuda((1, 4, 4, 32), strides=tuple(2 * s for s in (16 * 48, 4 * 48, 48, 1)))
+    _, _, kw, _, _ = route_views(bias_relu, x, w, {"C": C, "alpha": 1.0, "beta": 1.0,
+                                                   "bias": FakeCuda((32,), typestr="<f4")}, packed((1, 4, 4, 32)))
+    assert kw["C"].strides == (48, 1)
+
+
+@pytest.mark.parametrize("x, w, why", [
+    (packed((2, 8, 8, 16)), packed((32, 3, 3, 16)), "3x3 filter"),
+    (packed((2, 8, 8, 12)), packed((32, 1, 1, 12)), "channels not 16-byte vectors: the conv checks say so"),
+    (packed((2, 8, 8, 16)), packed((36, 1, 1, 16)), "K not a multiple of 8"),
+    (packed((2, 8, 8, 16), ptr=(1 << 40) + 8), packed((32, 1, 1, 16)), "x not 16-byte aligned"),
+    (FakeCuda((2, 8, 8, 16), strides=(2 * 8 * 9 * 16, 2 * 9 * 16, 2 * 16, 2)), packed((32, 1, 1, 16)),
+     "pixels that don't collapse into rows (a padded W)"),
+    (packed((0, 8, 8, 16)), packed((32, 1, 1, 16)), "an empty batch: the conv kernel's zero-size rules"),
+    (packed((2, 8, 8, 16)), FakeCuda((32, 1, 1, 16), typestr="<f4"), "w's dtype: the conv checks name it"),
+])
+def test_calls_the_gemm_does_not_take(x, w, why):
+    assert route_views(bias_silu, x, w, {"bias": FakeCuda((32,), typestr="<f4")}, None) is None, why
+
+
+def test_an_mxn_argument_of_a_wrong_shape_is_named():
+    x, w = packed((2, 8, 8, 16)), packed((32, 1, 1, 16))
+    with pytest.raises(evtc.ArgumentError, match=r"argument 'C' has shape \(2, 8, 8, 24\), expected the output's"):
+        route_views(bias_relu, x, w, {"C": packed((2, 8, 8, 24)), "alpha": 1.0, "beta": 1.0,
+                                      "bias": FakeCuda((32,), typestr="<f4")}, packed((2, 8, 8, 32)))
+
+
+class Recorder:
+    def __init__(self, result):
+        self.calls = []
+        self.result = result
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return self.result(*args) if callable(self.result) else self.result
+
+
+def test_conv_calls_route_by_problem(monkeypatch):
+    """A 1x1 stride-1 unpadded fprop runs on the Gemm (its views), anything else on a conv kernel;
+    the outputs come back as the caller's tensors, reductions as the Gemm returns them."""
+    conv = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90")
+    gemm = conv.gemm_route.gemm
+    fake_red = {"row_max": object(), "csum": object(), "amax": object()}
+
+    def gemm_run(A, B, kw, outs, stream):
+        assert isinstance(A, TensorView) and A.shape == (128, 16) and outs["D"].shape == (128, 32)
+        return {"D": outs["D"], **fake_red}
+
+    run = Recorder(gemm_run)
+    monkeypatch.setattr(gemm, "run", run)
+    launched = []
+
+    def launcher(self, spec):
+        launched.append((self.member, spec))
+        return lambda *a: "conv kernel"
+
+    monkeypatch.setattr(type(conv._kernels[("sm90", False)]), "launcher", launcher)
+    x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
+    got = conv(x, w, out={"D": D}, scale=FakeCuda((128,), typestr="<f4"))
+    assert len(run.calls) == 1 and not launched
+    assert got["D"] is D and got["row_max"] is fake_red["row_max"] and list(got) == ["D", "row_max", "csum", "amax"]
+    assert conv(x, w, problem=evtc.ConvProblem(padding=1), out={"D": packed((2, 10, 10, 32))},
+                scale=FakeCuda((200,), typestr="<f4")) == "conv kernel"
+    assert conv(x, w, problem=evtc.ConvProblem(stride=2), out={"D": packed((2, 4, 4, 32))},
+                scale=FakeCuda((32,), typestr="<f4")) == "conv kernel"
+    assert conv(x, packed((32, 3, 3, 16)), out={"D": packed((2, 6, 6, 32))},
+                scale=FakeCuda((72,), typestr="<f4")) == "conv kernel"
+    assert len(run.calls) == 1 and len(launched) == 3
+    # a pinned Conv has no route: its one kernel runs 1x1 problems too
+    pinned = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90", config={"tile": (128, 128, 64)})
+    assert pinned.gemm_route is None and pinned.source == conv.source
+
+
+# ---- the family and its heuristic ---------------------------------------------------------------------
+
+
+def test_family_members_and_candidates_plan():
+    conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
+    assert list(conv.family) == list(CF.FAMILY) and conv.member("base") is conv._kernels[("sm90", False)]
+    seen = set()
+    for name, (fields, ctas) in CF.CANDIDATES.items():
+        k = conv.member(name)
+        cfg = k.config
+        assert cfg.tile[2] == 64 and cfg.schedule == "warpspecialized"
+        for f, v in fields.items():
+            got = getattr(cfg, f)
+            assert (tuple(got)[:len(v)] == tuple(v)) if isinstance(v, tuple) else got == v, (name, f)
+        plan = k.plan
+        assert plan.mainloop_stages >= 2 and plan.kernel_smem_bound <= plan.smem_capacity
+        # the shared memory of `ctas` CTAs (and what the driver reserves for each) fits one SM
+        assert ctas * (plan.kernel_smem_bound + CF.CTA_RESERVED_SMEM) <= CF.SM_SMEM_BYTES, name
+        if ctas == 1 and name != "epi64" and "cluster" not in fields:
+            assert 2 * (plan.kernel_smem_bound + CF.CTA_RESERVED_SMEM) > CF.SM_SMEM_BYTES, name
+        src = k.source
+        assert src not in seen
+        seen.add(src)
+        assert f"cute::Shape<cute::_{cfg.tile[0]}, cute::_{cfg.tile[1]}, cute::_{cfg.tile[2]}>" in src
+        assert f"cutlass::conv::collective::StageCount<{plan.mainloop_stages}>" in src
+        cm, cn, _ = cfg.cluster
+        assert f"using ClusterShape = cute::Shape<cute::_{cm}, cute::_{cn}, cute::_1>;" in src
+    assert conv.member("epi64").plan.epilogue_tile == (64, 64) and conv.plan.epilogue_tile == (64, 32)
+    # two CTAs of a 4-stage 64x128 tile would fit an SM's shared memory (not its registers: NOTE
+    # [The sm90 conv family])
+    m64x2 = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90", config={"tile": (64, 128, 64), "stages": 4})
+    assert 2 * (m64x2.plan.kernel_smem_bound + CF.CTA_RESERVED_SMEM) <= CF.SM_SMEM_BYTES
+
+
+def test_the_main_kernel_is_the_pinned_default():
+    """The family's base member is the kernel a Conv had before families (byte-identical to the
+    default configuration pinned)."""
+    for ep in (bias_relu, stats):
+        fam = evtc.Conv(ep, kind="fprop", a=bf16, d=bf16, arch="sm90")
+        assert fam.source == evtc.Conv(ep, kind="fprop", a=bf16, d=bf16, arch="sm90", config={}).source
+        assert fam.member("base").source == fam.source
+
+
+def test_jobs_cover_the_family_and_the_gemm_family():
+    conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
+    jobs = conv.jobs()
+    gemm_jobs = conv.gemm_route.gemm.jobs()
+    assert len(jobs) == len(CF.FAMILY) + len(gemm_jobs) and len({j.source for j in jobs}) == len(jobs)
+    assert [j.name for j in jobs[:3]] == ["bias_silu", "bias_silu[n64]", "bias_silu[m64]"]
+    assert len(conv.jobs(gemm=False)) == len(CF.FAMILY)
+    one = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    assert len(one.jobs()) == 1 and one.choose(4096, 256, 2304) == "base"
+
+
+def test_members_a_conv_cannot_have():
+    with pytest.raises(evtc.ConfigError, match="only sm90 fprop Convs without config= have a kernel family"):
+        evtc.Conv(bias_silu, kind="dgrad", a=bf16, arch="sm90").member("m64")
+    with pytest.raises(evtc.ConfigError, match="no conv family member 'huge'"):
+        evtc.Conv(bias_silu, kind="fprop", a=bf16, arch="sm90").member("huge")
+
+
+#: bench_conv's UNet layers (batch 8): (M, N, K) of the implicit GEMM -> the heuristic's pick
+UNET_PICKS = [
+    ((8 * 64 * 64, 320, 320 * 9), "base"),     # 768 128x128 tiles: 5.8 waves, quantization small
+    ((8 * 32 * 32, 640, 640 * 9), "base"),     # 320 tiles: 2.4 waves; m64's 640 tiles model 7 % faster
+    ((8 * 16 * 16, 1280, 1280 * 9), "m64"),    # 160 tiles: 1.2 waves; 320 64x128 tiles: 2.4
+    ((8 * 8 * 8, 1280, 1280 * 9), "m64"),      # 40 tiles on 132 SMs; m64 has 80
+    ((8 * 32 * 32, 640, 320 * 9), "base"),
+    ((8 * 32 * 32, 320, 320 * 9), "m64"),      # the stride-2 downsampler: 192 tiles: 1.45 waves
+    ((8 * 16 * 16, 640, 640 * 9), "base"),     # 80 tiles: one wave either way
+]
+
+
+@pytest.mark.parametrize("mnk, want", UNET_PICKS)
+def test_heuristic_picks(mnk, want):
+    conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
+    assert conv.choose(*mnk) == want
+
+
+def test_heuristic_model():
+    base = conv_config("sm90", bf16, bf16)
+    m64 = conv_config("sm90", bf16, bf16, {"tile": (64, 128, 64)})
+    # one wave of 128x128 tiles (132 of them) against two half-size tiles per SM: same waves,
+    # the bigger tile's better efficiency wins
+    assert CF.modeled_time(base, 1, 128 * 132, 128, 4096, 132) < CF.modeled_time(m64, 1, 128 * 132, 128, 4096, 132)
+    # 120 tiles: one wave of 128x128 against two waves of 240 64x128 tiles; 140 tiles: two waves
+    # against three of half the work
+    assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 128 * 120, 128, 4096) == "base"
+    assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 128 * 140, 128, 4096) == "m64"
+    assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 0, 128, 4096) == "base"
+    assert CF.choose({"only": (m64, 1)}, 100, 100, 100) == "only"
+
+
+def test_route_picks_the_member_of_the_call(monkeypatch):
+    conv = evtc.Conv(bias_silu, kind="fprop", a=f16, d=f16, arch="sm90")
+    sp = evtc.ConvProblem(padding=1).normalize(2)
+    k = conv._route(sp, packed((8, 8, 8, 1280)), packed((1280, 3, 3, 1280)))
+    assert k.member == "m64" and k.config.tile == (64, 128, 64)
+    assert conv._route(sp, packed((8, 64, 64, 320)), packed((320, 3, 3, 320))).member == "base"
+    assert conv._route(sp) is conv._kernels[("sm90", False)]
+    # a malformed call goes to the main kernel, whose binder names the problem
+    assert conv._route(sp, packed((8, 8, 8, 16)), packed((32, 3, 3, 24))).member == "base"
+
+
+# ---- configuration rules --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"tile": (128, 256, 64)}, "256 f32 accumulators per thread (at most 128: the non-persistent kernel"),
+    ({"tile": (192, 128, 64)}, "tile M = 192"),
+    ({"tile": (128, 72, 64)}, "tile N = 72: needs a multiple of 16"),
+    ({"tile": (128, 128, 24)}, "tile K = 24"),
+    ({"cluster": (4, 2, 1)}, "cluster (4, 2, 1): each of M, N in (1, 2, 4), K = 1, at most 4 CTAs"),
+    ({"cluster": (3, 1, 1)}, "cluster (3, 1, 1)"),
+    ({"epilogue_tile": (64, 48)}, "epilogue tile (64, 48)"),
+    ({"epilogue_tile": (128, 32)}, "the one-warpgroup epilogue has M = 64"),
+    ({"schedule": "pingpong"}, "has no schedule to choose"),
+    ({"scheduler": "streamk"}, "has no scheduler to choose"),
+])
+def test_bad_configs_name_the_limit(config, needle):
+    with pytest.raises(evtc.ConfigError) as ei:
+        conv_config("sm90", bf16, bf16, config)
+    assert needle in str(ei.value), str(ei.value)
+
+
+def test_good_configs():
+    for cfg in ({"tile": (64, 256, 64)}, {"tile": (128, 64, 64), "stages": 4}, {"cluster": (2, 1, 1)},
+                {"cluster": (1, 2, 1)}, {"epilogue_tile": (64, 64)}):
+        conv_config("sm90", bf16, bf16, cfg)
+
+
+def test_to_nhwc_of_a_view_is_a_view():
+    v = view(channels_last((2, 16, 4, 4)), "x")
+    nv = to_nhwc(v, "nchw")
+    assert nv.shape == (2, 4, 4, 16) and nv.strides == (256, 64, 16, 1)
+    assert view(nv, "x") is nv  # TensorViews pass through evtc.runtime.tensors.view
+    assert conv_gemm.NOT_ROUTED is not None
+
+
+# ---- what a call runs on, for the benchmarks' prebuilds ----------------------------------------------
+
+
+def test_kernel_for_names_the_route_or_the_member():
+    conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
+    label, k = conv.kernel_for((32, 56, 56, 256), (64, 1, 1, 256))
+    gemm = conv.gemm_route.gemm
+    assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}"
+    assert k.job().source in {j.source for j in gemm.jobs()}
+    label, k = conv.kernel_for((8, 8, 8, 1280), (1280, 3, 3, 1280), evtc.ConvProblem(padding=1))
+    assert (label, k.member) == ("m64", "m64")
+    # 1x1 with stride 2 (ResNet's downsampling shortcut) stays on a conv kernel
+    label, _ = conv.kernel_for((32, 56, 56, 256), (512, 1, 1, 256), evtc.ConvProblem(stride=2))
+    assert not label.startswith("gemm")
+    dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    problem = evtc.ConvProblem(stride=2, padding=1, input_size=(16, 16))
+    assert dgrad.kernel_for((2, 8, 8, 32), (32, 3, 3, 16), problem)[0] == "strided"
+
+
+def test_explore_and_bench_prebuild_lists():
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for d in ("benchmarks", "tests/gpu"):
+        if str(root / d) not in sys.path:
+            sys.path.insert(0, str(root / d))
+    import bench_conv
+    import explore_conv
+
+    assert {l.n for l in bench_conv.RESNET50} == {32} and {l.n for l in bench_conv.UNET} == {8}
+    table = explore_conv.convs(("unet",))
+    assert {name for (_, name) in table} == set(CF.CANDIDATES) | {"family"}
+    assert all(isinstance(c, evtc.Conv) for c in table.values())
+    jobs = explore_conv.kernels(("unet",))
+    # one kernel per candidate (the family's picks are among them; no 1x1 layer in the UNet)
+    assert len(jobs) == len(CF.CANDIDATES)
+    rn = explore_conv.kernels(("resnet50",), candidates=("base",))
+    assert any("[" in j.name and "bias_relu" in j.name for j in rn)  # the 1x1 layers' Gemm members
+
+
+def test_the_gemm_sees_the_conv_kernels_problem():
+    """The Gemm's checks of the route's views give the implicit GEMM's M, N, K, the output's row
+    stride, and the same reduction outputs (shapes, identities for an empty call) as the conv
+    kernel's binder of the same call."""
+    from evtc.abi import ctypes_struct
+    from evtc.runtime.conv_bind import ConvBinder, conv_abi_fields
+
+    conv = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90")
+    x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
+    kw = {"scale": FakeCuda((128,), typestr="<f4")}
+    A, B, gkw, outs, _ = conv.gemm_route.views(x, w, kw, {"D": D})
+    gsig, _ = conv.gemm_route.gemm._prober.signature(A, B, gkw, outs)
+    sp = evtc.ConvProblem().normalize(2)
+    cb = ConvBinder(conv.graph, f16, f16, ctypes_struct(conv_abi_fields(conv.graph)), kind="fprop", dims=2,
+                    layout="nhwc", spec=sp, arch="sm90", tile=conv.config.tile)
+    csig, _ = cb.signature(x, w, kw, {"D": D})
+    assert (gsig.M, gsig.N, gsig.K, gsig.L) == (csig.M, csig.N, csig.K, csig.L) == (128, 32, 16, 1)
+    assert gsig.values["ld_D"] == csig.values["ld_D"] == 32
+    assert [(a.name, a.shape) for a in gsig.allocs] == [(a.name, a.shape) for a in csig.allocs] == \
+        [("row_max", (128,)), ("csum", (32,)), ("amax", ())]
