@@ -40,10 +40,13 @@ with two would need a derived kernel type that sets it to 2 (and the spills meas
 (:func:`choose`) knows only what needs no measurement: wave quantization. Each candidate's time
 is modelled as (waves of its CTAs over the SMs) x (its tile's work) / (its tile's relative MMA
 efficiency); the default 128x128 stays unless another member is modelled :data:`MARGIN` faster.
-Until explore_conv has run on the H100, :data:`EFFICIENCY` is a guess (smaller tiles re-read
-operands more per FLOP) and :data:`FAMILY` holds only the plain tile variants; the 64x256,
-cluster and epilogue-tile candidates are built and timed by the exploration only, and pinned
-with ``Conv(config=...)``.
+:data:`EFFICIENCY` was measured on the H100 (2026-11-25, explore_conv.py; docs/performance.md):
+64x128 0.75, 128x64 0.67, 64x256 1.12 where N is a multiple of 256 and 0.7 otherwise.
+:data:`FAMILY` is base, n64, m64 and wide (64x256: the best or within 2 % of it on the 256- and
+512-channel ResNet layers and the UNet's 1280-channel layer at 16x16, 10-18 % faster than
+128x128 there). The cluster and epilogue-tile candidates are built and timed by the exploration
+only (c1x2 tied wide where both ran well; c2x1 and epi64 within 1-2 % of base), and pinned with
+``Conv(config=...)``.
 
 # NOTE [1x1 convolutions as GEMMs]
 An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
@@ -84,10 +87,15 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "epi64": ({"epilogue_tile": (64, 64)}, 1),
 }
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
-FAMILY = ("base", "n64", "m64")
-#: relative MMA throughput of one CTA tile (M, N) at equal occupancy: a guess until
-#: benchmarks/explore_conv.py measures it (NOTE [The sm90 conv family])
-EFFICIENCY = {(128, 128): 1.0, (64, 256): 0.95, (64, 128): 0.85, (128, 64): 0.8, (64, 64): 0.7}
+FAMILY = ("base", "n64", "m64", "wide")
+#: relative throughput of one CTA tile (M, N) at equal waves, measured on the H100
+#: (2026-11-25, benchmarks/explore_conv.py, 19 fprop layers of the UNet and ResNet-50 sets: the
+#: median over layers of (modelled work / time) relative to 128x128). 64x256 depends on N: 1.0-1.2
+#: where N is a multiple of 256 (one tile spans 256 output channels: the im2col activation tile
+#: is gathered once for them), 0.53-0.79 where N pads (:func:`efficiency`).
+EFFICIENCY = {(128, 128): 1.0, (64, 256): 0.7, (64, 128): 0.75, (128, 64): 0.67, (64, 64): 0.5}
+#: 64x256's efficiency where N is a multiple of 256 (measured 1.0-1.2, median 1.12)
+WIDE_FULL_N = 1.12
 #: another member replaces the default only when modelled at least this much faster
 MARGIN = 0.10
 #: shared memory of one H100 SM, bytes (228 KiB), and what the driver reserves per CTA (1 KiB)
@@ -136,7 +144,14 @@ def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, s
     tm, tn, tk = config.tile
     waves = math.ceil(tiles(M, N, config.tile) / (sm_count * ctas_per_sm))
     work = tm * tn * math.ceil(K / tk) * tk
-    return waves * work * ctas_per_sm / EFFICIENCY.get((tm, tn), 0.7)
+    return waves * work * ctas_per_sm / efficiency(tm, tn, N)
+
+
+def efficiency(tm: int, tn: int, N: int) -> float:
+    """:data:`EFFICIENCY` of a tm x tn tile on a problem of N output channels."""
+    if (tm, tn) == (64, 256) and N % 256 == 0:
+        return WIDE_FULL_N
+    return EFFICIENCY.get((tm, tn), 0.5)
 
 
 def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int, sm_count: int = 132) -> str:

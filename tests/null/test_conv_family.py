@@ -264,15 +264,21 @@ def test_members_a_conv_cannot_have():
         evtc.Conv(bias_silu, kind="fprop", a=bf16, arch="sm90").member("huge")
 
 
-#: bench_conv's UNet layers (batch 8): (M, N, K) of the implicit GEMM -> the heuristic's pick
+#: bench_conv's UNet and ResNet-50 3x3 layers: (M, N, K) of the implicit GEMM -> the heuristic's
+#: pick, with what each member measured on the H100 (2026-11-25, explore_conv.py: time / cuDNN +
+#: eager in CUDA graphs; docs/performance.md)
 UNET_PICKS = [
-    ((8 * 64 * 64, 320, 320 * 9), "base"),     # 768 128x128 tiles: 5.8 waves, quantization small
-    ((8 * 32 * 32, 640, 640 * 9), "base"),     # 320 tiles: 2.4 waves; m64's 640 tiles model 7 % faster
-    ((8 * 16 * 16, 1280, 1280 * 9), "m64"),    # 160 tiles: 1.2 waves; 320 64x128 tiles: 2.4
-    ((8 * 8 * 8, 1280, 1280 * 9), "m64"),      # 40 tiles on 132 SMs; m64 has 80
-    ((8 * 32 * 32, 640, 320 * 9), "base"),
-    ((8 * 32 * 32, 320, 320 * 9), "m64"),      # the stride-2 downsampler: 192 tiles: 1.45 waves
-    ((8 * 16 * 16, 640, 640 * 9), "base"),     # 80 tiles: one wave either way
+    ((8 * 64 * 64, 320, 320 * 9), "base"),     # base 1.30 (best of the family), wide 2.21 (N pads)
+    ((8 * 32 * 32, 640, 640 * 9), "base"),     # base 1.07, m64 1.12, wide 1.36
+    ((8 * 16 * 16, 1280, 1280 * 9), "wide"),   # wide 1.31, base 1.57, m64 1.60
+    ((8 * 8 * 8, 1280, 1280 * 9), "m64"),      # m64 1.60, base 1.57, n64 1.28: the model misses n64
+    ((8 * 32 * 32, 640, 320 * 9), "base"),     # base 0.95
+    ((8 * 32 * 32, 320, 320 * 9), "base"),     # the stride-2 downsampler: base 1.26, m64 1.25
+    ((8 * 16 * 16, 640, 640 * 9), "base"),     # base 0.83
+    ((32 * 14 * 14, 256, 256 * 9), "wide"),    # ResNet-50 res4 3x3: wide 0.59, base 0.69
+    ((32 * 28 * 28, 128, 128 * 9), "base"),    # res3 3x3: base 0.64, m64 0.71
+    ((32 * 7 * 7, 512, 512 * 9), "m64"),       # res5 3x3: m64 0.95, wide 1.09, base 1.19
+    ((32 * 56 * 56, 64, 64 * 9), "n64"),       # res2 3x3: n64 0.71, base 1.06
 ]
 
 
@@ -288,10 +294,10 @@ def test_heuristic_model():
     # one wave of 128x128 tiles (132 of them) against two half-size tiles per SM: same waves,
     # the bigger tile's better efficiency wins
     assert CF.modeled_time(base, 1, 128 * 132, 128, 4096, 132) < CF.modeled_time(m64, 1, 128 * 132, 128, 4096, 132)
-    # 120 tiles: one wave of 128x128 against two waves of 240 64x128 tiles; 140 tiles: two waves
-    # against three of half the work
+    # 120 tiles: one wave of 128x128 against two waves of 240 64x128 tiles; 60 tiles: one wave
+    # either way, of half the work at 0.75 of the efficiency
     assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 128 * 120, 128, 4096) == "base"
-    assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 128 * 140, 128, 4096) == "m64"
+    assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 128 * 60, 128, 4096) == "m64"
     assert CF.choose({"base": (base, 1), "m64": (m64, 1)}, 0, 128, 4096) == "base"
     assert CF.choose({"only": (m64, 1)}, 100, 100, 100) == "only"
 
