@@ -68,11 +68,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
-
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING, Iterator
 
 from evtc.errors import CacheError
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 __all__ = [
     "CACHE_FORMAT", "CacheRoot", "CacheWarning", "Entry", "EntryInfo", "EntryRejected", "PruneSummary", "cache_dir",
@@ -544,6 +545,8 @@ def key_lock(root: CacheRoot, key: str, timeout: float, what: str = "") -> FileL
         CacheError: waited ``timeout`` seconds (another build of this kernel hangs or is very
             slow), or the lock file can't be created (read-only cache).
     """
+    from filelock import FileLock, Timeout  # only builds take locks: a cache hit needn't import it
+
     locks = root.sub("locks")
     _ensure_dir(root, locks)
     path = locks / f"{key}.lock"
