@@ -13,6 +13,7 @@ Layout of a cache directory ``<root>``::
     <root>/locks/<key>.lock                        one build of a key at a time
     <root>/tmp/, <root>/quarantine/                staging; refused entries moved aside
     <root>/headers/                                header-tree hashes (evtc.compiler.fingerprint)
+    <root>/construct/                              the construct memo (evtc.compiler.memo)
 
 ``<key>`` is the SHA-256 of the *key material* (source, flags, header contents; see
 :mod:`evtc.compiler.cache`), which needs no compiler to compute, so a machine without nvcc finds
@@ -882,8 +883,9 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
 
     Args:
         root: the cache.
-        everything: remove every entry, failed build and leftover (lock files stay: deleting
-            one that another process waits on would let two builds of a key run at once).
+        everything: remove every entry, failed build and leftover, the header hashes and the
+            construct memo (lock files stay: deleting one that another process waits on would
+            let two builds of a key run at once).
         older_than_s: remove entries not used for this many seconds.
         max_bytes: then remove least recently used entries until the entries take at most this.
         bad: remove entries that fail verification, failed builds, the quarantine and leftovers
@@ -931,12 +933,13 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
         if tmp.is_dir():
             others += [p for p in sorted(tmp.iterdir()) if everything or now - p.lstat().st_mtime > 3600]
     if everything:
-        # entries of the format-1 layout (<root>/<xx>/<key>/) and the header hashes
+        # entries of the format-1 layout (<root>/<xx>/<key>/), the header hashes, the construct memo
         for p in sorted(root.path.iterdir()) if root.path.is_dir() else []:
             if re.fullmatch(r"[0-9a-f]{2}", p.name) and p.is_dir():
                 others.append(p)
-        if root.sub("headers").is_dir():
-            others.append(root.sub("headers"))
+        for sub in ("headers", "construct"):
+            if root.sub(sub).is_dir():
+                others.append(root.sub(sub))
     summary.other = others
     summary.freed_bytes = sum(e.bytes for e, _ in summary.removed) + sum(
         _dir_bytes(p) if p.is_dir() else p.lstat().st_size for p in others)
