@@ -20,7 +20,8 @@ keeps their results in the kernel cache directory (``EVTC_CACHE_DIR``)::
 
 Keys. Every key is the SHA-256 of: :data:`SCHEMA`, evtc's version, the Python version, the
 content hash of evtc's own Python sources, templates and grammar
-(:func:`evtc.compiler.fingerprint.sources_hash`), the verification setting, and a canonical dump
+(:func:`evtc.compiler.fingerprint.sources_hash`), the verification setting, the op table
+(:func:`ops_text`; an op registered or replaced at run time turns the memo off), and a canonical dump
 of the traced graph: every node's kind and fields (``repr`` of floats, dtypes, attributes), its
 inputs by position and its source location, the graph's name, inputs, outputs and ``def`` line
 (:func:`graph_text`). A ``.graph`` key adds the arch; ``.plan`` and ``.source`` keys add the
@@ -66,7 +67,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "SCHEMA", "Memo", "enabled", "graph_text", "memo_for"]
+__all__ = ["ENV", "SCHEMA", "Memo", "enabled", "graph_text", "memo_for", "ops_text"]
 
 #: Version of the entry format and of what the pickles hold (bump to ignore every old entry).
 SCHEMA = 1
@@ -157,6 +158,29 @@ def graph_text(graph) -> str:
     lines.append("inputs " + " ".join(f"%{index[id(i)]}" for i in graph.inputs))
     lines.append("outputs " + " ".join(f"%{index[id(o)]}" for o in graph.outputs))
     return "\n".join(lines)
+
+
+def ops_text() -> str | None:
+    """The op table (:data:`evtc.ops.OPS`) as key material: every op's name, arity, functor,
+    commutativity and the names of its reference, torch and sympy functions; None when an op's
+    function comes from outside evtc and numpy (an op registered or replaced at run time, whose
+    code the key can't see: no memo then)."""
+    from evtc import ops
+
+    rows = []
+    for name in sorted(ops.OPS):
+        op = ops.OPS[name]
+        fns = []
+        for fn in (op.numpy, op.torch, op.sympy):
+            if fn is None:
+                fns.append(None)
+                continue
+            module = getattr(fn, "__module__", None) or ""
+            if module != "numpy" and not module.startswith(("evtc.", "numpy.")):
+                return None
+            fns.append(f"{module}.{getattr(fn, '__qualname__', type(fn).__name__)}")
+        rows.append([name, op.arity, op.functor, op.commutative, fns])
+    return json.dumps(rows)
 
 
 def _digest(*parts: str) -> str:
@@ -453,7 +477,8 @@ class Memo:
 def memo_for(traced) -> Memo | None:
     """The memo of a traced graph, or None when the memo is off (``EVTC_CONSTRUCT_MEMO=0``, no
     cache directory yet, a shared cache, ``EVTC_VERIFY``/``EVTC_DEBUG`` set to something the
-    passes refuse) or the graph's dump can't be made. Never raises.
+    passes refuse, an op registered or replaced at run time: :func:`ops_text`) or the graph's
+    dump can't be made. Never raises.
 
     Args:
         traced: the Graph a frontend made (before passes).
@@ -470,11 +495,16 @@ def memo_for(traced) -> Memo | None:
     if any(v is not None and v.strip().lower() not in _ON_OFF for v in verify):
         return None
     try:
+        table = ops_text()
+        if table is None:
+            log.debug("construct memo off for %s: an op of the table was registered or replaced at run time",
+                      getattr(traced, "name", "?"))
+            return None
         sources = _evtc_sources(root)
         text = graph_text(traced)
     except Exception as e:  # unreadable sources, a field whose repr fails: no memo, never an error
         log.debug("construct memo off for %s: %s: %s", getattr(traced, "name", "?"), type(e).__name__, e)
         return None
     base = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], sources,
-                   f"verify={verify!r}", text)
+                   f"verify={verify!r}", table, text)
     return Memo(root, base)

@@ -364,3 +364,24 @@ def test_fp8_and_sm80_members_through_the_memo(cache, spies):
     first = seen()
     n = dict(spies)
     assert seen() == first and spies == n
+
+
+def test_an_op_changed_at_run_time_is_seen(cache, spies, monkeypatch):
+    """The op table is key material: a functor changed at run time misses the memo (and fails
+    as it fails without one); an op whose code lives outside evtc turns the memo off."""
+    import dataclasses
+
+    from evtc import ops
+
+    ep = _bias_relu()
+    first = evtc.Gemm(ep).source
+    relu = ops.OPS["relu"]
+    monkeypatch.setitem(ops.OPS, "relu", dataclasses.replace(relu, functor="my::relu"))
+    source = evtc.Gemm(ep).source
+    assert "my::relu" in source and source != first
+    assert memo.ops_text() is not None
+    monkeypatch.setitem(ops.OPS, "relu", dataclasses.replace(ops.OPS["relu"], numpy=lambda x: x))
+    assert memo.ops_text() is None and memo.memo_for(evtc.Gemm(ep)._traced) is None
+    monkeypatch.setitem(ops.OPS, "relu", relu)
+    n = spies["passes"]
+    assert evtc.Gemm(ep).source == first and spies["passes"] == n
