@@ -307,6 +307,10 @@ def _read(root, key: str, kind: str) -> bytes | None:
     if header.get("bytes") != len(payload) or header.get("sha256") != hashlib.sha256(payload).hexdigest():
         log.debug("construct memo: ignored %s: its payload does not match its header (truncated or edited)", path)
         return None
+    try:
+        os.utime(path)  # a use: `evtc cache prune --older-than` removes entries by this time
+    except OSError:
+        pass  # a read-only cache
     return payload
 
 

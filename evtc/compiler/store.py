@@ -886,7 +886,7 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
         everything: remove every entry, failed build and leftover, the header hashes and the
             construct memo (lock files stay: deleting one that another process waits on would
             let two builds of a key run at once).
-        older_than_s: remove entries not used for this many seconds.
+        older_than_s: remove entries (and construct-memo entries) not used for this many seconds.
         max_bytes: then remove least recently used entries until the entries take at most this.
         bad: remove entries that fail verification, failed builds, the quarantine and leftovers
             of interrupted builds (older than an hour).
@@ -932,6 +932,10 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
         tmp = root.sub("tmp")
         if tmp.is_dir():
             others += [p for p in sorted(tmp.iterdir()) if everything or now - p.lstat().st_mtime > 3600]
+    if older_than_s is not None and not everything and root.sub("construct").is_dir():
+        # construct-memo entries (evtc.compiler.memo) not read or written for that long
+        others += [p for p in sorted(root.sub("construct").rglob("*"))
+                   if p.is_file() and now - p.lstat().st_mtime > older_than_s]
     if everything:
         # entries of the format-1 layout (<root>/<xx>/<key>/), the header hashes, the construct memo
         for p in sorted(root.path.iterdir()) if root.path.is_dir() else []:

@@ -385,3 +385,23 @@ def test_an_op_changed_at_run_time_is_seen(cache, spies, monkeypatch):
     monkeypatch.setitem(ops.OPS, "relu", relu)
     n = spies["passes"]
     assert evtc.Gemm(ep).source == first and spies["passes"] == n
+
+
+def test_prune_older_than_removes_unused_memo_entries(cache):
+    import time
+
+    from evtc.compiler import store
+
+    ep = _bias_relu()
+    evtc.Gemm(ep).source
+    old = time.time() - 10 * 86400
+    for p in _entries(cache):
+        os.utime(p, (old, old))
+    evtc.Gemm("D = relu(acc)").source  # recent entries of another epilogue
+    recent = [p for p in _entries(cache) if p.stat().st_mtime > old + 1]
+    summary = store.prune(store.cache_root(), older_than_s=86400)
+    assert len(summary.other) == 3 and set(_entries(cache)) == set(recent)
+    # a read counts as a use
+    evtc.Gemm("D = relu(acc)").source
+    for p in _entries(cache):
+        assert p.stat().st_mtime > time.time() - 60
