@@ -37,6 +37,10 @@ machine (each figure in a fresh process, ``--repeat`` times; ms):
   entry's folder; the first call's host work before loading a library);
 * which of sympy, jinja2, networkx and numpy the warm process imported.
 
+Where ``PYTHONDONTWRITEBYTECODE`` is set (it is on the machines here) every module of a checkout
+is compiled from source in every process; ``--bytecode`` measures with ``.pyc`` files, as an
+installed evtc has them.
+
     python benchmarks/bench_build.py --construct --json $OUT/construct.json
 """
 
@@ -188,14 +192,30 @@ def _stats(xs: list[float]) -> dict:
     return {"median": s[len(s) // 2], "min": s[0], "max": s[-1], "runs": xs}
 
 
-def construct_bench(epilogue: str, repeat: int) -> dict:
-    """The host side of a cache hit, each figure in a fresh process (see the module docstring)."""
+def construct_bench(epilogue: str, repeat: int, bytecode: bool = False) -> dict:
+    """The host side of a cache hit, each figure in a fresh process (see the module docstring).
+
+    Args:
+        epilogue: a name in examples/epilogues.py.
+        repeat: fresh processes per figure (the import figure gets two per repeat).
+        bytecode: let the processes write and read ``.pyc`` files (in a temporary
+            ``PYTHONPYCACHEPREFIX``, filled by a discarded first run) even where
+            ``PYTHONDONTWRITEBYTECODE`` is set, as it is on the machines here: without, every evtc
+            module is compiled from source in every process.
+    """
     code = CONSTRUCT.format(examples=str(common.ROOT / "examples"), epilogue=epilogue)
     base = {k: v for k, v in os.environ.items() if k not in ("EVTC_CONSTRUCT_MEMO", "EVTC_SHARED_CACHE")}
     runs: dict[str, list[float]] = {k: [] for k in ("import_evtc_ms", "construct_cold_ms", "construct_warm_ms",
                                                      "construct_off_ms", "choose_lookup_ms", "choose_lookup_cold_ms")}
     mods, looked = "", "0"
     with tempfile.TemporaryDirectory() as tmp:
+        if bytecode:
+            base.pop("PYTHONDONTWRITEBYTECODE", None)
+            base["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pyc")
+            warm_up = Path(tmp) / "warm-up"
+            warm_up.mkdir(mode=0o700)
+            for memo in ("1", "1", "0"):  # compiles what the cold, warm and memo-off runs import
+                _run_py(code, dict(base, EVTC_CACHE_DIR=str(warm_up), EVTC_CONSTRUCT_MEMO=memo))
         for i in range(repeat):
             cache = Path(tmp) / f"cache{i}"
             cache.mkdir(mode=0o700)
@@ -214,6 +234,7 @@ def construct_bench(epilogue: str, repeat: int) -> dict:
     res["warm_imported"] = dict(zip(("sympy", "jinja2", "networkx", "numpy"), (m == "1" for m in mods)))
     res["lookup_ran"] = looked == "1"
     res["epilogue"], res["repeat"], res["cores"] = epilogue, repeat, os.cpu_count()
+    res["bytecode"] = bytecode or not os.environ.get("PYTHONDONTWRITEBYTECODE")
     return res
 
 
@@ -235,14 +256,17 @@ def main() -> None:
                          "choose and look up); no nvcc or GPU needed")
     ap.add_argument("--epilogue", default="bias_relu", help="with --construct: a name in examples/epilogues.py")
     ap.add_argument("--repeat", type=int, default=5, help="with --construct: fresh processes per figure")
+    ap.add_argument("--bytecode", action="store_true",
+                    help="with --construct: let the processes cache bytecode even under PYTHONDONTWRITEBYTECODE")
     args = ap.parse_args()
     if args.construct:
-        res = construct_bench(args.epilogue, args.repeat)
+        res = construct_bench(args.epilogue, args.repeat, args.bytecode)
         for k, v in res.items():
             if isinstance(v, dict) and "median" in v:
                 print(f"{k:24s} median {v['median']:8.1f} ms  (min {v['min']:.1f}, max {v['max']:.1f}, "
                       f"{len(v['runs'])} runs)")
-        print(f"imported by a warm construct + lookup: {res['warm_imported']}; cache lookup ran: {res['lookup_ran']}")
+        print(f"imported by a warm construct + lookup: {res['warm_imported']}; cache lookup ran: {res['lookup_ran']}; "
+              f".pyc files used: {res['bytecode']}")
         common.write_json(args.json, {"construct": res})
         return
     res: dict = {"cores": os.cpu_count(), "nvcc": nvcc.nvcc_version(), "cutlass": nvcc.cutlass_version()}

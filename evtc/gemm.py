@@ -47,9 +47,12 @@ def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> 
     if isinstance(epilogue, Epilogue):
         return epilogue.trace(c=c, d=d)
     if isinstance(epilogue, str):
-        from evtc.frontend.text import from_expr
+        def parse() -> Graph:
+            from evtc.frontend.text import from_expr
 
-        return from_expr(epilogue, c=c, d=d)
+            return from_expr(epilogue, c=c, d=d)
+
+        return memo.traced_text(epilogue, c=c, d=d, parse=parse)  # a hit needn't import lark
     if callable(epilogue):
         return Epilogue(epilogue).trace(c=c, d=d)
     raise TypeError(f"can't make an epilogue of {type(epilogue).__name__}")

@@ -17,6 +17,7 @@ keeps their results in the kernel cache directory (``EVTC_CACHE_DIR``)::
     <root>/construct/<key[:2]>/<key>.graph     the post-pass Graph of one arch (pickle)
     <root>/construct/<key[:2]>/<key>.plan      one kernel's Plan and, under swap-AB, its graph (pickle)
     <root>/construct/<key[:2]>/<key>.source    one kernel's emitted .cu (UTF-8)
+    <root>/construct/<key[:2]>/<key>.trace     the traced Graph of a textual epilogue (pickle)
 
 Keys. Every key is the SHA-256 of: :data:`SCHEMA`, evtc's version, the Python version, the
 content hash of evtc's own Python sources, templates and grammar
@@ -26,7 +27,8 @@ of the traced graph: every node's kind and fields (``repr`` of floats, dtypes, a
 inputs by position and its source location, the graph's name, inputs, outputs and ``def`` line
 (:func:`graph_text`). A ``.graph`` key adds the arch; ``.plan`` and ``.source`` keys add the
 kernel's arch, operand dtypes, full configuration (run-time fields too), policy, plan rank and
-fixed decisions. Editing evtc, the epilogue or any option gives another key; stale entries are
+fixed decisions. A ``.trace`` key (:func:`traced_text`: a textual epilogue, which the tracer
+would parse with lark) has the text and the ``c`` and ``d`` dtypes instead of a traced graph. Editing evtc, the epilogue or any option gives another key; stale entries are
 never read again (``evtc cache prune --all`` removes them).
 
 Trust. An entry is read only from a private cache (not ``EVTC_SHARED_CACHE``) and only if it is
@@ -67,7 +69,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "SCHEMA", "Memo", "enabled", "graph_text", "memo_for", "ops_text"]
+__all__ = ["ENV", "SCHEMA", "Memo", "enabled", "graph_text", "memo_for", "ops_text", "traced_text"]
 
 #: Version of the entry format and of what the pickles hold (bump to ignore every old entry).
 SCHEMA = 1
@@ -476,6 +478,51 @@ class Memo:
         key = self._key("source", material)
         if key is not None:
             _write(self._root, key, "source", source.encode("utf-8"))
+
+
+def traced_text(expr: str, *, c, d, parse):
+    """The Graph of a textual epilogue: ``parse()`` (the text frontend: lark and its grammar)
+    once, then read back from a ``.trace`` entry keyed by the text, ``c``, ``d``, evtc's sources
+    and the op table. A text that fails to parse is not stored: ``parse()`` raises again.
+
+    Args:
+        expr: the epilogue's text.
+        c, d: the dtypes ``parse`` is given (DType or None).
+        parse: computes the Graph (and raises the frontend's located errors).
+
+    Returns:
+        The Graph ``parse()`` returns (or returned in an earlier process).
+    """
+    from evtc.ir.graph import Graph
+
+    root = _root()
+    table = ops_text() if root is not None else None
+    key = None
+    if root is not None and table is not None and isinstance(expr, str):
+        from evtc import __version__
+
+        try:
+            key = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], _evtc_sources(root),
+                          table, "trace", repr(c), repr(d), expr)
+        except Exception as e:  # unreadable sources: no memo, never an error
+            log.debug("construct memo off for a text: %s: %s", type(e).__name__, e)
+    payload = _read(root, key, "trace") if key is not None else None
+    if payload is not None:
+        try:
+            g = _loads(payload, None)
+        except Exception as e:
+            log.debug("construct memo: ignored the trace entry %s: %s: %s", key, type(e).__name__, e)
+            g = None
+        if isinstance(g, Graph):
+            return g
+        log.debug("construct memo: ignored the trace entry %s: holds a %s", key, type(g).__name__)
+    g = parse()
+    if key is not None:
+        try:
+            _write(root, key, "trace", _dumps(g, None))
+        except (RecursionError, pickle.PicklingError, TypeError, AttributeError) as e:
+            log.debug("construct memo: trace of %s not stored: %s", getattr(g, "name", "?"), e)
+    return g
 
 
 def memo_for(traced) -> Memo | None:
