@@ -21,7 +21,9 @@ keeps their results in the kernel cache directory (``EVTC_CACHE_DIR``)::
 
 Keys. Every key is the SHA-256 of: :data:`SCHEMA`, evtc's version, the Python version, the
 content hash of evtc's own Python sources, templates and grammar
-(:func:`evtc.compiler.fingerprint.sources_hash`), the verification setting, the op table
+(:func:`evtc.compiler.fingerprint.sources_hash`), where numpy, sympy, networkx, jinja2, lark and
+mpmath are installed and the size and mtime of their ``__init__.py`` (:func:`deps_text`: an
+upgrade changes the key), the verification setting, the op table
 (:func:`ops_text`; an op registered or replaced at run time turns the memo off), and a canonical dump
 of the traced graph: every node's kind and fields (``repr`` of floats, dtypes, attributes), its
 inputs by position and its source location, the graph's name, inputs, outputs and ``def`` line
@@ -69,7 +71,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "SCHEMA", "Memo", "enabled", "graph_text", "memo_for", "ops_text", "traced_text"]
+__all__ = ["DEPENDENCIES", "ENV", "SCHEMA", "Memo", "deps_text", "enabled", "graph_text", "memo_for", "ops_text",
+           "traced_text"]
 
 #: Version of the entry format and of what the pickles hold (bump to ignore every old entry).
 SCHEMA = 1
@@ -183,6 +186,32 @@ def ops_text() -> str | None:
             fns.append(f"{module}.{getattr(fn, '__qualname__', type(fn).__name__)}")
         rows.append([name, op.arity, op.functor, op.commutative, fns])
     return json.dumps(rows)
+
+
+#: the libraries whose versions can change what the passes, planner and emitter compute (sympy's
+#: canonical forms, numpy's constant folding, networkx's orders, jinja2's rendering, lark's trees)
+DEPENDENCIES = ("numpy", "sympy", "networkx", "jinja2", "lark", "mpmath")
+
+
+def deps_text() -> str:
+    """Where each of :data:`DEPENDENCIES` is installed and its ``__init__.py``'s size, mtime and
+    inode, found without importing it (about 0.3 ms; an upgrade rewrites the file, so the key
+    changes)."""
+    import importlib.util
+
+    rows = []
+    for name in DEPENDENCIES:
+        mod = sys.modules.get(name)
+        try:
+            origin = getattr(mod, "__file__", None) if mod is not None else None
+            if origin is None:
+                spec = importlib.util.find_spec(name)
+                origin = spec.origin if spec is not None else None
+            st = os.stat(origin) if origin else None
+        except (ImportError, ValueError, OSError):
+            origin, st = None, None
+        rows.append(f"{name}:{origin}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}" if st is not None else f"{name}:none")
+    return "\n".join(rows)
 
 
 def _digest(*parts: str) -> str:
@@ -503,7 +532,7 @@ def traced_text(expr: str, *, c, d, parse):
 
         try:
             key = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], _evtc_sources(root),
-                          table, "trace", repr(c), repr(d), expr)
+                          deps_text(), table, "trace", repr(c), repr(d), expr)
         except Exception as e:  # unreadable sources: no memo, never an error
             log.debug("construct memo off for a text: %s: %s", type(e).__name__, e)
     payload = _read(root, key, "trace") if key is not None else None
@@ -556,6 +585,6 @@ def memo_for(traced) -> Memo | None:
     except Exception as e:  # unreadable sources, a field whose repr fails: no memo, never an error
         log.debug("construct memo off for %s: %s: %s", getattr(traced, "name", "?"), type(e).__name__, e)
         return None
-    base = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], sources,
+    base = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], sources, deps_text(),
                    f"verify={verify!r}", table, text)
     return Memo(root, base)

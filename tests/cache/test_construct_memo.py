@@ -433,3 +433,18 @@ def test_a_textual_epilogue_through_the_memo(cache, spies, caplog):
             evtc.Gemm("D = relu(acc) +")
         errors.append(str(e.value))
     assert errors[0] == errors[1] and len(_entries(cache)) == n
+
+
+def test_a_dependency_upgrade_changes_the_key(cache, spies, monkeypatch):
+    """sympy's canonical forms, numpy's folding... may change with their versions: where they are
+    installed and their __init__.py's stat are key material (found without importing them)."""
+    ep = _bias_relu()
+    evtc.Gemm(ep).source
+    assert "sympy:none" not in memo.deps_text() and "sympy" in memo.DEPENDENCIES
+    real = memo.deps_text()
+    monkeypatch.setattr(memo, "deps_text", lambda: real.replace("sympy:", "sympy:upgraded-"))
+    evtc.Gemm(ep).source
+    assert spies["passes"] == 2
+    monkeypatch.setattr(memo, "deps_text", lambda: real)
+    evtc.Gemm(ep).source
+    assert spies["passes"] == 2
