@@ -19,26 +19,27 @@ keeps their results in the kernel cache directory (``EVTC_CACHE_DIR``)::
     <root>/construct/<key[:2]>/<key>.source    one kernel's emitted .cu (UTF-8)
     <root>/construct/<key[:2]>/<key>.trace     the traced Graph of a textual epilogue (pickle)
 
-Keys. Every key is the SHA-256 of: :data:`SCHEMA`, evtc's version, the Python version, the
-content hash of evtc's own Python sources, templates and grammar
-(:func:`evtc.compiler.fingerprint.sources_hash`), where numpy, sympy, networkx, jinja2, lark and
-mpmath are installed and the size and mtime of their ``__init__.py`` (:func:`deps_text`: an
-upgrade changes the key), the verification setting, the op table
-(:func:`ops_text`; an op registered or replaced at run time turns the memo off), and a canonical dump
-of the traced graph: every node's kind and fields (``repr`` of floats, dtypes, attributes), its
-inputs by position and its source location, the graph's name, inputs, outputs and ``def`` line
-(:func:`graph_text`). A ``.graph`` key adds the arch; ``.plan`` and ``.source`` keys add the
-kernel's arch, operand dtypes, full configuration (run-time fields too), policy, plan rank and
-fixed decisions. A ``.trace`` key (:func:`traced_text`: a textual epilogue, which the tracer
-would parse with lark) has the text and the ``c`` and ``d`` dtypes instead of a traced graph. Editing evtc, the epilogue or any option gives another key; stale entries are
-never read again (``evtc cache prune --all`` removes them).
+Keys. Every key is the SHA-256 of: :data:`SCHEMA`; evtc's version; Python's version and ``-O``;
+the content hash of evtc's own Python sources, templates and grammar
+(:func:`evtc.compiler.fingerprint.sources_hash`); where numpy, sympy, networkx, jinja2, lark and
+mpmath are installed and the size, mtime and inode of their ``__init__.py`` (:func:`deps_text`: an
+upgrade changes the key); the verification setting; the op table (:func:`ops_text`: an op
+registered or replaced at run time with code from outside evtc turns the memo off); and a
+canonical dump of the traced graph: every node's kind and fields (``repr`` of floats, dtypes,
+attributes), its inputs by position and its source location, the graph's name, inputs, outputs
+and ``def`` line (:func:`graph_text`). A ``.graph`` key adds the arch; ``.plan`` and ``.source``
+keys add the kernel's arch, operand dtypes, full configuration (run-time fields too), policy,
+plan rank and fixed decisions. A ``.trace`` key (:func:`traced_text`: a textual epilogue, which
+the tracer would parse with lark) has the text and the ``c`` and ``d`` dtypes instead of a
+traced graph. Editing evtc, the epilogue or any option gives another key; stale entries are never
+read again (``evtc cache prune --all`` removes them, ``--older-than`` those unused for a while).
 
 Trust. An entry is read only from a private cache (not ``EVTC_SHARED_CACHE``) and only if it is
 a regular file owned by the user (or root) and writable by nobody else, in a folder of the same
 kind. Its first line is a JSON header (schema, kind, key, payload size, payload SHA-256) that
 must match what the reader expects; the payload must hash to the header's SHA-256; a pickle is
-read by an unpickler that only builds evtc's own classes and a few builtins; and the object read
-must have the expected type. Anything else (a truncated, edited, foreign or older entry, a pickle
+read by an unpickler that only builds the dataclasses and enums of evtc's IR, lowering and plan
+modules (and a few builtin containers); and the object read must have the expected type. Anything else (a truncated, edited, foreign or older entry, a pickle
 that names another class) is ignored, reported at debug level on the ``evtc.memo`` logger, and
 recomputed (and rewritten). Nothing here raises.
 
@@ -212,6 +213,19 @@ def deps_text() -> str:
             origin, st = None, None
         rows.append(f"{name}:{origin}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}" if st is not None else f"{name}:none")
     return "\n".join(rows)
+
+
+def _common(root) -> list[str]:
+    """The key material every entry shares: schema, evtc's version and sources, Python's version
+    and ``-O``, the dependencies (see NOTE [The construct memo]).
+
+    Raises:
+        OSError: evtc's sources can't be read.
+    """
+    from evtc import __version__
+
+    return [f"evtc-construct-memo {SCHEMA}", __version__, f"{sys.version.split()[0]} -O{sys.flags.optimize}",
+            _evtc_sources(root), deps_text()]
 
 
 def _digest(*parts: str) -> str:
@@ -528,11 +542,8 @@ def traced_text(expr: str, *, c, d, parse):
     table = ops_text() if root is not None else None
     key = None
     if root is not None and table is not None and isinstance(expr, str):
-        from evtc import __version__
-
         try:
-            key = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], _evtc_sources(root),
-                          deps_text(), table, "trace", repr(c), repr(d), expr)
+            key = _digest(*_common(root), table, "trace", repr(c), repr(d), expr)
         except Exception as e:  # unreadable sources: no memo, never an error
             log.debug("construct memo off for a text: %s: %s", type(e).__name__, e)
     payload = _read(root, key, "trace") if key is not None else None
@@ -566,8 +577,6 @@ def memo_for(traced) -> Memo | None:
     root = _root()
     if root is None:
         return None
-    from evtc import __version__
-
     # The verification setting (NOTE [Verification setting] in evtc.passes.manager), read raw so
     # that this needn't import the passes; a value the passes would refuse turns the memo off, so
     # the construct runs them and raises their ConfigError.
@@ -580,11 +589,10 @@ def memo_for(traced) -> Memo | None:
             log.debug("construct memo off for %s: an op of the table was registered or replaced at run time",
                       getattr(traced, "name", "?"))
             return None
-        sources = _evtc_sources(root)
+        common = _common(root)
         text = graph_text(traced)
     except Exception as e:  # unreadable sources, a field whose repr fails: no memo, never an error
         log.debug("construct memo off for %s: %s: %s", getattr(traced, "name", "?"), type(e).__name__, e)
         return None
-    base = _digest(f"evtc-construct-memo {SCHEMA}", __version__, sys.version.split()[0], sources, deps_text(),
-                   f"verify={verify!r}", table, text)
+    base = _digest(*common, f"verify={verify!r}", table, text)
     return Memo(root, base)

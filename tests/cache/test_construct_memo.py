@@ -226,7 +226,8 @@ CORRUPTIONS = {
     "other kind": lambda p, d: _with_header(d, kind="graph" if p.suffix != ".graph" else "plan"),
     "no header": lambda p, d: _header(d)[1],
     "garbage with a valid hash": lambda p, d: _rehash(b"\x80\x05garbage", d),
-    "a pickle of os.system with a valid hash": lambda p, d: _rehash(_evil_pickle(), d) if p.suffix != ".source" else None,
+    "a pickle of os.system with a valid hash":
+        lambda p, d: _rehash(_evil_pickle(), d) if p.suffix != ".source" else None,
     "source not UTF-8 with a valid hash": lambda p, d: _rehash(b"\xff\xfe", d) if p.suffix == ".source" else None,
     "group-writable": lambda p, d: (os.chmod(p, 0o620), None)[1],
 }
