@@ -39,9 +39,10 @@ a regular file owned by the user (or root) and writable by nobody else, in a fol
 kind. Its first line is a JSON header (schema, kind, key, payload size, payload SHA-256) that
 must match what the reader expects; the payload must hash to the header's SHA-256; a pickle is
 read by an unpickler that only builds the dataclasses and enums of evtc's IR, lowering and plan
-modules (and a few builtin containers); and the object read must have the expected type. Anything else (a truncated, edited, foreign or older entry, a pickle
-that names another class) is ignored, reported at debug level on the ``evtc.memo`` logger, and
-recomputed (and rewritten). Nothing here raises.
+modules (and a few builtin containers); and the object read must have the expected type.
+Anything else (a truncated, edited, foreign or older entry, a pickle that names another class)
+is ignored, reported at debug level on the ``evtc.memo`` logger, and recomputed (and
+rewritten). Nothing here raises.
 
 Writes go to a private temporary file in the entry's folder, renamed into place
 (``os.replace``), so a reader sees a whole entry or none; concurrent writers of one key write the
