@@ -78,8 +78,9 @@ class Kernel:
         spec: the family member it was made for.
         arch: the arch it is built for.
         graph: the epilogue it computes: the Gemm's, or its transpose under swap-AB.
-        plan: its Plan; ``config`` its validated configuration.
-        source: the emitted ``.cu``.
+        plan: its Plan (planned at construction, or read from the construct memo); ``config`` its
+            validated configuration.
+        source: the emitted ``.cu`` (emitted on first use, or read from the construct memo).
         library: the loaded :class:`KernelLibrary`, or None before :meth:`build`.
     """
 
