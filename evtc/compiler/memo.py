@@ -53,7 +53,8 @@ Identity. What a memo hit gives is what the computation gives: the same IR text,
 byte for byte and so the same kernel cache keys (tests/cache/test_construct_memo.py). Only
 results are skipped, not errors or checks that run on every construct (dtype and configuration
 checks, tracing). ``EVTC_CONSTRUCT_MEMO=0`` turns the memo off; it is also off while the cache
-directory does not exist (a process that never built or looked up a kernel writes none).
+directory does not exist (a process that never built or looked up a kernel writes none) or is not
+private; a construct never creates, tightens or warns about the cache directory.
 """
 
 from __future__ import annotations
@@ -94,19 +95,24 @@ def enabled() -> bool:
 
 
 def _root():
-    """The private cache directory if it exists and the memo is on, else None."""
+    """The private cache directory if it exists, is the user's (or root's) and nobody else can
+    write it, and the memo is on; else None. Read-only: unlike
+    :func:`evtc.compiler.store.cache_root`, it never creates, tightens or warns (a construct
+    shows nothing of the cache; the first build or lookup does)."""
     if not enabled():
         return None
-    from evtc.compiler.store import cache_root
+    from evtc.compiler.store import CacheRoot, _configured
 
     try:
-        root = cache_root(create=False)
-    except Exception as e:  # an unusable cache: the kernel lookups will say why; the memo stays off
+        path, shared = _configured()
+        st = os.stat(path)
+    except Exception as e:  # no cache directory (yet), no HOME: the memo stays off
         log.debug("construct memo off: %s", e)
         return None
-    if root.shared or not root.path.is_dir():
+    if shared or not _private(st, True):
+        log.debug("construct memo off: %s is shared, not a folder, not yours or writable by others", path)
         return None
-    return root
+    return CacheRoot(path, False)
 
 
 def _evtc_sources(root) -> str:

@@ -449,3 +449,15 @@ def test_a_dependency_upgrade_changes_the_key(cache, spies, monkeypatch):
     monkeypatch.setattr(memo, "deps_text", lambda: real)
     evtc.Gemm(ep).source
     assert spies["passes"] == 2
+
+
+def test_a_construct_leaves_the_cache_directory_alone(cache, spies, recwarn):
+    """A group-writable cache: the first build would tighten it with a CacheWarning; a construct
+    neither changes it nor warns, and does not use it for the memo."""
+    import stat
+
+    os.chmod(cache, 0o770)
+    evtc.Gemm(_bias_relu()).source
+    evtc.Gemm(_bias_relu()).source
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o770 and not recwarn.list
+    assert spies["passes"] == 2 and not (cache / "construct").exists()
