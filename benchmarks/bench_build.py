@@ -21,6 +21,27 @@ of the GPU machine's 16): each number is an upper bound of that build run alone.
 
 Issue 12's goals on the H100 machine: one sm90 kernel cold <= 30 s, the family <= 45 s wall,
 a cache hit (construct + first call) <= 50 ms.
+
+``--construct`` measures only the host side of a hit, needs no nvcc or GPU, and runs on any
+machine (each figure in a fresh process, ``--repeat`` times; ms):
+
+* ``import_evtc_ms``: ``import evtc``;
+* ``construct_cold_ms``: the first ``Gemm(...)`` with an empty construct memo (an empty cache
+  directory): tracing, passes, planning the primary kernel, storing the memo;
+* ``construct_warm_ms``: ``Gemm(...)`` in a fresh process with the memo the cold run left
+  (:mod:`evtc.compiler.memo`);
+* ``construct_off_ms``: the same with ``EVTC_CONSTRUCT_MEMO=0`` (what every construct cost
+  before the memo);
+* ``choose_lookup_ms``: then ``choose(256, 256, 256)``, its kernel and source, and the kernel
+  cache lookup of that source (:func:`evtc.compiler.lookup`: the key, header hashes, the
+  entry's folder; the first call's host work before loading a library);
+* which of sympy, jinja2, networkx and numpy the warm process imported.
+
+Where ``PYTHONDONTWRITEBYTECODE`` is set (it is on the machines here) every module of a checkout
+is compiled from source in every process; ``--bytecode`` measures with ``.pyc`` files, as an
+installed evtc has them.
+
+    python benchmarks/bench_build.py --construct --json $OUT/construct.json
 """
 
 from __future__ import annotations
@@ -140,6 +161,83 @@ print("RESULT", round((t1 - t0) * 1e3, 1), round((t2 - t1) * 1e3, 1), round((t4 
 """
 
 
+CONSTRUCT = """
+import sys, time
+t0 = time.perf_counter()
+import evtc
+t1 = time.perf_counter()
+sys.path.insert(0, {examples!r})
+import epilogues as E
+from evtc import bf16
+ep = E.REFERENCE[{epilogue!r}]
+t2 = time.perf_counter()
+g = evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16, arch="sm90")
+t3 = time.perf_counter()
+k = g.kernel(g.choose(256, 256, 256))
+src = k.source
+try:
+    from evtc.compiler import lookup
+    lookup(src, k.arch, name=k.job_name)
+    looked = 1
+except evtc.EvtcError:
+    looked = 0
+t4 = time.perf_counter()
+mods = "".join("1" if m in sys.modules else "0" for m in ("sympy", "jinja2", "networkx", "numpy"))
+print("RESULT", round((t1 - t0) * 1e3, 2), round((t3 - t2) * 1e3, 2), round((t4 - t3) * 1e3, 2), mods, looked)
+"""
+
+
+def _stats(xs: list[float]) -> dict:
+    s = sorted(xs)
+    return {"median": s[len(s) // 2], "min": s[0], "max": s[-1], "runs": xs}
+
+
+def construct_bench(epilogue: str, repeat: int, bytecode: bool = False) -> dict:
+    """The host side of a cache hit, each figure in a fresh process (see the module docstring).
+
+    Args:
+        epilogue: a name in examples/epilogues.py.
+        repeat: fresh processes per figure (the import figure gets two per repeat).
+        bytecode: let the processes write and read ``.pyc`` files (in a temporary
+            ``PYTHONPYCACHEPREFIX``, filled by a discarded first run) even where
+            ``PYTHONDONTWRITEBYTECODE`` is set, as it is on the machines here: without, every evtc
+            module is compiled from source in every process.
+    """
+    code = CONSTRUCT.format(examples=str(common.ROOT / "examples"), epilogue=epilogue)
+    base = {k: v for k, v in os.environ.items() if k not in ("EVTC_CONSTRUCT_MEMO", "EVTC_SHARED_CACHE")}
+    runs: dict[str, list[float]] = {k: [] for k in ("import_evtc_ms", "construct_cold_ms", "construct_warm_ms",
+                                                     "construct_off_ms", "choose_lookup_ms", "choose_lookup_cold_ms")}
+    mods, looked = "", "0"
+    with tempfile.TemporaryDirectory() as tmp:
+        if bytecode:
+            base.pop("PYTHONDONTWRITEBYTECODE", None)
+            base["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pyc")
+            warm_up = Path(tmp) / "warm-up"
+            warm_up.mkdir(mode=0o700)
+            for memo in ("1", "1", "0"):  # compiles what the cold, warm and memo-off runs import
+                _run_py(code, dict(base, EVTC_CACHE_DIR=str(warm_up), EVTC_CONSTRUCT_MEMO=memo))
+        for i in range(repeat):
+            cache = Path(tmp) / f"cache{i}"
+            cache.mkdir(mode=0o700)
+            env = dict(base, EVTC_CACHE_DIR=str(cache), EVTC_PROGRESS="0")
+            imp, cold, cold_lookup, _, _ = _run_py(code, env)  # empty memo: computes and stores
+            imp2, warm, warm_lookup, mods, looked = _run_py(code, env)
+            _, off, _, _, _ = _run_py(code, dict(env, EVTC_CONSTRUCT_MEMO="0"))
+            runs["import_evtc_ms"] += [float(imp), float(imp2)]
+            runs["construct_cold_ms"].append(float(cold))
+            runs["choose_lookup_cold_ms"].append(float(cold_lookup))
+            runs["construct_warm_ms"].append(float(warm))
+            runs["choose_lookup_ms"].append(float(warm_lookup))
+            runs["construct_off_ms"].append(float(off))
+    res = {k: _stats(v) for k, v in runs.items()}
+    res["warm_hit_ms"] = _stats([c + l for c, l in zip(runs["construct_warm_ms"], runs["choose_lookup_ms"])])
+    res["warm_imported"] = dict(zip(("sympy", "jinja2", "networkx", "numpy"), (m == "1" for m in mods)))
+    res["lookup_ran"] = looked == "1"
+    res["epilogue"], res["repeat"], res["cores"] = epilogue, repeat, os.cpu_count()
+    res["bytecode"] = bytecode or not os.environ.get("PYTHONDONTWRITEBYTECODE")
+    return res
+
+
 def _run_py(code: str, env: dict) -> list[str]:
     p = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
@@ -153,7 +251,24 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--no-family", action="store_true")
+    ap.add_argument("--construct", action="store_true",
+                    help="only the host side of a cache hit (import, construct with a cold and a warm memo, "
+                         "choose and look up); no nvcc or GPU needed")
+    ap.add_argument("--epilogue", default="bias_relu", help="with --construct: a name in examples/epilogues.py")
+    ap.add_argument("--repeat", type=int, default=5, help="with --construct: fresh processes per figure")
+    ap.add_argument("--bytecode", action="store_true",
+                    help="with --construct: let the processes cache bytecode even under PYTHONDONTWRITEBYTECODE")
     args = ap.parse_args()
+    if args.construct:
+        res = construct_bench(args.epilogue, args.repeat, args.bytecode)
+        for k, v in res.items():
+            if isinstance(v, dict) and "median" in v:
+                print(f"{k:24s} median {v['median']:8.1f} ms  (min {v['min']:.1f}, max {v['max']:.1f}, "
+                      f"{len(v['runs'])} runs)")
+        print(f"imported by a warm construct + lookup: {res['warm_imported']}; cache lookup ran: {res['lookup_ran']}; "
+              f".pyc files used: {res['bytecode']}")
+        common.write_json(args.json, {"construct": res})
+        return
     res: dict = {"cores": os.cpu_count(), "nvcc": nvcc.nvcc_version(), "cutlass": nvcc.cutlass_version()}
     src = primary_source()
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,8 +3,11 @@
 Input: an epilogue (``@evtc.epilogue`` function, a Graph, or a textual expression), operand and
 output dtypes, an arch and optional configuration. Output: a callable GEMM.
 
-``Gemm(...)`` traces, runs the passes, plans and emits its primary kernel right away (so errors
-in the epilogue surface at construction, located at the user's line). A Gemm is a *kernel
+``Gemm(...)`` traces, runs the passes and plans its primary kernel right away (so errors in the
+epilogue surface at construction, located at the user's line); a kernel's source is emitted on
+first use (``gemm.source``, a build or a cache lookup). What the passes, the planner and the
+emitter computed is kept in the construct memo (:mod:`evtc.compiler.memo`), so constructing the
+same Gemm in a later process skips them. A Gemm is a *kernel
 family* (:mod:`evtc.family.spec`): each call picks a kernel by the problem (M, N, K, L,
 alignment), from the tuner's stored choices if any, else by the heuristic; kernels a call needs
 are built on demand, :meth:`Gemm.build` builds the whole default family at once, and nvcc builds
@@ -17,8 +20,8 @@ import json
 import sys
 from typing import Any, Mapping
 
-from evtc import dtypes, passes
-from evtc.compiler import cache
+from evtc import dtypes
+from evtc.compiler import cache, memo
 from evtc.dtypes import DType
 from evtc.abi import abi_fields, ctypes_struct
 from evtc.errors import ArgumentError, ConfigError, MisalignedError, api_boundary
@@ -44,9 +47,12 @@ def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> 
     if isinstance(epilogue, Epilogue):
         return epilogue.trace(c=c, d=d)
     if isinstance(epilogue, str):
-        from evtc.frontend.text import from_expr
+        def parse() -> Graph:
+            from evtc.frontend.text import from_expr
 
-        return from_expr(epilogue, c=c, d=d)
+            return from_expr(epilogue, c=c, d=d)
+
+        return memo.traced_text(epilogue, c=c, d=d, parse=parse)  # a hit needn't import lark
     if callable(epilogue):
         return Epilogue(epilogue).trace(c=c, d=d)
     raise TypeError(f"can't make an epilogue of {type(epilogue).__name__}")
@@ -72,8 +78,9 @@ class Kernel:
         spec: the family member it was made for.
         arch: the arch it is built for.
         graph: the epilogue it computes: the Gemm's, or its transpose under swap-AB.
-        plan: its Plan; ``config`` its validated configuration.
-        source: the emitted ``.cu``.
+        plan: its Plan (planned at construction, or read from the construct memo); ``config`` its
+            validated configuration.
+        source: the emitted ``.cu`` (emitted on first use, or read from the construct memo).
         library: the loaded :class:`KernelLibrary`, or None before :meth:`build`.
     """
 
@@ -82,18 +89,41 @@ class Kernel:
         self.spec = spec
         self.arch = spec.arch
         self.name = gemm.name
-        graph = gemm.graph_for(spec.arch)
-        if spec.config.swap_ab:
-            from evtc.family.swap_ab import transpose
+        base = gemm.graph_for(spec.arch)
+        self._memo = gemm._memo
+        # what the plan and source depend on besides the traced graph (the memo's key)
+        self._material = {"arch": spec.arch, "a": gemm.a.name, "b": gemm.b.name, "config": spec.config.to_json(),
+                          "policy": policy, "rank": rank, "fixed": dict(fixed or {})}
+        hit = self._memo.plan(base, self._material) if self._memo is not None else None
+        if hit is not None:
+            self.graph, self.plan = hit
+        else:
+            graph = base
+            if spec.config.swap_ab:
+                from evtc.family.swap_ab import transpose
 
-            graph = transpose(graph)
-        self.graph = graph
-        self.plan = make_plan(graph, spec.arch, a=gemm.a, b=gemm.b, config=spec.config, policy=policy, rank=rank,
-                              fixed=fixed or {})
+                graph = transpose(graph)
+            self.graph = graph
+            self.plan = make_plan(graph, spec.arch, a=gemm.a, b=gemm.b, config=spec.config, policy=policy,
+                                  rank=rank, fixed=fixed or {})
+            if self._memo is not None:
+                self._memo.put_plan(base, self._material, self.graph, self.plan)
         self.config = self.plan.config
-        self.source = emit(graph, self.plan)
+        self._source: str | None = None
         self.library: KernelLibrary | None = None
         self.artifact: cache.Artifact | None = None
+
+    @property
+    def source(self) -> str:
+        """The emitted ``.cu`` (emitted on first use, or read from the construct memo)."""
+        if self._source is None:
+            src = self._memo.source(self._material) if self._memo is not None else None
+            if src is None:
+                src = emit(self.graph, self.plan)
+                if self._memo is not None:
+                    self._memo.put_source(self._material, src)
+            self._source = src
+        return self._source
 
     @property
     def job_name(self) -> str:
@@ -250,6 +280,7 @@ class Gemm:
                                  arch, self.a, self.b)
         self._traced = as_graph(epilogue, c=self.c, d=self.d)
         self.name = self._traced.name
+        self._memo = memo.memo_for(self._traced)
         self._graphs: dict[str, Graph] = {}
         self.graph = self.graph_for(arch)
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
@@ -330,7 +361,14 @@ class Gemm:
         rows TMA can't read is an sm80 kernel)."""
         g = self._graphs.get(arch)
         if g is None:
-            g = self._graphs[arch] = passes.run(self._traced, arch)
+            g = self._memo.graph(arch) if self._memo is not None else None
+            if g is None:
+                from evtc import passes
+
+                g = passes.run(self._traced, arch)
+                if self._memo is not None:
+                    self._memo.put_graph(arch, g)
+            self._graphs[arch] = g
         return g
 
     # ---- the family -------------------------------------------------------------------------------

@@ -49,7 +49,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -432,6 +431,8 @@ def compile_remote(job: BuildJob, timeout: float | None = None) -> RemoteBuild:
     Returns:
         A :class:`RemoteBuild`; a failed build is returned (``error`` set), not raised.
     """
+    import socket
+
     host = socket.gethostname()
     material = key_material(job.source, arch=job.arch, extra_flags=job.extra_flags)
     key = _key_of(material)

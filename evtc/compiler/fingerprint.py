@@ -28,7 +28,7 @@ import stat
 import threading
 from pathlib import Path
 
-__all__ = ["clear", "included_hash", "snapshot", "tree_hash", "tree_hash_uncached"]
+__all__ = ["clear", "included_hash", "snapshot", "sources_hash", "tree_hash", "tree_hash_uncached"]
 
 _MEMO: dict[str, str] = {}
 _LOCK = threading.Lock()
@@ -237,6 +237,76 @@ def included_hash(source: str, root: Path | str) -> str:
     for rel in sorted(seen):
         h.update(f"{rel}\0{seen[rel]}\n".encode())
     return h.hexdigest()
+
+
+def _source_files(roots: dict[str, tuple[str, tuple[str, ...] | None]]) -> list[tuple[str, str, os.DirEntry]]:
+    """(label, relative path, DirEntry) of the files :func:`sources_hash` covers, in order."""
+    out = []
+    for label in sorted(roots):
+        root, suffixes = roots[label]
+        for rel, e in _walk(root):
+            if "__pycache__" in rel.split("/") or e.is_dir(follow_symlinks=False):
+                continue
+            if suffixes is None or rel.endswith(suffixes):
+                out.append((label, rel, e))
+    return out
+
+
+def sources_hash(roots: dict[str, tuple[Path | str, tuple[str, ...] | None]], memo_dir: Path | None = None) -> str:
+    """SHA-256 over the contents of selected files under several folders: evtc's own Python
+    sources, templates and grammar, for keys of results those files decide (the construct memo,
+    :mod:`evtc.compiler.memo`).
+
+    Kept cheap like :func:`tree_hash`: once per process, and across processes through a
+    snapshot (path, mode, size, mtime, inode of every selected file; about 1 ms for evtc's 130
+    files) stored beside the hash in ``memo_dir``.
+
+    Args:
+        roots: label -> (folder, file-name suffixes to take, or None for every file);
+            ``__pycache__`` folders are skipped.
+        memo_dir: the cache's ``headers/`` folder, or None to keep the hash in this process only.
+
+    Returns:
+        64 hex digits.
+
+    Raises:
+        OSError: a folder or file can't be read.
+    """
+    norm = {k: (os.path.abspath(r), tuple(sfx) if sfx is not None else None) for k, (r, sfx) in roots.items()}
+    ident = "sources\0" + json.dumps(sorted((k, r, list(sfx) if sfx else None) for k, (r, sfx) in norm.items()))
+    with _LOCK:
+        hit = _MEMO.get(ident)
+    if hit is not None:
+        return hit
+
+    def snap(files) -> str:
+        h = hashlib.sha256(f"sources-snapshot {_FORMAT}\n".encode())
+        for label, rel, e in files:
+            st = e.stat(follow_symlinks=False)
+            h.update(f"{label}\0{rel}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
+        return h.hexdigest()
+
+    files = _source_files(norm)
+    before = snap(files)
+    path = memo_dir / (hashlib.sha256(ident.encode()).hexdigest()[:24] + ".json") if memo_dir is not None else None
+    value = None
+    if path is not None:
+        data = _read_memo(path, ident)
+        if data is not None and data.get("snapshot") == before:
+            value = data["hash"]
+    if value is None:
+        h = hashlib.sha256(f"sources {_FORMAT}\n".encode())
+        for label, rel, e in files:
+            with open(e.path, "rb") as f:
+                data_bytes = f.read()
+            h.update(f"{label}\0{rel}\0{len(data_bytes)}\0".encode())
+            h.update(data_bytes)
+        value = h.hexdigest()
+        if path is not None and snap(_source_files(norm)) == before:  # unchanged while it was read
+            _write_memo(path, {"format": _FORMAT, "root": ident, "snapshot": before, "hash": value})
+    with _LOCK:
+        _MEMO[ident] = value
+    return value
 
 
 def clear() -> None:

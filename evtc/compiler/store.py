@@ -13,6 +13,7 @@ Layout of a cache directory ``<root>``::
     <root>/locks/<key>.lock                        one build of a key at a time
     <root>/tmp/, <root>/quarantine/                staging; refused entries moved aside
     <root>/headers/                                header-tree hashes (evtc.compiler.fingerprint)
+    <root>/construct/                              the construct memo (evtc.compiler.memo)
 
 ``<key>`` is the SHA-256 of the *key material* (source, flags, header contents; see
 :mod:`evtc.compiler.cache`), which needs no compiler to compute, so a machine without nvcc finds
@@ -68,11 +69,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
-
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING, Iterator
 
 from evtc.errors import CacheError
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 __all__ = [
     "CACHE_FORMAT", "CacheRoot", "CacheWarning", "Entry", "EntryInfo", "EntryRejected", "PruneSummary", "cache_dir",
@@ -544,6 +546,8 @@ def key_lock(root: CacheRoot, key: str, timeout: float, what: str = "") -> FileL
         CacheError: waited ``timeout`` seconds (another build of this kernel hangs or is very
             slow), or the lock file can't be created (read-only cache).
     """
+    from filelock import FileLock, Timeout  # only builds take locks: a cache hit needn't import it
+
     locks = root.sub("locks")
     _ensure_dir(root, locks)
     path = locks / f"{key}.lock"
@@ -879,9 +883,10 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
 
     Args:
         root: the cache.
-        everything: remove every entry, failed build and leftover (lock files stay: deleting
-            one that another process waits on would let two builds of a key run at once).
-        older_than_s: remove entries not used for this many seconds.
+        everything: remove every entry, failed build and leftover, the header hashes and the
+            construct memo (lock files stay: deleting one that another process waits on would
+            let two builds of a key run at once).
+        older_than_s: remove entries (and construct-memo entries) not used for this many seconds.
         max_bytes: then remove least recently used entries until the entries take at most this.
         bad: remove entries that fail verification, failed builds, the quarantine and leftovers
             of interrupted builds (older than an hour).
@@ -927,13 +932,18 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
         tmp = root.sub("tmp")
         if tmp.is_dir():
             others += [p for p in sorted(tmp.iterdir()) if everything or now - p.lstat().st_mtime > 3600]
+    if older_than_s is not None and not everything and root.sub("construct").is_dir():
+        # construct-memo entries (evtc.compiler.memo) not read or written for that long
+        others += [p for p in sorted(root.sub("construct").rglob("*"))
+                   if p.is_file() and now - p.lstat().st_mtime > older_than_s]
     if everything:
-        # entries of the format-1 layout (<root>/<xx>/<key>/) and the header hashes
+        # entries of the format-1 layout (<root>/<xx>/<key>/), the header hashes, the construct memo
         for p in sorted(root.path.iterdir()) if root.path.is_dir() else []:
             if re.fullmatch(r"[0-9a-f]{2}", p.name) and p.is_dir():
                 others.append(p)
-        if root.sub("headers").is_dir():
-            others.append(root.sub("headers"))
+        for sub in ("headers", "construct"):
+            if root.sub(sub).is_dir():
+                others.append(root.sub(sub))
     summary.other = others
     summary.freed_bytes = sum(e.bytes for e, _ in summary.removed) + sum(
         _dir_bytes(p) if p.is_dir() else p.lstat().st_size for p in others)

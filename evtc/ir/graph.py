@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Iterable, Iterator
-
-import networkx as nx
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from evtc.errors import SourceLoc
 from evtc.ir.nodes import Accumulator, Compute, Leaf, Node, Output
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 class GraphBuilder:
@@ -150,6 +151,8 @@ class Graph:
         Edges carry no operand order (that lives in the nodes); a value used twice by one node
         (``x * x``) is one edge with ``data['uses'] == 2``.
         """
+        import networkx as nx  # an analysis view: imported when asked for, not by `import evtc`
+
         g = nx.DiGraph()
         for n in self.nodes:
             g.add_node(id(n), node=n)

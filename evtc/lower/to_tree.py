@@ -31,9 +31,7 @@ Nothing here recurses in Python: a chain of thousands of nodes lowers in linear 
 
 from __future__ import annotations
 
-from typing import Generator
-
-import networkx as nx
+from typing import TYPE_CHECKING, Generator
 
 from evtc.dtypes import f32
 from evtc.errors import IRVerificationError
@@ -42,6 +40,9 @@ from evtc.iterative import trampoline
 from evtc.ir.nodes import Accumulator, Compute, Immediate, Leaf, Node, Output, ScalarBroadcast
 from evtc.lower.roles import role_of
 from evtc.lower.tree import Topo, Tree, TreeLike, Visitor, VisitorTree
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["check_tree", "duplicable", "lower"]
 
@@ -112,6 +113,8 @@ def _keep_alive(dag: _Dag, root: Node, chain_end: dict[int, Node]) -> tuple[Node
 
 def _regions(dag: _Dag, root: Node, live: set[int]) -> tuple[nx.DiGraph, dict[int, set[int]]]:
     """Step 3: (the live DAG as a networkx graph, the body of each region by its exit's id)."""
+    import networkx as nx  # on first use: `import evtc` and a memoised construct don't need it
+
     g = nx.DiGraph()
     g.add_nodes_from(live)
     uses: dict[int, int] = dict.fromkeys(live, 0)
@@ -181,6 +184,8 @@ def _regions(dag: _Dag, root: Node, live: set[int]) -> tuple[nx.DiGraph, dict[in
 def _build(dag: _Dag, g: nx.DiGraph, root: Node, region_of_exit: dict[int, set[int]],
            c_input: Leaf | None) -> TreeLike:
     """Step 4: the nested Tree/Topo structure."""
+    import networkx as nx
+
     order = nx.lexicographical_topological_sort(g, key=lambda x: dag.position.get(x, len(dag.position)))
     topo_index = {nid: k for k, nid in enumerate(order)}
 

@@ -29,7 +29,7 @@ f32 rounding, the loc of each tree's root.
 from __future__ import annotations
 
 import math
-import sympy
+from typing import TYPE_CHECKING
 
 from evtc import ops
 from evtc.dtypes import f32
@@ -38,6 +38,9 @@ from evtc.ir.nodes import Compute, Immediate, Node
 from evtc.passes.manager import Pass, PassResult, at, rewrite
 from evtc.passes.pattern import apply
 from evtc.passes.simplify import IDENTITIES, no_identity_matches
+
+if TYPE_CHECKING:
+    import sympy
 
 __all__ = ["ARITH", "CANONICALIZE", "MAX_TREE_OPS", "canonicalize", "representable"]
 
@@ -82,6 +85,8 @@ def representable(expr: sympy.Expr) -> bool:
 
     ``zoo`` (``x / 0``), ``nan``, ``oo``, ``I`` and numbers beyond f32's range are not.
     """
+    import sympy  # on first use, not at import: sympy alone takes 0.15-0.3 s to import
+
     for e in sympy.preorder_traversal(expr):
         if e.is_Symbol or isinstance(e, (sympy.Add, sympy.Mul)):
             continue
@@ -97,6 +102,8 @@ def representable(expr: sympy.Expr) -> bool:
 
 def _op_count(expr: sympy.Expr) -> int:
     """Ops evtc's IR needs for ``expr`` (an n-ary sympy Add/Mul is n-1 binary ops)."""
+    import sympy
+
     if expr.is_Atom:
         return 0
     if isinstance(expr, (sympy.Add, sympy.Mul)):
@@ -110,6 +117,8 @@ def _to_sympy(root: Node, inside: set[int]) -> tuple[sympy.Expr, dict[str, Node]
     """The tree at ``root`` as a sympy expression and its symbols' nodes; None when a constant
     isn't finite. Symbols are numbered in depth-first, left-to-right order (sympy orders terms
     by name, so the numbering fixes the output's operand order)."""
+    import sympy
+
     symbols: dict[int, sympy.Symbol] = {}
     leaves: dict[str, Node] = {}
 
@@ -139,6 +148,8 @@ class _NotFinite(Exception):
 def _canonical_form(expr: sympy.Expr) -> sympy.Expr:
     """sympy's candidate for ``expr`` (the expression as built is already canonical; pulling
     out common factors may save more)."""
+    import sympy
+
     best = expr
     for cand in (sympy.factor_terms(expr),):
         if sympy.count_ops(cand) < sympy.count_ops(best):
@@ -188,6 +199,8 @@ def canonicalize(graph: Graph) -> PassResult:
 
 def _from_sympy(expr: sympy.Expr, leaves: dict[str, Node], b: GraphBuilder, like: Node) -> Node:
     """Build ``expr`` (a :func:`representable` expression) with f32 computes at ``like``'s loc."""
+    import sympy
+
 
     def imm(v: float) -> Node:
         return b.add(Immediate(f32, value=float(v), loc=like.loc))
