@@ -249,6 +249,8 @@ def _run_py(code: str, env: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
+    ap.add_argument("--hit", type=int, metavar="N", help="only the cache hit, N fresh processes (bias_relu's family "
+                                                          "in the cache already: prebuild.py shapes)")
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--no-family", action="store_true")
     ap.add_argument("--construct", action="store_true",
@@ -259,6 +261,15 @@ def main() -> None:
     ap.add_argument("--bytecode", action="store_true",
                     help="with --construct: let the processes cache bytecode even under PYTHONDONTWRITEBYTECODE")
     args = ap.parse_args()
+    if args.hit:
+        examples = str(common.ROOT / "examples")
+        keys = ("import_torch_ms", "import_evtc_ms", "construct_ms", "first_call_ms", "second_call_ms")
+        hits = [dict(zip(keys, map(float, _run_py(HIT.format(examples=examples), dict(os.environ)))))
+                for _ in range(args.hit)]
+        for h in hits:
+            print("cache hit: " + ", ".join(f"{k} {v}" for k, v in h.items()))
+        common.write_json(args.json, {"hit": hits})
+        return
     if args.construct:
         res = construct_bench(args.epilogue, args.repeat, args.bytecode)
         for k, v in res.items():
