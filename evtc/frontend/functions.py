@@ -43,11 +43,18 @@ def _torch_of(args):
     return None
 
 
+#: set by the torch importer (:mod:`evtc.frontend.torch_import`) while it traces a function:
+#: ``hook(name, args)`` records ``evtc.<name>(*args)`` on torch tensors as the evtc op itself
+_TORCH_IMPORT_HOOK = None
+
+
 def _call(name: str, *args: Any):
     if _is_traced(args):
         return call(name, *args)
     op = ops.get(name)
     torch = _torch_of(args)
+    if torch is not None and _TORCH_IMPORT_HOOK is not None:
+        return _TORCH_IMPORT_HOOK(name, args)
     if torch is not None and op.torch is not None:
         targs = [a if type(a).__module__.startswith("torch") else torch.as_tensor(a) for a in args]
         return op.torch(torch, *targs)
