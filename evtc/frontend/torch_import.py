@@ -85,21 +85,24 @@ class Row:
             nodes, with their ``meta["val"]``): why this use of the op is not supported, or
             None. Rows whose every use is supported have none.
         doc: how the row reads in evtc terms, for the docs.
+        reduction: the op reduces over ``dim``; which evtc axis that is depends on the caller
+            (:meth:`Lowering.reduce_dim`), and an axis it has none for refuses the node.
     """
 
     lower: Callable[["Lowering", dict, SourceLoc | None], Any]
     check: Callable[[dict, Any], str | None] | None = None
     doc: str = ""
+    reduction: bool = False
 
 
 ATEN: dict[str, Row] = {}
 
 
-def _row(names: str, lower, check=None, doc: str = "") -> None:
+def _row(names: str, lower, check=None, doc: str = "", reduction: bool = False) -> None:
     for name in names.split():
         if name in ATEN:
             raise ValueError(f"ATen op {name} is already in the table")
-        ATEN[name] = Row(lower, check, doc)
+        ATEN[name] = Row(lower, check, doc, reduction)
 
 
 def _call(op: str, *names: str):
@@ -177,7 +180,8 @@ def _constant(L, a, loc):
 
 
 def _reduce_dim(a, node) -> tuple[Any, str | None]:
-    """The evtc ``dim`` (1, 0 or None) of a torch reduction, or why there is none."""
+    """The evtc ``dim`` (1, 0 or None) of a torch reduction of an ``(M, N)`` (or per batch, an
+    ``(L, M, N)``) tensor, or why there is none: the last axis is N, the one before it M."""
     shape = _shape(a["self"])
     rank = len(shape) if shape is not None else 2
     dims = a.get("dim")
@@ -200,14 +204,14 @@ def _reduce_dim(a, node) -> tuple[Any, str | None]:
 
 def _reduction(op: str):
     def lower(L, a, loc):
-        return L.b.reduce(op, a["self"], _reduce_dim(L.raw, L.node)[0], loc)
+        return L.b.reduce(op, a["self"], L.reduce_dim(L.raw, L.node)[0], loc)
     return lower
 
 
 def _reduction_check(a, node):
     if a.get("dtype") not in (None,) and not _is_f32(a.get("dtype")):
         return f"a reduction accumulating in {a['dtype']} (evtc accumulates in f32)"
-    return _reduce_dim(a, node)[1]
+    return None
 
 
 def _is_f32(dtype) -> bool:
@@ -223,12 +227,12 @@ class _MaxDim:
 
 def _max_dim(op: str):
     def lower(L, a, loc):
-        return _MaxDim(L.b.reduce(op, a["self"], _reduce_dim(L.raw, L.node)[0], loc))
+        return _MaxDim(L.b.reduce(op, a["self"], L.reduce_dim(L.raw, L.node)[0], loc))
     return lower
 
 
 def _mean(L, a, loc):
-    dim = _reduce_dim(L.raw, L.node)[0]
+    dim = L.reduce_dim(L.raw, L.node)[0]
     extent = L.extent(dim)
     return L.b.reduce("sum", L.b.binary("mul", a["self"], 1.0 / extent, loc), dim, loc)
 
@@ -272,13 +276,13 @@ _row("aten.view.default aten._unsafe_view.default aten.reshape.default aten.unsq
      "aten.squeeze.default aten.squeeze.dims", _identity, _unit_view_check,
      doc="x, when only size-1 dimensions change")
 _row("aten.expand.default", _identity, _expand_check, doc="x (evtc broadcasts by itself)")
-_row("aten.sum.default aten.sum.dim_IntList", _reduction("sum"), _reduction_check, "reduce_sum(x, dim)")
-_row("aten.amax.default aten.max.default", _reduction("max"), _reduction_check, "reduce_max(x, dim)")
-_row("aten.amin.default aten.min.default", _reduction("min"), _reduction_check, "reduce_min(x, dim)")
-_row("aten.max.dim", _max_dim("max"), _reduction_check, "reduce_max(x, dim) (.values only)")
-_row("aten.min.dim", _max_dim("min"), _reduction_check, "reduce_min(x, dim) (.values only)")
+_row("aten.sum.default aten.sum.dim_IntList", _reduction("sum"), _reduction_check, "reduce_sum(x, dim)", True)
+_row("aten.amax.default aten.max.default", _reduction("max"), _reduction_check, "reduce_max(x, dim)", True)
+_row("aten.amin.default aten.min.default", _reduction("min"), _reduction_check, "reduce_min(x, dim)", True)
+_row("aten.max.dim", _max_dim("max"), _reduction_check, "reduce_max(x, dim) (.values only)", True)
+_row("aten.min.dim", _max_dim("min"), _reduction_check, "reduce_min(x, dim) (.values only)", True)
 _row("aten.mean.dim aten.mean.default", _mean, _reduction_check,
-     "reduce_sum(mul(x, 1/extent), dim) (in the backend, where the extent is known)")
+     "reduce_sum(mul(x, 1/extent), dim) (in the backend, where the extent is known)", True)
 _row("getitem", _getitem, _getitem_check, "the values of max/min(dim=...)")
 _row("evtc_import.op.default", lambda L, a, loc: L.b.call(a["name"], tuple(a["args"]), loc),
      doc="evtc.<op>(...) called on tensors in a torch-written epilogue: the evtc op itself")
@@ -356,13 +360,15 @@ def _bind(node) -> dict:
 _NO_ROW = "not in the table of torch ops"
 
 
-def unsupported_reason(node, *, extents_known: bool = False) -> str | None:
+def unsupported_reason(node, *, extents_known: bool = False, reduce_dim=_reduce_dim) -> str | None:
     """Why the ATen fx ``node`` can't be lowered by :data:`ATEN` (None: it can).
 
     Args:
         node: a ``call_function`` node of an ATen graph (with ``meta["val"]``).
         extents_known: the caller knows the extents of reductions (the backend); ``mean``
             needs them.
+        reduce_dim: ``reduce_dim(args, node) -> (dim, why)``, the evtc axis of a reduction
+            (:meth:`Lowering.reduce_dim`).
     """
     name = target_name(node)
     row = ATEN.get(name)
@@ -372,10 +378,12 @@ def unsupported_reason(node, *, extents_known: bool = False) -> str | None:
         return _NO_ROW
     if "mean" in name and not extents_known:
         return "mean (the importer does not know the extent: return the sum and divide it by N outside)"
-    if row.check is None:
-        return None
     try:
-        return row.check(_bind(node), node)
+        args = _bind(node)
+        why = row.check(args, node) if row.check is not None else None
+        if why is None and row.reduction:
+            why = reduce_dim(args, node)[1]
+        return why
     except Exception as e:  # noqa: BLE001 - a check that can't read the node refuses it
         return f"this use of it ({type(e).__name__}: {e})"
 
@@ -394,18 +402,28 @@ class Lowering:
         loc_of: fx node -> its :class:`~evtc.errors.SourceLoc` (the user's line), or None.
         extent: ``extent(node, dim)``: the number of elements a ``mean`` over evtc ``dim``
             divides by (the backend knows it; the importer gives None and refuses ``mean``).
+        reduce_dim: ``reduce_dim(args, node) -> (dim, why)``: the evtc axis of a reduction
+            (default: the last axis is N, the one before it M, any before that a batch, refused;
+            the backend passes its own, where leading axes may all be M).
     """
 
     def __init__(self, builder: IRBuilder, env: dict, loc_of: Callable[[Any], SourceLoc | None],
-                 extent: Callable[[Any, Any], int] | None = None) -> None:
+                 extent: Callable[[Any, Any], int] | None = None,
+                 reduce_dim: Callable[[dict, Any], tuple[Any, str | None]] | None = None) -> None:
         self.b = builder
         self.env = env
         self.loc_of = loc_of
         self._extent = extent
+        self._reduce_dim = reduce_dim or _reduce_dim
         #: the node being lowered and its unmapped arguments (rows that need shapes read them)
         self.node = None
         self.raw: dict = {}
         self._loc: SourceLoc | None = None
+
+    def reduce_dim(self, args: dict, node) -> tuple[Any, str | None]:
+        """The evtc ``dim`` (1, 0 or None) of the reduction ``node`` (its unmapped ``args``), or
+        why it has none (see the ``reduce_dim`` argument)."""
+        return self._reduce_dim(args, node)
 
     def extent(self, dim) -> int:
         """The number of elements the reduction of the current node over evtc ``dim`` takes."""
@@ -431,7 +449,7 @@ class Lowering:
                 node's user line; and whatever the builder raises (located the same way).
         """
         loc = self._loc = self.loc_of(node)
-        why = unsupported_reason(node, extents_known=self._extent is not None)
+        why = unsupported_reason(node, extents_known=self._extent is not None, reduce_dim=self.reduce_dim)
         if why is not None:
             self._refuse(node, None if why is _NO_ROW else why, loc)
         name = target_name(node)
