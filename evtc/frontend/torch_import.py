@@ -272,6 +272,9 @@ _row("aten._to_copy.default", _to_copy, doc="convert(x) : dtype (x.to(dtype), .h
 _row("aten.clone.default aten.alias.default aten.detach.default aten.lift_fresh_copy.default "
      "aten._local_scalar_dense.default", _identity, doc="x (no node)")
 _row("aten.scalar_tensor.default", _constant, doc="the constant")
+_row("aten.zeros_like.default", lambda L, a, loc: 0.0, doc="0.0 (broadcast by what uses it)")
+_row("aten.ones_like.default", lambda L, a, loc: 1.0, doc="1.0 (broadcast by what uses it)")
+_row("aten.full_like.default", lambda L, a, loc: a["fill_value"], doc="the fill value")
 _row("aten.view.default aten._unsafe_view.default aten.reshape.default aten.unsqueeze.default aten.squeeze.dim "
      "aten.squeeze.default aten.squeeze.dims", _identity, _unit_view_check,
      doc="x, when only size-1 dimensions change")
@@ -471,7 +474,7 @@ class Lowering:
 
 #: ATen ops of the table that are plumbing, not something a user writes
 _PLUMBING = {"_local_scalar_dense", "_to_copy", "_unsafe_view", "alias", "clone", "detach", "expand",
-             "lift_fresh_copy", "scalar_tensor", "reshape", "squeeze", "unsqueeze", "view", "rsub", "reciprocal"}
+             "lift_fresh_copy", "scalar_tensor", "reshape", "squeeze", "unsqueeze", "view", "rsub"}
 
 
 def user_ops() -> list[str]:
@@ -616,7 +619,8 @@ def import_torch(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16
     from evtc.frontend import functions
 
     _evtc_op()
-    saved, functions._TORCH_IMPORT_HOOK = functions._TORCH_IMPORT_HOOK, _evtc_call
+    saved = getattr(functions.TORCH_IMPORT, "hook", None)
+    functions.TORCH_IMPORT.hook = _evtc_call
     try:
         with fx_traceback.preserve_node_meta():
             gm = make_fx(flat, tracing_mode="fake")(*examples)
@@ -631,7 +635,7 @@ def import_torch(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16
                              ) from err
         raise located from err
     finally:
-        functions._TORCH_IMPORT_HOOK = saved
+        functions.TORCH_IMPORT.hook = saved
 
     gm.graph.eliminate_dead_code()  # (the unused indices of max(dim=...), values never returned)
 
@@ -681,7 +685,4 @@ def _outputs(builder: IRBuilder, lowering: Lowering, result: Any) -> None:
             builder.fail(TraceError, f"output '{key}' is {type(val).__name__} {val!r:.40}, not a traced tensor",
                          loc, anchor="trace-return", hint="every output must be computed from the parameters")
         value = lowering.env[val]
-        if isinstance(value, _MaxDim):
-            builder.fail(TraceError, f"output '{key}' is the (values, indices) pair of max/min(dim=...)",
-                         lowering.loc_of(val), anchor="trace-return", hint="return its .values")
         builder.output(key, value, lowering.loc_of(val) if isinstance(value, (Node, Pending)) else loc)

@@ -81,6 +81,12 @@ def test_reference_epilogue_written_with_torch_gives_the_same_ir(name, frontend)
         assert print_graph(ours.trace(**dts)) == print_graph(E.REFERENCE[name].trace(**dts))
 
 
+def test_the_emitted_kernel_is_the_same_bytes():
+    ours = evtc.Gemm(evtc.epilogue(row_stats), a=evtc.bf16, b=evtc.bf16, c=evtc.bf16, d=evtc.bf16)
+    ref = evtc.Gemm(E.row_stats, a=evtc.bf16, b=evtc.bf16, c=evtc.bf16, d=evtc.bf16)
+    assert ours.source == ref.source
+
+
 def test_auto_uses_the_importer_only_when_the_function_uses_torch():
     calls = []
 
@@ -183,6 +189,19 @@ def test_reductions_of_each_axis(i):
     assert print_graph(g) == print_graph(evtc.epilogue(with_evtc, name="r", frontend="evtc").graph)
 
 
+def test_constants_like_a_tensor_are_numbers():
+    def with_torch(acc, bias: evtc.RowVector[f32]):
+        x = acc + bias
+        return torch.where(x > torch.zeros_like(x), x, torch.full_like(x, 0.5) * x) + torch.ones_like(bias)
+
+    def with_evtc(acc, bias: evtc.RowVector[f32]):
+        x = acc + bias
+        return evtc.where(x > 0.0, x, 0.5 * x) + 1.0
+
+    assert print_graph(import_torch(with_torch, name="c")) == \
+        print_graph(evtc.epilogue(with_evtc, name="c", frontend="evtc").graph)
+
+
 # ---- what the graph computes --------------------------------------------------------------------
 
 
@@ -257,6 +276,7 @@ def test_unsupported_op_is_reported_at_the_user_line():
     (lambda acc, a: acc - acc.amax(dim=1, keepdim=True), evtc.TraceError, "used inside the epilogue", "keepdim"),
     (lambda acc, a: torch.relu(acc) if a > 0 else acc, evtc.TraceError, "Python value", "a > 0"),
     (lambda acc, a: (torch.relu(acc), acc), evtc.TraceError, "outputs need names", None),
+    (lambda acc, a: {"D": acc, "m": acc.max(dim=1)}, evtc.UnsupportedOpError, "argmax", "acc.max(dim=1)"),
     (lambda acc, a: {"D": torch.relu(acc), "v": torch.relu(a)}, evtc.EpilogueTypeError, "scalar value", None),
     (lambda acc, a: torch.ops.aten.gelu.default(acc, approximate="sigmoid"), evtc.TraceError,
      "the epilogue function raised RuntimeError: approximate", "approximate"),
