@@ -284,3 +284,21 @@ def test_a_mask_used_outside_is_left_to_inductor():
     h64 = torch.tanh(x.double() @ m.fc.weight.double().T + m.fc.bias.double())
     assert torch.equal(mask, h64 > 0)
     within_half_ulp(y, torch.where(h64 > 0, h64, 0.5 * h64), ulp_bf16, 2.0 ** -19 * h64.abs())
+
+
+def test_symbolic_shapes_stay_unfused_and_dynamic_false_fuses_each_shape():
+    m = LinearGelu().to(torch.bfloat16)
+    for dynamic, want in ((None, 1), (False, 3)):
+        torch._dynamo.reset()
+        be = make_backend(allow_cpu=True, on_gemm=register, inductor=False)
+        cm = torch.compile(m, backend=be, dynamic=dynamic)
+        with torch.no_grad():
+            for rows in (4, 8, 12):  # Dynamo makes the batch symbolic when it changes (dynamic=None)
+                x = torch.randn(rows, 32).bfloat16()
+                y = cm(x)
+                if dynamic is None and rows > 4:  # the symbolic graph: unfused, the eager ops
+                    assert torch.equal(y, m(x))
+                else:
+                    ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
+                    within_half_ulp(y, ref, ulp_bf16, 2.0 ** -20 * ref.abs())
+        assert be.fused == want
