@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import linecache
+import logging
 import os
 import re
 import sys
@@ -621,6 +622,10 @@ def import_torch(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16
     _evtc_op()
     saved = getattr(functions.TORCH_IMPORT, "hook", None)
     functions.TORCH_IMPORT.hook = _evtc_call
+    # (fake tensors log the user's own errors, a broadcast mismatch, before raising them to us)
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    saved_level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with fx_traceback.preserve_node_meta():
             gm = make_fx(flat, tracing_mode="fake")(*examples)
@@ -628,6 +633,13 @@ def import_torch(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16
         raise err.with_context(epilogue=epilogue)
     except Exception as err:  # noqa: BLE001 - the user's own error, located at their line
         located = _raised_by_the_function(err, epilogue, _LOC_MODE_CODE)
+        if isinstance(err, RuntimeError) and ("must match the size of tensor" in str(err)
+                                               or "Attempting to broadcast a dimension" in str(err)):
+            raise TraceError(f"{located.message}; the epilogue is traced with M={FAKE_M}, N={FAKE_N}", loc=located.loc,
+                             epilogue=epilogue,
+                             hint="evtc passes acc, C and evtc.Matrix inputs as (M, N), evtc.RowVector as (N,), "
+                                  "evtc.ColVector as (M, 1) and scalars as (): check each parameter's annotation"
+                             ) from err
         if _is_data_dependent(err):
             raise TraceError("a traced value was used as a Python value (if, bool(), float(), .item()...)",
                              loc=located.loc, epilogue=epilogue, anchor="trace-bool",
@@ -636,6 +648,7 @@ def import_torch(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16
         raise located from err
     finally:
         functions.TORCH_IMPORT.hook = saved
+        fake_log.setLevel(saved_level)
 
     gm.graph.eliminate_dead_code()  # (the unused indices of max(dim=...), values never returned)
 

@@ -291,6 +291,15 @@ def test_what_the_importer_refuses(body, cls, match, marker):
         assert marker in (info.value.loc.text or ""), (str(info.value), marker)
 
 
+def test_a_vector_of_the_wrong_kind_is_a_broadcast_error_with_the_shapes():
+    def wrong(acc, scale: evtc.RowVector[f32]):
+        return torch.relu(acc) * scale.view(-1, 1)  # a row vector used as a column
+
+    with pytest.raises(evtc.TraceError, match="(must match the size|broadcast).*traced with M=5, N=7") as info:
+        import_torch(wrong)
+    assert "scale.view(-1, 1)" in info.value.loc.text and "evtc.ColVector as (M, 1)" in info.value.hint
+
+
 def test_a_function_that_raises_is_located():
     def raises(acc):
         y = torch.relu(acc)
