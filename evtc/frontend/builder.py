@@ -1,7 +1,7 @@
 """The IR builder: the one place where an epilogue's meaning and its error messages live.
 
-Input: calls from a frontend (the Python tracer, the expression reader, the IR-text reader, a
-future torch.fx importer), each carrying the :class:`~evtc.errors.SourceLoc` of the user's
+Input: calls from a frontend (the Python tracer, the expression reader, the IR-text reader, the
+torch importer), each carrying the :class:`~evtc.errors.SourceLoc` of the user's
 text. Output: :class:`evtc.ir.graph.Graph`.
 
 A frontend only reads its syntax; everything the syntax means is decided here, once: how a
@@ -14,10 +14,11 @@ thing about the same mistake; a frontend picks the error *classes* of its :class
 the spelling of the functions it offers (``evtc.exp`` in Python, ``exp`` in expressions).
 
 **The API a frontend drives** (the tracer in :mod:`evtc.frontend.trace`, the expression form in
-:mod:`evtc.frontend.text`; a torch.fx importer would map ``placeholder`` nodes to
-:meth:`IRBuilder.input`, ``call_function`` nodes to :meth:`~IRBuilder.binary` /
-:meth:`~IRBuilder.call` / :meth:`~IRBuilder.reduce` / :meth:`~IRBuilder.convert`, and the
-``output`` node to :meth:`~IRBuilder.output`)::
+:mod:`evtc.frontend.text`; the torch importer, :mod:`evtc.frontend.torch_import`, reads a
+torch.fx graph and maps its ``placeholder`` nodes to :meth:`IRBuilder.input`, ``call_function`` nodes to
+:meth:`~IRBuilder.binary` / :meth:`~IRBuilder.call` / :meth:`~IRBuilder.reduce` /
+:meth:`~IRBuilder.convert` through its table of ATen ops, and the ``output`` node to
+:meth:`~IRBuilder.output`)::
 
     from evtc.frontend.builder import IRBuilder, PYTHON
     from evtc.ir.nodes import Accumulator, RowBroadcast

@@ -14,6 +14,7 @@ or wider.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -43,11 +44,20 @@ def _torch_of(args):
     return None
 
 
+#: ``hook``, set in this thread by the torch importer (:mod:`evtc.frontend.torch_import`) while it
+#: traces a function: ``hook(name, args)`` records ``evtc.<name>(*args)`` on torch tensors as the
+#: evtc op itself (other threads' eager calls are not affected)
+TORCH_IMPORT = threading.local()
+
+
 def _call(name: str, *args: Any):
     if _is_traced(args):
         return call(name, *args)
     op = ops.get(name)
     torch = _torch_of(args)
+    hook = getattr(TORCH_IMPORT, "hook", None)
+    if torch is not None and hook is not None:
+        return hook(name, args)
     if torch is not None and op.torch is not None:
         targs = [a if type(a).__module__.startswith("torch") else torch.as_tensor(a) for a in args]
         return op.torch(torch, *targs)

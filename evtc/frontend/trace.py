@@ -348,16 +348,47 @@ class Value:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        if _is_tensor_method(name):
+            raise _torch_written(self._tracer.error(
+                TraceError, f"x.{name}() is a torch.Tensor method, and the epilogue is traced with evtc's values",
+                hint="write the whole epilogue with torch ops and decorate it with "
+                     "@evtc.epilogue(frontend='torch') (docs/torch.md), or use the evtc.* functions"))
         raise TraceError(f"traced values have no attribute '{name}'", loc=user_loc(),
                          epilogue=self._tracer.epilogue,
                          hint="use the evtc.* functions (evtc.exp(x), evtc.relu(x)...) and x.to(dtype)")
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
-        raise self._tracer.error(
+        tracer = _tracer_of(tuple(args) + tuple((kwargs or {}).values()))
+        if tracer is None:  # (a Value inside a list argument: torch.stack([x, y]))
+            tracer = Tracer(IRBuilder("epilogue"))
+        raise _torch_written(tracer.error(
             TraceError, f"torch.{name} was called on a traced value",
-            hint=f"use evtc.{name} if it exists (see 'evtc ops'); evtc functions also run eagerly on torch tensors",
-        )
+            hint=f"use evtc.{name} if it exists (see 'evtc ops'), or write the whole epilogue with torch ops and "
+                 "decorate it with @evtc.epilogue(frontend='torch') (docs/torch.md)",
+        ))
+
+
+def _is_tensor_method(name: str) -> bool:
+    """Whether ``x.<name>`` is a ``torch.Tensor`` attribute, when torch is installed (this error
+    path imports it; tracing itself never does), so that the answer, and what ``@evtc.epilogue``
+    does with the function, doesn't depend on whether something else imported torch first."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            return False
+        import torch
+    return hasattr(torch.Tensor, name)
+
+
+def _torch_written(err: EvtcError) -> EvtcError:
+    """Mark ``err`` as raised because the function uses torch: ``@evtc.epilogue`` (frontend
+    ``"auto"``) then imports it with the torch importer instead."""
+    err.torch_written = True
+    return err
 
 
 class Reduced:
@@ -525,11 +556,12 @@ def _library_dirs() -> tuple[str, ...]:
                  if k in paths)
 
 
-def _raised_by_the_function(err: Exception, epilogue: str) -> TraceError:
+def _raised_by_the_function(err: Exception, epilogue: str, transparent: frozenset = frozenset()) -> TraceError:
     """A TraceError for an exception raised while the epilogue function ran, located at the
     innermost frame of the user's own code (not evtc's, not a library's). When evtc's frames lie
     between that line and the one that raised, evtc itself failed on what the line asked for,
-    and the message says so."""
+    and the message says so; frames whose code object is in ``transparent`` (the torch
+    importer's mode, which only passes calls on) don't count as evtc's there."""
     frames = []
     tb = err.__traceback__
     while tb is not None:
@@ -544,7 +576,7 @@ def _raised_by_the_function(err: Exception, epilogue: str) -> TraceError:
     text = str(err)
     text = f"{type(err).__name__}: {text}" if text else type(err).__name__
     text = text if len(text) <= 300 else text[:297] + "..."
-    if any(_is_evtc_file(code.co_filename) for code, _, _ in below):
+    if any(_is_evtc_file(code.co_filename) and code not in transparent for code, _, _ in below):
         return TraceError(f"evtc raised {text} while tracing this line", loc=loc, epilogue=epilogue,
                           hint="this may be a bug in evtc: please report it with the epilogue "
                                "(EVTC_TRACEBACK=full shows evtc's frames)")

@@ -37,7 +37,7 @@ def _reordered(g, names):
 
 
 def _bias_relu_by_hand(d=bf16) -> evtc.Graph:
-    """bias_relu built through the API a torch.fx importer would use."""
+    """bias_relu built through the API the torch.fx importer uses."""
     b = IRBuilder("bias_relu", c=None, d=d, dialect=PYTHON, loc=LOC)
     acc = b.input("acc", Accumulator, loc=LOC)
     C = b.input("C", Source, loc=LOC)

@@ -1,7 +1,8 @@
 """torch.compile(backend="evtc") without a GPU (evtc/torch_backend.py): which FX patterns fuse,
-how many, and that the compiled model computes what eager does. The fused op's CPU kernel here is
-evtc's float64 interpreter rounded to the output dtype (registered for each Gemm the backend
-makes), so the numbers check the rewrite: the arguments, the reshapes, the epilogue's expression."""
+how many, and that the compiled model computes what eager does, within one rounding of the
+float64 value. The fused op's CPU kernel here is evtc's float64 interpreter rounded to the output
+dtypes (registered for each Gemm the backend makes), so the numbers check the rewrite: the
+operands, the reshapes, the epilogue's expression, the extra outputs and the reductions."""
 
 import numpy as np
 import pytest
@@ -15,28 +16,59 @@ from evtc.torch_backend import make_backend
 
 
 def register(g):
+    """A CPU kernel for ``g``'s op: the float64 interpreter rounded to each output's dtype."""
     op = g.torch_op()
 
     def cpu(A, B, *rest):
         kw = dict(zip(op.tensor_names + op.scalar_names, rest))
-        acc = A.double().numpy() @ B.double().numpy().T
+        acc = A.double().numpy() @ np.swapaxes(B.double().numpy(), -1, -2)
         res = interpret(g.graph, acc, {k: (v.double().numpy() if torch.is_tensor(v) else v) for k, v in kw.items()})
-        o = g.graph.outputs[0]
-        return torch.from_numpy(np.asarray(res[o.name])[0]).to(getattr(torch, o.dtype.torch))
+        outs = []
+        for o in g.graph.outputs:
+            x = torch.from_numpy(np.asarray(res[o.name])).to(getattr(torch, o.dtype.torch))
+            outs.append(x if A.dim() == 3 else x[0])
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     torch.library.register_kernel(op.qualname, "cpu", cpu)
 
 
+GEMMS: list = []
+
+
 def compiled(model, *args, inductor=False, **kw):
     torch._dynamo.reset()
-    be = make_backend(allow_cpu=True, on_gemm=register, inductor=inductor, **kw)
+    GEMMS.clear()
+
+    def on_gemm(g):
+        GEMMS.append(g)
+        register(g)
+
+    be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=inductor, **kw)
     with torch.no_grad():
         out = torch.compile(model, backend=be, fullgraph=True)(*args)
     return out, be.fused
 
 
 def ulp_bf16(x):
-    return torch.finfo(torch.bfloat16).eps * torch.clamp(x.abs(), min=2.0 ** -126)
+    """The spacing of bf16 numbers at |x| (x float64): 2**(exponent - 7)."""
+    return 2.0 ** (torch.floor(torch.log2(torch.clamp(x.abs(), min=2.0 ** -126))) - 7)
+
+
+def within_half_ulp(got, ref, ulp, slack=0.0):
+    """got (one rounding of a value close to ref) is within half a spacing of ref, plus
+    ``slack`` for the f32 arithmetic before that rounding."""
+    err = (got.double() - ref).abs()
+    bound = 0.5 * ulp(ref) + slack + 1e-300
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g} at {int((err - bound).argmax())}"
+
+
+def ulp_e4m3(x):
+    """The spacing of fp8 e4m3 numbers at |x| (3 mantissa bits, normals from 2**-6)."""
+    return 2.0 ** (torch.floor(torch.log2(torch.clamp(x.abs(), min=2.0 ** -6))) - 3)
+
+
+def ir(i=0):
+    return str(GEMMS[i].graph)
 
 
 class LinearGelu(nn.Module):
@@ -63,8 +95,9 @@ def test_linear_bias_gelu_is_one_op_and_correctly_rounded():
     x = torch.randn(3, 5, 32).bfloat16()
     y, fused = compiled(m, x)
     assert fused == 1 and y.shape == (3, 5, 64) and y.dtype == torch.bfloat16
+    assert "gelu_tanh(%0)" in ir() and "D = store(%1) : bf16" in ir()
     ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
-    assert ((y.double() - ref).abs() <= 0.5 * ulp_bf16(ref) + 1e-30).all()  # one rounding, as the kernel
+    within_half_ulp(y, ref, ulp_bf16, 2.0 ** -20 * ref.abs())  # one rounding, as the kernel
 
 
 def test_mlp_block_with_residual_fuses_both_linears_under_inductor():
@@ -73,6 +106,7 @@ def test_mlp_block_with_residual_fuses_both_linears_under_inductor():
     x = torch.randn(16, 32).bfloat16()
     y, fused = compiled(m, x, inductor=True)
     assert fused == 2
+    assert "gelu(%0)" in ir(0) and "p1: bf16 aux" in ir(1) and "add(p1, %0)" in ir(1), (ir(0), ir(1))
     h = F.gelu(x.double() @ m.up.weight.double().T + m.up.bias.double()).to(torch.bfloat16).double()
     ref = x.double() + h @ m.down.weight.double().T + m.down.bias.double()
     assert ((y.double() - ref).abs() <= ulp_bf16(ref) + 1e-30).all()
@@ -99,7 +133,7 @@ def test_what_evtc_cannot_run_stays_unfused():
     assert be.fused == 0
 
 
-def test_a_chain_value_used_elsewhere_ends_the_match():
+def test_values_used_outside_the_match_become_extra_outputs():
     class TwoUsers(nn.Module):
         def __init__(self):
             super().__init__()
@@ -112,13 +146,159 @@ def test_a_chain_value_used_elsewhere_ends_the_match():
     m = TwoUsers().to(torch.bfloat16)
     x = torch.randn(8, 32).bfloat16()
     (a, b), fused = compiled(m, x)
-    assert fused == 1  # the bare linear (with its bias); relu and * 2 stay outside
+    assert fused == 1 and "D = store" in ir() and "aux1 = store" in ir()  # one kernel, two outputs
     ref = x.double() @ m.fc.weight.double().T + m.fc.bias.double()
-    assert ((b.double() - 2 * ref).abs() <= 2 * ulp_bf16(2 * ref) + 1e-30).all()
-    assert ((a.double() - ref.clamp(min=0)).abs() <= ulp_bf16(ref) + 1e-30).all()
+    within_half_ulp(a, ref.clamp(min=0), ulp_bf16, 2.0 ** -20 * ref.abs())
+    within_half_ulp(b, 2 * ref, ulp_bf16, 2.0 ** -19 * ref.abs())
+
+
+class Spellings(nn.Module):
+    """matmul, addmm and bmm written without nn.Linear, each with an epilogue."""
+
+    def forward(self, x, w, b, a3, b3, y):
+        return (torch.relu(x @ w.T + b), torch.addmm(b, x, w.t(), beta=0.5, alpha=2.0) * 2,
+                torch.bmm(a3, b3).sigmoid(), torch.matmul(x, y) - 1)
+
+
+def test_matmul_addmm_bmm_fuse_with_their_epilogues():
+    g = torch.Generator().manual_seed(4)
+    args = [torch.randn(*s, generator=g).bfloat16() for s in ((16, 32), (64, 32), (64,), (3, 16, 32), (3, 32, 24),
+                                                                (32, 40))]
+    (r, s2, sg, sub), fused = compiled(Spellings(), *args)
+    assert fused == 4
+    assert [o.name for o in GEMMS[2].graph.outputs] == ["D"] and "sigmoid(acc)" in ir(2)
+    x, w, b, a3, b3, y = (t.double() for t in args)
+    h = x @ w.T
+    within_half_ulp(r, (h + b).clamp(min=0), ulp_bf16, 2.0 ** -20 * (h.abs() + b.abs()))
+    within_half_ulp(s2, 2 * (0.5 * b + 2 * h), ulp_bf16, 2.0 ** -19 * (h.abs() + b.abs()))
+    assert sg.shape == (3, 16, 24)
+    within_half_ulp(sg, torch.sigmoid(torch.bmm(a3, b3)), ulp_bf16, 2.0 ** -20)
+    within_half_ulp(sub, x @ y - 1, ulp_bf16, 2.0 ** -20 * ((x @ y).abs() + 1))  # B: a contiguous copy of y.T
+
+
+class LayerNormStats(nn.Module):
+    """A linear layer whose LayerNorm statistics (the row mean and mean of squares of its output)
+    come out of the GEMM's epilogue; the normalisation itself is Inductor's."""
+
+    def __init__(self, k=32, n=64):
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+
+    def forward(self, x):
+        h = self.fc(x)
+        mu = h.mean(-1, keepdim=True)
+        ms = (h * h).mean(-1, keepdim=True)
+        return (h - mu) * torch.rsqrt(ms - mu * mu + 1e-5), h, mu, ms
+
+
+def test_layernorm_statistics_are_extra_outputs_of_the_gemm():
+    torch.manual_seed(5)
+    m = LayerNormStats().to(torch.bfloat16)
+    x = torch.randn(2, 8, 32).bfloat16()
+    (y, h, mu, ms), fused = compiled(m, x, inductor=True)
+    assert fused == 1
+    text = ir()
+    assert text.count("reduce_sum(") == 2 and "dim=1" in text and "mul(%0, %0)" in text, text
+    assert mu.shape == ms.shape == (2, 8, 1) and mu.dtype == torch.bfloat16
+    h64 = x.double() @ m.fc.weight.double().T + m.fc.bias.double()
+    within_half_ulp(h, h64, ulp_bf16, 2.0 ** -20 * h64.abs())
+    sum_slack = 64 * 2.0 ** -23 * h64.abs().mean(-1, keepdim=True)  # f32 accumulation of 64 terms
+    within_half_ulp(mu, h64.mean(-1, keepdim=True), ulp_bf16, sum_slack)
+    within_half_ulp(ms, (h64 * h64).mean(-1, keepdim=True), ulp_bf16, sum_slack * h64.abs().max())
+    h_, mu_, ms_ = h.double(), mu.double(), ms.double()  # Inductor's part, from the fused outputs
+    want = (h_ - mu_) * torch.rsqrt(ms_ - mu_ * mu_ + 1e-5)
+    within_half_ulp(y, want, ulp_bf16, 2.0 ** -18 * (want.abs() + 1))  # f32 arithmetic, one rounding
+
+
+class Fp8Out(nn.Module):
+    def __init__(self, k=32, n=64):
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+
+    def forward(self, x, scale):
+        y = torch.relu(self.fc(x))
+        return (y * scale).to(torch.float8_e4m3fn), y.abs().amax()
+
+
+@pytest.mark.parametrize("scale", [0.5, "tensor"])
+def test_fp8_output_with_its_amax_is_one_gemm(scale):
+    torch.manual_seed(6)
+    m = Fp8Out().to(torch.bfloat16)
+    x = torch.randn(24, 32).bfloat16() * 4
+    s = torch.tensor(0.75) if scale == "tensor" else scale
+    (q, amax), fused = compiled(m, x, s)
+    assert fused == 1 and q.dtype == torch.float8_e4m3fn and amax.shape == () and amax.dtype == torch.bfloat16
+    text = ir()
+    assert "D = store(" in text and ": e4m3" in text and "reduce_max(" in text
+    assert ("devscalar" in text) == (scale == "tensor")  # a 0-d tensor is a runtime scalar, a number a constant
+    y64 = (x.double() @ m.fc.weight.double().T + m.fc.bias.double()).clamp(min=0)
+    sv = float(s)
+    within_half_ulp(q.double(), sv * y64, ulp_e4m3, 2.0 ** -20 * sv * y64)
+    within_half_ulp(amax, y64.abs().max(), ulp_bf16, 2.0 ** -20 * y64.abs().max())
+
+
+def test_an_operand_computed_from_the_match_stays_outside():
+    class Cycle(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 64)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h * h.sum(-1, keepdim=True)  # h * (a reduction of h): can't be one kernel
+
+    torch.manual_seed(7)
+    m = Cycle().to(torch.bfloat16)
+    x = torch.randn(8, 32).bfloat16()
+    y, fused = compiled(m, x)
+    assert fused == 1 and [o.name for o in GEMMS[0].graph.outputs] == ["D", "r0"]
+    h64 = x.double() @ m.fc.weight.double().T + m.fc.bias.double()
+    ref = h64 * h64.sum(-1, keepdim=True)
+    # three roundings to bf16 (h, its sum, the product outside) and the sum's f32 accumulation
+    slack = 3 * 2.0 ** -8 * ref.abs() + h64.abs() * 64 * 2.0 ** -23 * h64.abs().mean(-1, keepdim=True)
+    assert ((y.double() - ref).abs() <= slack).all()
 
 
 def test_backend_is_registered_under_its_name():
     import torch._dynamo
 
     assert "evtc" in torch._dynamo.list_backends()
+
+
+def test_a_mask_used_outside_is_left_to_inductor():
+    class Mask(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 64)
+
+        def forward(self, x):
+            h = torch.tanh(self.fc(x))
+            mask = h > 0  # a bool tensor: the kernel has no bool output
+            return torch.where(mask, h, 0.5 * h), mask
+
+    torch.manual_seed(8)
+    m = Mask().to(torch.bfloat16)
+    x = torch.randn(8, 32).bfloat16()
+    (y, mask), fused = compiled(m, x)
+    assert fused == 1 and "tanh" in ir() and "where" not in ir() and "gt(" not in ir()
+    h64 = torch.tanh(x.double() @ m.fc.weight.double().T + m.fc.bias.double())
+    assert torch.equal(mask, h64 > 0)
+    within_half_ulp(y, torch.where(h64 > 0, h64, 0.5 * h64), ulp_bf16, 2.0 ** -19 * h64.abs())
+
+
+def test_symbolic_shapes_stay_unfused_and_dynamic_false_fuses_each_shape():
+    m = LinearGelu().to(torch.bfloat16)
+    for dynamic, want in ((None, 1), (False, 3)):
+        torch._dynamo.reset()
+        be = make_backend(allow_cpu=True, on_gemm=register, inductor=False)
+        cm = torch.compile(m, backend=be, dynamic=dynamic)
+        with torch.no_grad():
+            for rows in (4, 8, 12):  # Dynamo makes the batch symbolic when it changes (dynamic=None)
+                x = torch.randn(rows, 32).bfloat16()
+                y = cm(x)
+                if dynamic is None and rows > 4:  # the symbolic graph: unfused, the eager ops
+                    assert torch.equal(y, m(x))
+                else:
+                    ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
+                    within_half_ulp(y, ref, ulp_bf16, 2.0 ** -20 * ref.abs())
+        assert be.fused == want
