@@ -61,12 +61,12 @@ def gemms(d_model: int = D_MODEL, ffn: int = FFN) -> list:
     the same dtypes; the kernels depend only on the epilogues and dtypes): for prebuilding."""
     import torch
 
-    from evtc.torch_backend import fuse
+    from evtc.torch_backend import fuse, to_aten
 
     made, matches = [], []
 
     def backend(gm, example_inputs):  # fuse, then never run: the op has no CPU kernel
-        matches.append(fuse(gm, allow_cpu=True, on_gemm=made.append))
+        matches.append(fuse(to_aten(gm, example_inputs), allow_cpu=True, on_gemm=made.append))
         return lambda *args: [None] * len(gm.graph.find_nodes(op="output")[0].args[0])
 
     m = block(64, 128, device="cpu")
