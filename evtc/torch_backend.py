@@ -29,10 +29,11 @@ How (:func:`to_aten`, then :func:`fuse`):
 What evtc can't run stays unfused and goes to Inductor as it is: tensors not on a CUDA device,
 operands that are not both bf16 or both f16, K or N not a multiple of 8, a graph that needs
 gradients (the op has no autograd formula: fusion is for inference, under ``torch.no_grad()`` /
-``torch.inference_mode()``), graphs with symbolic shapes, an operand that depends on the region's
+``torch.inference_mode()``), an operand that depends on the region's
 own values, and any Gemm evtc refuses to build (the match is skipped). Numerics: the fused
 epilogue computes in f32 and rounds once per output, where eager torch rounds after every op
-in the tensors' dtype; the results are within one rounding of the float64 value.
+in the tensors' dtype; the results are within one rounding of the float64 value. A graph with
+symbolic shapes is fused per concrete shape (NOTE [Symbolic shapes], :class:`_Specializing`).
 """
 
 from __future__ import annotations
@@ -80,12 +81,17 @@ def to_aten(gm, example_inputs):
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
+    if not all(isinstance(x, (torch.Tensor, int)) and not isinstance(x, bool) for x in example_inputs):
+        return None
+    if any(isinstance(x, torch.Tensor) and _symbolic(x) for x in example_inputs):
         return None
     run = torch.fx.Interpreter(gm).run
     mode = FakeTensorMode()  # (no shape environment: static shapes, plain ints)
     try:
-        fakes = [mode.from_tensor(x, static_shapes=True) for x in example_inputs]
+        # ints are the values of a symbolic graph's size inputs: traced as constants (a
+        # specialization to this call's shapes: _Specializing)
+        fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+                 for x in example_inputs]
         with fx_traceback.preserve_node_meta(), mode:
             agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*fakes)
     except Exception:  # noqa: BLE001 - a graph make_fx can't trace is compiled as Dynamo gave it
@@ -513,6 +519,94 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None) -> int
     return fused
 
 
+def _symbolic(t) -> bool:
+    """Whether a tensor's sizes or strides are symbolic (a fake tensor of a dynamic graph)."""
+    import torch
+
+    return any(isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride()))
+
+
+def _has_symbolic_shapes(gm, example_inputs) -> bool:
+    """Whether Dynamo gave a graph with symbolic sizes (``dynamic=True``, or a dimension it made
+    dynamic after a recompilation): size inputs (ints) or symbolic placeholder values."""
+    import torch
+
+    if any(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in example_inputs):
+        return True
+    for n in gm.graph.nodes:
+        v = n.meta.get("example_value") if n.op == "placeholder" else None
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _symbolic(v)):
+            return True
+    return False
+
+
+#: concrete shapes a symbolic graph is specialized for before its later calls run the plain
+#: Inductor compilation of the symbolic graph (NOTE [Symbolic shapes])
+MAX_SPECIALIZATIONS = 32
+
+
+class _Specializing:
+    """The compiled form of a Dynamo graph with symbolic shapes.
+
+    NOTE [Symbolic shapes]: an evtc kernel is chosen and launched per call, whatever M is, but
+    the backend's matching reads static shapes (K and N multiples of 8, which operands are row
+    vectors, columns or aux tensors). When Dynamo hands over a symbolic graph (``dynamic=True``,
+    or by default after the second distinct batch size: automatic dynamic shapes), each call's
+    concrete sizes are traced to ATen as constants (:func:`to_aten` with the size inputs as
+    ints), fused and compiled once per distinct signature (shapes, strides, dtypes, devices, size
+    values). If the first specialization finds nothing to fuse, or more than
+    :data:`MAX_SPECIALIZATIONS` signatures arrive, the symbolic graph's own Inductor compilation
+    serves the calls (one compilation for every shape, as without evtc). The fusion decision of
+    each call is therefore the one a ``dynamic=False`` compilation of its shapes makes.
+    """
+
+    def __init__(self, gm, example_inputs, backend, allow_cpu: bool, on_gemm, inductor: bool) -> None:
+        self.gm, self.backend = gm, backend
+        self.allow_cpu, self.on_gemm, self.inductor = allow_cpu, on_gemm, inductor
+        self.compiled: dict = {}
+        self.generic = None
+        self.fuses: bool | None = None
+        self._example = example_inputs
+
+    def _generic(self):
+        if self.generic is None:
+            if self.inductor:
+                from torch._inductor.compile_fx import compile_fx
+
+                self.generic = compile_fx(self.gm, self._example)
+            else:
+                self.generic = self.gm.forward
+        return self.generic
+
+    def __call__(self, *args):
+        import torch
+
+        if self.fuses is False:
+            return self._generic()(*args)
+        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                    for a in args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            if len(self.compiled) >= MAX_SPECIALIZATIONS:
+                return self._generic()(*args)
+            fn = self.compiled[key] = self._specialize(list(args))
+        return fn(*args)
+
+    def _specialize(self, args: list):
+        agm = to_aten(self.gm, args)
+        n = fuse(agm, allow_cpu=self.allow_cpu, on_gemm=self.on_gemm) if agm is not None else 0
+        if self.fuses is None:
+            self.fuses = n > 0
+        if not n:
+            return self._generic()
+        self.backend.fused += n
+        if not self.inductor:
+            return agm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(agm, args)
+
+
 def _needs_grad(gm, example_inputs) -> bool:
     import torch
 
@@ -529,6 +623,8 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
 
     def backend(gm, example_inputs):
         target = gm
+        if not _needs_grad(gm, example_inputs) and _has_symbolic_shapes(gm, example_inputs):
+            return _Specializing(gm, example_inputs, backend, allow_cpu, on_gemm, inductor)
         if not _needs_grad(gm, example_inputs):
             agm = to_aten(gm, example_inputs)
             if agm is not None:
