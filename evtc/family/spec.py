@@ -42,7 +42,7 @@ import dataclasses
 import math
 
 from evtc.dtypes import DType
-from evtc.plan.config import DEFAULT_SWIZZLE, GemmConfig, default_config
+from evtc.plan.config import GemmConfig, default_config, default_swizzle
 
 __all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "fit_swizzle", "on_demand",
            "scheduled_tiles"]
@@ -210,8 +210,8 @@ def fit_swizzle(spec: KernelSpec, p: Problem) -> KernelSpec:
     cfg = spec.config
     if spec.arch != "sm90" or cfg.scheduler not in ("persistent", "streamk"):
         return spec
-    if cfg.swizzle is None:  # the schedule's default (evtc/plan/config.py)
-        cfg = cfg.replace(swizzle=DEFAULT_SWIZZLE["sm90"].get(cfg.schedule or "cooperative", 0))
+    if cfg.swizzle is None:  # the schedule's default
+        cfg = cfg.replace(swizzle=default_swizzle("sm90", cfg.schedule))
     if not cfg.swizzle:
         return spec
     M, N = (p.N, p.M) if cfg.swap_ab else (p.M, p.N)

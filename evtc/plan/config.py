@@ -47,6 +47,16 @@ DEFAULT_SWIZZLE = {"sm90": {"cooperative": 3, "pingpong": 0}, "sm80": 3}
 ARCH_SCHEDULE = {"sm90": "cooperative", "sm80": "multistage"}
 
 
+def default_swizzle(arch: str, schedule: str | None) -> int:
+    """:data:`DEFAULT_SWIZZLE` of an arch and schedule (None: the arch's :data:`ARCH_SCHEDULE`);
+    0 for a schedule it doesn't know (an unknown sm90 schedule is reported by
+    :func:`validate`; its swizzle doesn't matter)."""
+    default = DEFAULT_SWIZZLE[arch]
+    if not isinstance(default, dict):
+        return default
+    return default.get(schedule or ARCH_SCHEDULE[arch], 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
     """A GEMM configuration.
@@ -205,9 +215,7 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
         raise ConfigError(f"A is {a.name} and B is {b.name}: the tensor core MMAs take two operands of one 16-bit type "
                           "(no GMMA/mma.sync operator mixes f16 and bf16)", hint="convert one operand")
     if config.swizzle is None:
-        default = DEFAULT_SWIZZLE[arch]
-        # an unknown sm90 schedule is reported below; its swizzle doesn't matter
-        config = config.replace(swizzle=default.get(config.schedule, 0) if isinstance(default, dict) else default)
+        config = config.replace(swizzle=default_swizzle(arch, config.schedule))
     tm, tn, tk = config.tile
     if config.scheduler not in SCHEDULERS:
         raise ConfigError(f"scheduler '{config.scheduler}' is not one of {SCHEDULERS}")
