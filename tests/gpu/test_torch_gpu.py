@@ -13,6 +13,8 @@ from conftest_gpu import assert_outputs_match
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
+from torch_models import ulp  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def gemms():
@@ -90,12 +92,6 @@ def test_exported_module_runs(gemms, record_errors):
 # ---- torch.compile(backend="evtc") on the GPU (kernels: benchmarks/prebuild.py group ``torch``) ----
 
 
-def _bf16_ulp(x):
-    """The spacing of bf16 numbers at |x| (8 significant bits), elementwise, float64."""
-    e = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126)))
-    return torch.pow(2.0, e - 7)
-
-
 def _staged_reference(model, x):
     """The MLP block in float64 with the bf16 roundings the fused kernels also make: after fc1 +
     GELU (a bf16 tensor in both) and at the output."""
@@ -132,7 +128,7 @@ def test_backend_fuses_an_mlp_block_on_the_gpu(tokens):
     assert got.shape == want.shape and not torch.isnan(got).any()
     # one ulp of the output, and room for f32 accumulation to round a few intermediate bf16 h to
     # the neighbour of float64's choice: each such flip moves an output by <= max|W2| * ulp(h)
-    slack = 4 * _bf16_ulp(h).amax(1, keepdim=True) * model.fc2.weight.double().abs().amax(1)
+    slack = 4 * ulp(h).amax(1, keepdim=True) * model.fc2.weight.double().abs().amax(1)
     err = (got - want).abs()
-    bound = _bf16_ulp(want) + slack
+    bound = ulp(want) + slack
     assert (err <= bound).all(), f"max err {err.max().item():.3e}, worst excess {(err - bound).max().item():.3e}"

@@ -14,6 +14,8 @@ F = torch.nn.functional
 from evtc.ir.interpret import interpret
 from evtc.torch_backend import make_backend
 
+from torch_models import Fp8Out, LayerNormStats, LinearGelu, MLPBlock, ulp, within_half_ulp  # noqa: E402
+
 
 def register(g):
     """A CPU kernel for ``g``'s op: the float64 interpreter rounded to each output's dtype."""
@@ -49,44 +51,8 @@ def compiled(model, *args, inductor=False, **kw):
     return out, be.fused
 
 
-def ulp_bf16(x):
-    """The spacing of bf16 numbers at |x| (x float64): 2**(exponent - 7)."""
-    return 2.0 ** (torch.floor(torch.log2(torch.clamp(x.abs(), min=2.0 ** -126))) - 7)
-
-
-def within_half_ulp(got, ref, ulp, slack=0.0):
-    """got (one rounding of a value close to ref) is within half a spacing of ref, plus
-    ``slack`` for the f32 arithmetic before that rounding."""
-    err = (got.double() - ref).abs()
-    bound = 0.5 * ulp(ref) + slack + 1e-300
-    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g} at {int((err - bound).argmax())}"
-
-
-def ulp_e4m3(x):
-    """The spacing of fp8 e4m3 numbers at |x| (3 mantissa bits, normals from 2**-6)."""
-    return 2.0 ** (torch.floor(torch.log2(torch.clamp(x.abs(), min=2.0 ** -6))) - 3)
-
-
 def ir(i=0):
     return str(GEMMS[i].graph)
-
-
-class LinearGelu(nn.Module):
-    def __init__(self, k=32, n=64):
-        super().__init__()
-        self.fc = nn.Linear(k, n)
-
-    def forward(self, x):
-        return F.gelu(self.fc(x), approximate="tanh")
-
-
-class MLPBlock(nn.Module):
-    def __init__(self, d=32, ffn=64):
-        super().__init__()
-        self.up, self.down = nn.Linear(d, ffn), nn.Linear(ffn, d)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(x)))
 
 
 def test_linear_bias_gelu_is_one_op_and_correctly_rounded():
@@ -97,7 +63,7 @@ def test_linear_bias_gelu_is_one_op_and_correctly_rounded():
     assert fused == 1 and y.shape == (3, 5, 64) and y.dtype == torch.bfloat16
     assert "gelu_tanh(%0)" in ir() and "D = store(%1) : bf16" in ir()
     ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
-    within_half_ulp(y, ref, ulp_bf16, 2.0 ** -20 * ref.abs())  # one rounding, as the kernel
+    within_half_ulp(y, ref, "bf16", 2.0 ** -20 * ref.abs())  # one rounding, as the kernel
 
 
 def test_mlp_block_with_residual_fuses_both_linears_under_inductor():
@@ -109,7 +75,7 @@ def test_mlp_block_with_residual_fuses_both_linears_under_inductor():
     assert "gelu(%0)" in ir(0) and "p1: bf16 aux" in ir(1) and "add(p1, %0)" in ir(1), (ir(0), ir(1))
     h = F.gelu(x.double() @ m.up.weight.double().T + m.up.bias.double()).to(torch.bfloat16).double()
     ref = x.double() + h @ m.down.weight.double().T + m.down.bias.double()
-    assert ((y.double() - ref).abs() <= ulp_bf16(ref) + 1e-30).all()
+    assert ((y.double() - ref).abs() <= ulp(ref) + 1e-30).all()
 
 
 def test_what_evtc_cannot_run_stays_unfused():
@@ -148,8 +114,8 @@ def test_values_used_outside_the_match_become_extra_outputs():
     (a, b), fused = compiled(m, x)
     assert fused == 1 and "D = store" in ir() and "aux1 = store" in ir()  # one kernel, two outputs
     ref = x.double() @ m.fc.weight.double().T + m.fc.bias.double()
-    within_half_ulp(a, ref.clamp(min=0), ulp_bf16, 2.0 ** -20 * ref.abs())
-    within_half_ulp(b, 2 * ref, ulp_bf16, 2.0 ** -19 * ref.abs())
+    within_half_ulp(a, ref.clamp(min=0), "bf16", 2.0 ** -20 * ref.abs())
+    within_half_ulp(b, 2 * ref, "bf16", 2.0 ** -19 * ref.abs())
 
 
 class Spellings(nn.Module):
@@ -169,26 +135,11 @@ def test_matmul_addmm_bmm_fuse_with_their_epilogues():
     assert [o.name for o in GEMMS[2].graph.outputs] == ["D"] and "sigmoid(acc)" in ir(2)
     x, w, b, a3, b3, y = (t.double() for t in args)
     h = x @ w.T
-    within_half_ulp(r, (h + b).clamp(min=0), ulp_bf16, 2.0 ** -20 * (h.abs() + b.abs()))
-    within_half_ulp(s2, 2 * (0.5 * b + 2 * h), ulp_bf16, 2.0 ** -19 * (h.abs() + b.abs()))
+    within_half_ulp(r, (h + b).clamp(min=0), "bf16", 2.0 ** -20 * (h.abs() + b.abs()))
+    within_half_ulp(s2, 2 * (0.5 * b + 2 * h), "bf16", 2.0 ** -19 * (h.abs() + b.abs()))
     assert sg.shape == (3, 16, 24)
-    within_half_ulp(sg, torch.sigmoid(torch.bmm(a3, b3)), ulp_bf16, 2.0 ** -20)
-    within_half_ulp(sub, x @ y - 1, ulp_bf16, 2.0 ** -20 * ((x @ y).abs() + 1))  # B: a contiguous copy of y.T
-
-
-class LayerNormStats(nn.Module):
-    """A linear layer whose LayerNorm statistics (the row mean and mean of squares of its output)
-    come out of the GEMM's epilogue; the normalisation itself is Inductor's."""
-
-    def __init__(self, k=32, n=64):
-        super().__init__()
-        self.fc = nn.Linear(k, n)
-
-    def forward(self, x):
-        h = self.fc(x)
-        mu = h.mean(-1, keepdim=True)
-        ms = (h * h).mean(-1, keepdim=True)
-        return (h - mu) * torch.rsqrt(ms - mu * mu + 1e-5), h, mu, ms
+    within_half_ulp(sg, torch.sigmoid(torch.bmm(a3, b3)), "bf16", 2.0 ** -20)
+    within_half_ulp(sub, x @ y - 1, "bf16", 2.0 ** -20 * ((x @ y).abs() + 1))  # B: a contiguous copy of y.T
 
 
 def test_layernorm_statistics_are_extra_outputs_of_the_gemm():
@@ -201,23 +152,13 @@ def test_layernorm_statistics_are_extra_outputs_of_the_gemm():
     assert text.count("reduce_sum(") == 2 and "dim=1" in text and "mul(%0, %0)" in text, text
     assert mu.shape == ms.shape == (2, 8, 1) and mu.dtype == torch.bfloat16
     h64 = x.double() @ m.fc.weight.double().T + m.fc.bias.double()
-    within_half_ulp(h, h64, ulp_bf16, 2.0 ** -20 * h64.abs())
+    within_half_ulp(h, h64, "bf16", 2.0 ** -20 * h64.abs())
     sum_slack = 64 * 2.0 ** -23 * h64.abs().mean(-1, keepdim=True)  # f32 accumulation of 64 terms
-    within_half_ulp(mu, h64.mean(-1, keepdim=True), ulp_bf16, sum_slack)
-    within_half_ulp(ms, (h64 * h64).mean(-1, keepdim=True), ulp_bf16, sum_slack * h64.abs().max())
+    within_half_ulp(mu, h64.mean(-1, keepdim=True), "bf16", sum_slack)
+    within_half_ulp(ms, (h64 * h64).mean(-1, keepdim=True), "bf16", sum_slack * h64.abs().max())
     h_, mu_, ms_ = h.double(), mu.double(), ms.double()  # Inductor's part, from the fused outputs
     want = (h_ - mu_) * torch.rsqrt(ms_ - mu_ * mu_ + 1e-5)
-    within_half_ulp(y, want, ulp_bf16, 2.0 ** -18 * (want.abs() + 1))  # f32 arithmetic, one rounding
-
-
-class Fp8Out(nn.Module):
-    def __init__(self, k=32, n=64):
-        super().__init__()
-        self.fc = nn.Linear(k, n)
-
-    def forward(self, x, scale):
-        y = torch.relu(self.fc(x))
-        return (y * scale).to(torch.float8_e4m3fn), y.abs().amax()
+    within_half_ulp(y, want, "bf16", 2.0 ** -18 * (want.abs() + 1))  # f32 arithmetic, one rounding
 
 
 @pytest.mark.parametrize("scale", [0.5, "tensor"])
@@ -233,8 +174,8 @@ def test_fp8_output_with_its_amax_is_one_gemm(scale):
     assert ("devscalar" in text) == (scale == "tensor")  # a 0-d tensor is a runtime scalar, a number a constant
     y64 = (x.double() @ m.fc.weight.double().T + m.fc.bias.double()).clamp(min=0)
     sv = float(s)
-    within_half_ulp(q.double(), sv * y64, ulp_e4m3, 2.0 ** -20 * sv * y64)
-    within_half_ulp(amax, y64.abs().max(), ulp_bf16, 2.0 ** -20 * y64.abs().max())
+    within_half_ulp(q.double(), sv * y64, "e4m3", 2.0 ** -20 * sv * y64)
+    within_half_ulp(amax, y64.abs().max(), "bf16", 2.0 ** -20 * y64.abs().max())
 
 
 def test_an_operand_computed_from_the_match_stays_outside():
@@ -283,7 +224,7 @@ def test_a_mask_used_outside_is_left_to_inductor():
     assert fused == 1 and "tanh" in ir() and "where" not in ir() and "gt(" not in ir()
     h64 = torch.tanh(x.double() @ m.fc.weight.double().T + m.fc.bias.double())
     assert torch.equal(mask, h64 > 0)
-    within_half_ulp(y, torch.where(h64 > 0, h64, 0.5 * h64), ulp_bf16, 2.0 ** -19 * h64.abs())
+    within_half_ulp(y, torch.where(h64 > 0, h64, 0.5 * h64), "bf16", 2.0 ** -19 * h64.abs())
 
 
 def test_symbolic_shapes_are_fused_per_shape():
@@ -300,7 +241,7 @@ def test_symbolic_shapes_are_fused_per_shape():
                 x = torch.randn(rows, 32).bfloat16()
                 y = cm(x)
                 ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
-                within_half_ulp(y, ref, ulp_bf16, 2.0 ** -20 * ref.abs())
+                within_half_ulp(y, ref, "bf16", 2.0 ** -20 * ref.abs())
         assert be.fused == 3, dynamic  # one per distinct batch size (the repeated 8 is cached)
 
 
