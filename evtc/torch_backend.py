@@ -546,65 +546,90 @@ MAX_SPECIALIZATIONS = 32
 
 
 class _Specializing:
-    """The compiled form of a Dynamo graph with symbolic shapes.
+    """The compiled form of a Dynamo graph with symbolic shapes whose example shapes fuse.
 
     NOTE [Symbolic shapes]: an evtc kernel is chosen and launched per call, whatever M is, but
     the backend's matching reads static shapes (K and N multiples of 8, which operands are row
     vectors, columns or aux tensors). When Dynamo hands over a symbolic graph (``dynamic=True``,
-    or by default after the second distinct batch size: automatic dynamic shapes), each call's
-    concrete sizes are traced to ATen as constants (:func:`to_aten` with the size inputs as
-    ints), fused and compiled once per distinct signature (shapes, strides, dtypes, devices, size
-    values). If the first specialization finds nothing to fuse, or more than
-    :data:`MAX_SPECIALIZATIONS` signatures arrive, the symbolic graph's own Inductor compilation
-    serves the calls (one compilation for every shape, as without evtc). The fusion decision of
-    each call is therefore the one a ``dynamic=False`` compilation of its shapes makes.
+    or by default after the second distinct batch size: automatic dynamic shapes), the backend
+    traces it at Dynamo's example sizes, as constants (:func:`to_aten` with the size inputs as
+    ints). If nothing fuses there, the symbolic graph is compiled as it is (one compilation for
+    every shape, as without evtc). If something does, each call's concrete sizes are traced,
+    fused and compiled once per distinct signature (shapes, strides, dtypes, devices, size
+    values), so the fusion decision of each call is the one a ``dynamic=False`` compilation of
+    its shapes makes; a signature that fuses nothing, and every signature past
+    :data:`MAX_SPECIALIZATIONS`, runs the symbolic graph's own compilation (``generic``, made
+    while Dynamo's shape environment is current: Inductor needs it for a symbolic graph).
+
+    Args:
+        gm: Dynamo's symbolic graph; ``generic`` its compilation.
+        example_inputs: Dynamo's example inputs, ``example_fused`` their fused ATen graph (its
+            compilation waits for the first call with that signature).
     """
 
-    def __init__(self, gm, example_inputs, backend, allow_cpu: bool, on_gemm, inductor: bool) -> None:
-        self.gm, self.backend = gm, backend
+    def __init__(self, gm, generic, example_inputs, example_fused, backend, allow_cpu: bool, on_gemm,
+                 inductor: bool) -> None:
+        self.gm, self.generic, self.backend = gm, generic, backend
         self.allow_cpu, self.on_gemm, self.inductor = allow_cpu, on_gemm, inductor
         self.compiled: dict = {}
-        self.generic = None
-        self.fuses: bool | None = None
-        self._example = example_inputs
-
-    def _generic(self):
-        if self.generic is None:
-            if self.inductor:
-                from torch._inductor.compile_fx import compile_fx
-
-                self.generic = compile_fx(self.gm, self._example)
-            else:
-                self.generic = self.gm.forward
-        return self.generic
+        self._pending = {_signature(example_inputs): example_fused}
 
     def __call__(self, *args):
-        import torch
-
-        if self.fuses is False:
-            return self._generic()(*args)
-        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
-                    for a in args)
+        key = _signature(args)
         fn = self.compiled.get(key)
         if fn is None:
             if len(self.compiled) >= MAX_SPECIALIZATIONS:
-                return self._generic()(*args)
-            fn = self.compiled[key] = self._specialize(list(args))
+                return self.generic(*args)
+            fn = self.compiled[key] = self._specialize(key, list(args))
         return fn(*args)
 
-    def _specialize(self, args: list):
-        agm = to_aten(self.gm, args)
-        n = fuse(agm, allow_cpu=self.allow_cpu, on_gemm=self.on_gemm) if agm is not None else 0
-        if self.fuses is None:
-            self.fuses = n > 0
-        if not n:
-            return self._generic()
-        self.backend.fused += n
-        if not self.inductor:
-            return agm.forward
-        from torch._inductor.compile_fx import compile_fx
+    def _specialize(self, key: tuple, args: list):
+        agm = self._pending.pop(key, None)
+        if agm is None:
+            agm, n = _fused(self.gm, args, self.allow_cpu, self.on_gemm)
+            if not n:
+                return self.generic
+            self.backend.fused += n
+        return _compile(agm, args, self.inductor)
 
-        return compile_fx(agm, args)
+
+def _hints(example_inputs) -> list:
+    """Dynamo's example inputs with each symbolic size (``torch.SymInt``) replaced by its example
+    value, read from the symbol's hint so that no guard is added (the symbolic graph stays
+    symbolic); a size without a hint stays symbolic (:func:`to_aten` then takes no graph)."""
+    import torch
+
+    def hint(x):
+        h = getattr(getattr(x, "node", None), "hint", None)
+        return h if isinstance(h, int) else x
+
+    return [hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs]
+
+
+def _signature(args) -> tuple:
+    """What a specialization of a symbolic graph depends on: each tensor's shape, strides, dtype
+    and device, and the size inputs' values."""
+    import torch
+
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                 for a in args)
+
+
+def _fused(gm, example_inputs, allow_cpu: bool, on_gemm) -> tuple[Any, int]:
+    """``gm``'s ATen form with its matches fused (:func:`to_aten`, :func:`fuse`) and their count;
+    (None, 0) when nothing fused."""
+    agm = to_aten(gm, example_inputs)
+    n = fuse(agm, allow_cpu=allow_cpu, on_gemm=on_gemm) if agm is not None else 0
+    return (agm if n else None), n
+
+
+def _compile(gm, example_inputs, inductor: bool):
+    """``gm`` compiled by Inductor, or as it is (``inductor=False``)."""
+    if not inductor:
+        return gm.forward
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
 
 
 def _needs_grad(gm, example_inputs) -> bool:
@@ -622,21 +647,17 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
     without matches goes to Inductor unchanged."""
 
     def backend(gm, example_inputs):
-        target = gm
-        if not _needs_grad(gm, example_inputs) and _has_symbolic_shapes(gm, example_inputs):
-            return _Specializing(gm, example_inputs, backend, allow_cpu, on_gemm, inductor)
-        if not _needs_grad(gm, example_inputs):
-            agm = to_aten(gm, example_inputs)
-            if agm is not None:
-                n = fuse(agm, allow_cpu=allow_cpu, on_gemm=on_gemm)
-                backend.fused += n
-                if n:
-                    target = agm
-        if not inductor:
-            return target.forward
-        from torch._inductor.compile_fx import compile_fx
-
-        return compile_fx(target, example_inputs)
+        if _needs_grad(gm, example_inputs):
+            return _compile(gm, example_inputs, inductor)
+        concrete = _hints(example_inputs)
+        agm, n = _fused(gm, concrete, allow_cpu, on_gemm)
+        backend.fused += n
+        if not n:
+            return _compile(gm, example_inputs, inductor)
+        if _has_symbolic_shapes(gm, example_inputs):  # NOTE [Symbolic shapes]
+            return _Specializing(gm, _compile(gm, example_inputs, inductor), concrete, agm, backend,
+                                 allow_cpu, on_gemm, inductor)
+        return _compile(agm, example_inputs, inductor)
 
     backend.fused = 0
     return backend
