@@ -84,6 +84,55 @@ def profile_top(fn, calls: int, top: int = 15) -> list[dict]:
     return rows
 
 
+def per_call_us(fn, n: int = 20000) -> float:
+    """Mean host microseconds of ``fn()`` over ``n`` calls (no GPU wait: for host-only steps)."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def breakdown(g, A, B, kw: dict) -> dict:
+    """Host us of each step of a call on the fast path, timed alone (``--breakdown``): the tensor
+    probes, the dispatch lookups, the framework's allocation, the stream query, packing and the
+    C++ launch. Steps that launch (the allocation, evtc_launch) run on a busy GPU."""
+    import torch
+
+    from evtc import gemm as gemm_mod
+    from evtc.runtime import launch as L
+    from evtc.runtime import tensors as T
+
+    key, ptrs = L.probe_call(g._prober, A, B, kw, None)
+    launcher = g._dispatch[key]
+    sig = launcher._signatures[key]
+    buf, addr = launcher._buffer()
+    d_shape, d_stride = tuple(sig.allocs[0].shape), tuple(sig.allocs[0].strides)
+    steps = {
+        "python call with these kwargs (no-op)": lambda: (lambda A, B, **k: None)(A, B, **kw),
+        "torch.compiler.is_compiling()": gemm_mod._torch_compiling,
+        "probe one tensor (_torch_probe)": lambda: T._torch_probe(A),
+        "probe_call (every tensor)": lambda: L.probe_call(g._prober, A, B, kw, None),
+        "hash of the call key": lambda: hash(key),
+        "dispatch + signature lookups": lambda: (g._dispatch.get(key), launcher._signatures.get(key)),
+        "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "torch.empty_strided (D)": lambda: torch.empty_strided(d_shape, d_stride, dtype=A.dtype, device=A.device),
+        "pack the call struct": lambda: launcher._pack(buf, 0, sig.handle, 0, sig.workspace, 0, *ptrs,
+                                                       *[kw[n] for n in g._prober.scalar_names]),
+        "evtc_launch (C++)": lambda: launcher._launch(addr),
+        "whole call": lambda: g(A, B, **kw),
+        "torch.mm": lambda: torch.mm(A, B.t()),
+    }
+    out = {}
+    for name, fn in steps.items():
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(200_000_000)
+        out[name] = per_call_us(fn, 2000 if "launch" in name or "call" in name or "mm" in name
+                                or "empty" in name else 20000)
+        torch.cuda.synchronize()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="256x256x256", help="MxNxK")
@@ -91,6 +140,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--iters", type=int, default=30, help="device-time samples")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-fast", action="store_true", help="don't build the torch fast path first")
+    ap.add_argument("--breakdown", action="store_true", help="host us of each step of the fast path, timed alone")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -101,7 +152,14 @@ def main() -> None:
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     M, N, K = (int(x) for x in args.shape.split("x"))
+    from evtc.runtime import torch_fast
+
+    if not args.no_fast:
+        torch_fast.build()  # NOTE [The torch fast path]: built once per machine, here before timing
     table = gemms()
+    python_only = gemms()  # the same kernels on the Python launch path alone
+    for g in python_only.values():
+        g._fast_off = True
     # only the member each epilogue runs on at this shape (benchmarks/prebuild.py's host group)
     from evtc.compiler import build_many
 
@@ -119,8 +177,10 @@ def main() -> None:
         col = {n.name for n in g.graph.inputs if isinstance(n, ColBroadcast)}
         eager_kw = {k: (v.unsqueeze(-1) if k in col else v) for k, v in kw.items()}
         acc_name = g.graph.accumulator.name if g.graph.accumulator is not None else "acc"
+        gp = python_only[name]
         cases = {
             "evtc": lambda: g(A, B, **kw),
+            "evtc_python": lambda: gp(A, B, **kw),
             "evtc_out": lambda: g(A, B, out=given, **kw),
             "mm": lambda: torch.mm(A, Bt),
             "eager": lambda: fn(**{acc_name: torch.mm(A, Bt)}, **eager_kw),
@@ -128,6 +188,8 @@ def main() -> None:
         if name == "bias_relu":
             bias = kw["bias"].to(torch.bfloat16)
             cases["addmm_act"] = lambda: torch._addmm_activation(bias, A, Bt, use_gelu=False)
+        g(A, B, **kw)  # registers the key with the fast path
+        gp(A, B, out=given, **kw)
         g(A, B, out=given, **kw)  # prepare; the launcher's buffer now holds this call's arguments
         launcher = g._launcher or next(iter(g._dispatch.values()))  # a family: the member this shape runs on
         cases["evtc_launch"] = lambda: launcher._launch(launcher._tls.addr)
@@ -141,9 +203,15 @@ def main() -> None:
         if args.profile:
             profiles[name] = profile_top(lambda: g(A, B, **kw), 2000)
             profiles[name + " out="] = profile_top(lambda: g(A, B, out=given, **kw), 2000)
+        if args.breakdown:
+            steps = profiles.setdefault("breakdown", {})[name] = breakdown(g, A, B, kw)
+            for step, us in steps.items():
+                print(f"  {name}: {step:40s} {us:7.2f} us", flush=True)
         lib = launcher.library
         print(f"{name}: {lib.prepares} prepares, {len(launcher._signatures)} signatures, dispatch "
               f"{[k.spec.name for k in g._kernels.values() if k.library is lib]}", flush=True)
+        print(f"{name}: fast path {torch_fast.status()}, {len(g._fast) if g._fast is not None else 0} keys; "
+              f"evtc (Python path alone) {host['evtc_python']:.1f} us", flush=True)
         print(f"{name}: evtc {host['evtc']:.1f} us, out= {host['evtc_out']:.1f} us, evtc_launch {host['evtc_launch']:.1f} us, "
               f"torch.mm {host['mm']:.1f} us, eager {host['eager']:.1f} us (host time per call)", flush=True)
     print(f"\nhost time per call at {args.shape} bf16 on {common.device_name()}")
@@ -152,7 +220,7 @@ def main() -> None:
     for n, lim in goals.items():
         r = ratios[n]["evtc_over_mm"]
         print(f"goal {n}: evtc / torch.mm = {r:.2f} (goal <= {lim}): {'met' if r <= lim else 'NOT met'}")
-    common.write_json(args.json, {"device": common.device_name(), "shape": args.shape, "calls": args.calls,
+    common.write_json(args.json, {"device": common.device_name(), "fast_path": torch_fast.status(), "shape": args.shape, "calls": args.calls,
                                   "repeats": args.repeats, "rows": rows, "ratios": ratios, "goals": goals,
                                   "profiles": profiles})
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 import struct
 
 from evtc.ir.graph import Graph
@@ -170,3 +171,22 @@ class CallLayout:
         fmt, size = struct_format(members)
         return cls(tuple(f.name for f in per_call if f.what == "ptr"),
                    tuple(f.name for f in per_call if f.what == "value"), struct.Struct(fmt), size)
+
+    def offsets(self) -> dict[str, int]:
+        """Byte offset of every field of ``evtc_call_t`` (the header's, then pointers' and
+        scalars'), read back from :attr:`packer`'s format (for code that packs the struct
+        itself: evtc/runtime/torch_fast.cpp)."""
+        names = [n for n, _ in CALL_HEADER] + list(self.pointers) + list(self.scalars)
+        out, at, i = {}, 0, 0
+        for code in re.findall(r"(\d*)([a-zA-Z])", self.packer.format.lstrip("<")):
+            count, kind = int(code[0] or 1), code[1]
+            if kind == "x":
+                at += count
+                continue
+            for _ in range(count):
+                out[names[i]] = at
+                at += struct.calcsize("<" + kind)
+                i += 1
+        if i != len(names) or at > self.size:
+            raise ValueError(f"call layout {self.packer.format} does not hold {names}")
+        return out

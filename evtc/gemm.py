@@ -149,13 +149,19 @@ class Kernel:
         return art
 
 
+_is_compiling = None  # torch.compiler.is_compiling, once torch is imported
+
+
 def _torch_compiling() -> bool:
     """Whether torch.compile (Dynamo) is tracing this call (torch only if already imported)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+    global _is_compiling
+    if _is_compiling is None:
+        torch = sys.modules.get("torch")
+        compiler = getattr(torch, "compiler", None) if torch is not None else None
+        if compiler is None or not hasattr(compiler, "is_compiling"):
+            return False
+        _is_compiling = compiler.is_compiling
+    return bool(_is_compiling())
 
 
 def _no_torch_op(gemm: "Gemm") -> str:
@@ -297,6 +303,9 @@ class Gemm:
         self._launchers: dict[tuple, Launcher] = {}
         self._dispatch: dict[tuple, Launcher] = {}
         self._single: Launcher | None = None  # a pinned family's launcher, once built
+        self._fast = None  # NOTE [The torch fast path] (evtc/runtime/torch_fast.py)
+        self._fast_call = None  # its call(A, B, kwargs) -> outputs or None
+        self._fast_off = False
         self._prober = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, arch)), arch=arch)
         self._tuned = None
         self._traits: EpilogueTraits | None = None
@@ -576,41 +585,83 @@ class Gemm:
             ArgumentError: a missing, extra or malformed argument (named).
             LaunchError: CUDA reported an error.
         """
-        if out is None and stream is None and _torch_compiling():
-            # inside torch.compile: the call is a custom op in the graph (evtc/torch_ops.py)
-            op = self._torch_op
-            if op is None:  # NOTE [The torch op is made outside torch.compile]
-                raise RuntimeError(_no_torch_op(self))
-            return op(A, B, **kwargs)
+        if out is None and stream is None:
+            if _torch_compiling():
+                # inside torch.compile: the call is a custom op in the graph (evtc/torch_ops.py)
+                op = self._torch_op
+                if op is None:  # NOTE [The torch op is made outside torch.compile]
+                    raise RuntimeError(_no_torch_op(self))
+                return op(A, B, **kwargs)
+            fast = self._fast_call
+            if fast is not None:  # NOTE [The torch fast path] (run() below, inlined)
+                r = fast(A, B, kwargs)
+                if r is not None:
+                    return r
         return self.run(A, B, kwargs, out, stream)
 
     def run(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         """:meth:`__call__` with the epilogue's arguments as a dict, never through the torch op
         (what :class:`evtc.Conv`'s 1x1 route calls, with :class:`~evtc.runtime.tensors.TensorView`
         operands)."""
+        fast = self._fast_call
+        if fast is not None and out is None and stream is None:
+            # torch tensors on a key the Python path below checked and prepared before
+            r = fast(A, B, kwargs)
+            if r is not None:
+                return r
         single = self._single
-        if single is not None:
-            return single(A, B, kwargs, out, stream)
-        if "pinned" in self.family:
+        if single is None and "pinned" in self.family:
             single = self._single = self.launcher(self.family["pinned"])
-            return single(A, B, kwargs, out, stream)
-        key, ptrs = probe_call(self._prober, A, B, kwargs, out)
-        launcher = self._dispatch.get(key) if key is not None else None
-        if launcher is None:
+        if single is not None:
+            launcher = single
+            key, ptrs = single._probe(A, B, kwargs, out)
+            result = single.run(key, ptrs, A, B, kwargs, out, stream)
+        else:
+            key, ptrs = probe_call(self._prober, A, B, kwargs, out)
+            launcher = self._dispatch.get(key) if key is not None else None
+            if launcher is None:
+                try:
+                    launcher = self._select(A, B, kwargs, out)
+                except ArgumentError:
+                    # a malformed call: the full checks of the primary kernel's binder say what is wrong
+                    self._prober.signature(A, B, kwargs, out)
+                    raise
+                if key is not None:
+                    self._dispatch[key] = launcher
             try:
-                launcher = self._select(A, B, kwargs, out)
-            except ArgumentError:
-                # a malformed call: the full checks of the primary kernel's binder say what is wrong
-                self._prober.signature(A, B, kwargs, out)
-                raise
-            if key is not None:
-                self._dispatch[key] = launcher
-        try:
-            return launcher.run(key, ptrs, A, B, kwargs, out, stream)
-        except MisalignedError:
-            # a base address TMA can't use, with strides it can: this call (only) goes to the member
-            # chosen from its real alignment
-            return self._select(A, B, kwargs, out)(A, B, kwargs, out, stream)
+                result = launcher.run(key, ptrs, A, B, kwargs, out, stream)
+            except MisalignedError:
+                # a base address TMA can't use, with strides it can: this call (only) goes to the member
+                # chosen from its real alignment
+                return self._select(A, B, kwargs, out)(A, B, kwargs, out, stream)
+        if out is None and stream is None and key is not None and not self._fast_off:
+            self._register_fast(launcher, key, A, B, kwargs)
+        return result
+
+    def _register_fast(self, launcher: Launcher, key: tuple, A: Any, B: Any, kwargs: Mapping[str, Any]) -> None:
+        """Hand a call the Python path just checked and launched to the torch fast path (torch
+        tensors only; builds the extension in the background on first use)."""
+        torch = sys.modules.get("torch")
+        if torch is None or type(A) not in (torch.Tensor, torch.nn.Parameter) or type(kwargs) is not dict:
+            return
+        fast = self._fast
+        if fast is None:
+            from evtc.runtime import torch_fast
+
+            mod = torch_fast.module()
+            if mod is None:
+                if torch_fast.mode() == "0" or torch_fast.status().startswith("failed"):
+                    self._fast_off = True
+                return
+            try:
+                fast = self._fast = torch_fast.FastPath(mod, self._prober, launcher.layout)
+                self._fast_call = fast.bound
+            except Exception:  # a layout the extension can't pack: the Python path serves every call
+                self._fast_off = True
+                return
+        sig = launcher._signatures.get(key)
+        if sig is not None:
+            fast.add(launcher, sig, A, B, kwargs, launcher.launch_address)
 
     def torch_op(self):
         """This Gemm as a PyTorch custom op (:class:`evtc.torch_ops.TorchOp`): the same call

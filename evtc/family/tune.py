@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from filelock import FileLock
-
 from evtc.family.spec import KernelSpec, Problem
 
 __all__ = ["TuneStore", "candidates", "shape_bucket", "tune"]
@@ -80,6 +78,8 @@ class TuneStore:
 
     def put(self, bucket: str, device: str, record: dict) -> None:
         """Store ``record`` (``member``, ``runtime``, the timings) for ``bucket`` on ``device``."""
+        from filelock import FileLock  # here, not at import: a call's first choice only reads (about 90 ms)
+
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with FileLock(str(self.path) + ".lock", timeout=60):
             try:
