@@ -93,6 +93,7 @@ def main() -> None:
     from evtc.torch_backend import make_backend
 
     torch._dynamo.config.cache_size_limit = 64
+    print(f"torch fast path: {common.fast_path()}", flush=True)
     modes = args.modes.split(",")
     sizes = [int(t) for t in args.tokens.split(",")]
     model = block()
