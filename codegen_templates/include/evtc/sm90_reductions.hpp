@@ -25,12 +25,20 @@ namespace evtc {
 // independent accumulators each (Unroll loads in flight per lane), and the lanes of a row meet
 // by warp shuffles. Rows the residue marks out of the problem are neither stored (as in the base)
 // nor read (the base reads and drops them). Loads are volatile (L2, as the base's workspace
-// stores), after a __threadfence() that orders them after the counter the last CTA observed.
+// stores), after an acquire fence (fence.acq_rel.gpu, lighter than __threadfence()'s fence.sc)
+// that orders them after the counter the last CTA observed (the base has none; its writers
+// __threadfence() before bumping the counter).
 // Max and min give exactly the base's results; sums associate differently from the base (a
 // fixed order, so still deterministic).
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
+
+// The reader's side of the workspace handshake: thread 0's atomicAdd saw every other tile's
+// count, and the CTA barrier after it orders this thread after that atomic.
+CUTLASS_DEVICE void acquire_fence() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
 
 // Reduces, for each of the Rows rows of a tile with valid(row), the partials
 // row_buf(row, l)(i) for l < batches and i < count with ReduceFn and calls store(row, result).
@@ -155,7 +163,7 @@ struct Sm90ColReductionParallel
       constexpr int Rows = decltype(size<0>(gBuf_nl))::value;
 
       // Order the workspace reads after the tile counter this CTA found complete.
-      __threadfence();
+      detail::acquire_fence();
 
       cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
       auto valid = [&](int m) { return elem_less(cCol(m, _0{}), residue_cCol); };
@@ -236,7 +244,7 @@ struct Sm90RowReductionParallel
       constexpr int Cols = decltype(size<1>(gBuf_ml))::value;
 
       // Order the workspace reads after the tile counter this CTA found complete.
-      __threadfence();
+      detail::acquire_fence();
 
       cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
       auto valid = [&](int n) { return elem_less(cRow(_0{}, n), residue_cRow); };
