@@ -3,6 +3,7 @@ on the GPU machine: its 16 cores build in about the time one build takes here).
 
     python benchmarks/prebuild.py tests random explore bias_relu planner:many_aux plan_vs_stock:differing runtime host
     python benchmarks/prebuild.py conv conv:explore
+    python benchmarks/prebuild.py reductions     # the row/column-reduction kernels of tests and benchmarks
 
 A group takes an argument after a colon: ``planner:NAME`` builds only that epilogue's kernels
 of bench_planner.py (its ``--only NAME``), ``plan_vs_stock:differing`` only the epilogues whose
@@ -159,6 +160,20 @@ def shapes_gemms():
     return bench_shapes.prebuild_gemms()
 
 
+def reductions_gemms():
+    """The kernels with a row or column reduction that the GPU tests and the benchmarks run:
+    tests/gpu/test_family_gpu.py's members of row_stats (row max and sum) and dgelu_bgrad (a column
+    sum), every variant, and bench_shapes.py's rowmax family with its unaligned members (which
+    explore_members.py pins too)."""
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import bench_shapes
+    import test_family_gpu as T
+
+    out = [T.make(n, v) for n in ("row_stats", "dgelu_bgrad") for v in T.VARIANTS if (n, v) not in T.REFUSED]
+    return out + [g for g in bench_shapes.prebuild_gemms() if g.name == "rowmax"]
+
+
 def conv_gemms(which=None):
     """The conv kernels: tests/gpu/test_conv_gpu.py's matrix (``conv:tests``), its sm90 fprop family
     tests' (the 1x1 GEMM route and a non-default member: ``conv:family``), bench_conv.py's
@@ -191,7 +206,7 @@ def torch_gemms():
 GROUPS = {"torch": torch_gemms, "family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms,
           "random": random_gemms, "random80": random80_gemms,
-          "explore": explore_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
+          "explore": explore_gemms, "reductions": reductions_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
 
 

@@ -178,6 +178,7 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
     goes after its ``arch``)."""
     em = TreeEmitter(node_table(plan))
     root = em.declare(plan.tree.root)
+    roles = {v.role for v in plan.tree.visitors()}
     fusion_args = em.arguments(plan.tree.root, 3)
     fusion_root, fusion_note = _share_wrapper(plan, root)
     cfg = plan.config
@@ -222,4 +223,6 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
         abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
         buffer_probes=buffer_probes(plan),
+        # evtc/sm90_reductions.hpp, only where used (the other kernels' cache keys don't hash it)
+        tile_reduction=bool(roles & {Role.ROW_REDUCTION, Role.COL_REDUCTION}),
     )

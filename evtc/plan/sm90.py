@@ -706,9 +706,10 @@ def _search(req: PlanRequest, allow_direct: bool) -> _Search:
 
 _REDUCTION_WHY = {
     ReduceAxis.ROW: "Sm90ColReduction: warp shuffles per row, per-tile partials in a float workspace, "
-                    "reduced by the last tile of each row",
+                    "reduced by the last tile of each row with all its threads (evtc::Sm90ColReductionParallel)",
     ReduceAxis.COLUMN: "Sm90RowReduction: across warps through one stage of D's buffer, per-tile partials "
-                       "in a float workspace, reduced by the last tile of each column",
+                       "in a float workspace, reduced by the last tile of each column with all its threads "
+                       "(evtc::Sm90RowReductionParallel)",
     ReduceAxis.SCALAR: "Sm90ScalarReduction: warp shuffles, one float atomic per warp",
 }
 

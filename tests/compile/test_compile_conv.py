@@ -90,7 +90,7 @@ def test_sm90_source_uses_the_flat_epilogue(built):
     _, kernel = built["sm90"]
     src = kernel.source
     assert "using CollectiveEpilogue = evtc::Sm90ConvEpilogue<StockEpilogue>;" in src
-    assert "Sm90AuxLoad<" in src and "Sm90RowReduction<" in src
+    assert "Sm90AuxLoad<" in src and "evtc::Sm90RowReductionParallel<" in src
     assert "CollectiveEpilogue::initialize_workspace(shape, arguments.epilogue, workspace, stream" in src
 
 

@@ -56,7 +56,7 @@ def test_multi_output_tree_has_a_topological_region(built):
     it), so they chain without a topological visitor; only t's two compute users need one."""
     src = built[("multi", "evtc")].source
     assert src.count("Sm90TopologicalVisitor<") == 1
-    assert "Sm90ColReduction" in src and "Sm90RowReduction" in src and "Sm90AuxStore" in src
+    assert "Sm90ColReductionParallel<" in src and "Sm90RowReductionParallel<" in src and "Sm90AuxStore" in src
 
 
 def test_evtc_plan_is_not_larger_than_stock(built):

@@ -63,8 +63,8 @@ def test_every_node_kind_has_its_visitor():
     for pattern in ["Sm90AccFetch", r"Sm90SrcFetch<ElementC>", r"Sm90ScalarBroadcast<float", r"Sm90RowBroadcast(Direct)?<(0, )?TileShape, cutlass::bfloat16_t",
                     r"Sm90ColBroadcast<0, TileShape, float", r"Sm90AuxLoad<\d, EpilogueTile, cutlass::half_t",
                     r"Sm90AuxStore<\d, EpilogueTile, cutlass::float_e4m3_t", r"evtc::Sm90Immediate<0x3f000000u>",
-                    r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"Sm90ColReduction<cutlass::maximum",
-                    r"Sm90RowReduction<cutlass::plus", r"Sm90ScalarReduction<cutlass::minimum, evtc::atomic_minimum",
+                    r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"evtc::Sm90ColReductionParallel<cutlass::maximum",
+                    r"evtc::Sm90RowReductionParallel<cutlass::plus", r"Sm90ScalarReduction<cutlass::minimum, evtc::atomic_minimum",
                     r"GELU, float"]:
         assert lines_matching(src, pattern), pattern
     # every positional initializer line of the fusion arguments names its visitor

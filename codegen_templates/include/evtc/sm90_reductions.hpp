@@ -1,0 +1,281 @@
+// evtc's sm90 row and column reductions (evtc::Sm90ColReductionParallel, evtc::Sm90RowReductionParallel):
+// CUTLASS's Sm90ColReduction / Sm90RowReduction with a parallel final reduction across tiles.
+// #included (after sm90_visitors.hpp) only by the emitted sm90 kernels with a row or column
+// reduction, so that the other kernels' build-cache keys don't depend on it.
+#pragma once
+
+#include <cutlass/epilogue/fusion/sm90_visitor_store_tma_warpspecialized.hpp>
+
+namespace evtc {
+
+// Row and column reductions with a parallel final reduction across tiles.
+//
+// CUTLASS's Sm90ColReduction (evtc's row reduction: one value per row) and Sm90RowReduction
+// (evtc's column reduction) with FinalReduction: every CTA writes its tile's partials (one float
+// per row, resp. column, of the tile) to a workspace, __threadfence()s, bumps a counter per row
+// (column) of tiles, and the CTA that bumps it last reduces the partials of all tiles (and
+// batches) in ConsumerStoreCallbacks::end(). There, the base gives each thread one row and reads
+// that row's partials one after another: one dependent L2 round trip per tile, so at decode
+// shapes (N / tile_N = 224 tiles at N = 28672) the last CTA waits ~224 serial L2 latencies.
+//
+// Sm90ColReductionParallel / Sm90RowReductionParallel are the base visitors (same template
+// arguments, Params, Arguments, workspace and the per-tile reduce()) with only end() replaced:
+// a warp takes RowsPerWarp rows at a time (lane % RowsPerWarp; consecutive rows are consecutive
+// in the workspace), the LanesPerRow lanes of a row stride over its partials with Unroll
+// independent accumulators each (Unroll loads in flight per lane), and the lanes of a row meet
+// by warp shuffles. Rows the residue marks out of the problem are neither stored (as in the base)
+// nor read (the base reads and drops them). Loads are volatile (L2, as the base's workspace
+// stores), after an acquire fence (fence.acq_rel.gpu, lighter than __threadfence()'s fence.sc)
+// that orders them after the counter the last CTA observed (the base has none; its writers
+// __threadfence() before bumping the counter).
+// Max and min give exactly the base's results; sums associate differently from the base (a
+// fixed order, so still deterministic).
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+
+// The reader's side of the workspace handshake: thread 0's atomicAdd saw every other tile's
+// count, and the CTA barrier after it orders this thread after that atomic.
+CUTLASS_DEVICE void acquire_fence() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+
+// Reduces, for each of the Rows rows of a tile with valid(row), the partials
+// row_buf(row, l)(i) for l < batches and i < count with ReduceFn and calls store(row, result).
+// row_buf(row, l) is a rank-1 tensor (one batch's partials of the row: no index division in the
+// loop). All NumThreads threads (whole warps, thread_idx within the epilogue's threads) call it
+// together.
+template <int NumThreads, int Rows, template <class> class ReduceFn, class Element,
+          class RowBuf, class Valid, class Store>
+CUTLASS_DEVICE void
+parallel_final_reduction(int thread_idx, int batches, int count, Element identity,
+                         RowBuf const& row_buf, Valid const& valid, Store const& store) {
+  constexpr int Lanes = 32;
+  constexpr int RowsPerWarp = 4;                    // rows one warp reduces at a time
+  constexpr int LanesPerRow = Lanes / RowsPerWarp;  // lanes splitting one row's partials
+  constexpr int Unroll = 8;                         // independent accumulators (loads in flight) per lane
+  constexpr int Warps = NumThreads / Lanes;
+  constexpr int Groups = (Rows + RowsPerWarp - 1) / RowsPerWarp;
+  static_assert(NumThreads % Lanes == 0, "the epilogue's threads are whole warps");
+  static_assert(sizeof(Element) == 4, "the partials are 32-bit (float)");
+
+  ReduceFn<Element> reduce{};
+  int const lane = thread_idx % Lanes;
+  int const warp = thread_idx / Lanes;
+  int const lane_row = lane % RowsPerWarp;
+  int const lane_part = lane / RowsPerWarp;
+
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (int g = warp; g < Groups; g += Warps) {  // warp-uniform
+    int const row = g * RowsPerWarp + lane_row;
+    bool const in_tile = row < Rows;
+    bool const do_store = in_tile && valid(row);
+    if (not __any_sync(0xFFFFFFFFu, do_store)) {  // no row of this group is in the problem
+      continue;
+    }
+
+    Element acc[Unroll];
+    CUTLASS_PRAGMA_UNROLL
+    for (int u = 0; u < Unroll; ++u) {
+      acc[u] = identity;
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int l = 0; in_tile && l < batches; ++l) {
+      auto buf = row_buf(row, l);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int i0 = lane_part; i0 < count; i0 += LanesPerRow * Unroll) {
+        Element v[Unroll];
+        CUTLASS_PRAGMA_UNROLL
+        for (int u = 0; u < Unroll; ++u) {
+          int const i = i0 + u * LanesPerRow;
+          v[u] = i < count ? *static_cast<Element const volatile*>(&buf(i)) : identity;
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int u = 0; u < Unroll; ++u) {
+          acc[u] = reduce(acc[u], v[u]);
+        }
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = Unroll / 2; s > 0; s /= 2) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int u = 0; u < s; ++u) {
+        acc[u] = reduce(acc[u], acc[u + s]);
+      }
+    }
+    Element out = acc[0];
+    CUTLASS_PRAGMA_UNROLL
+    for (int offset = Lanes / 2; offset >= RowsPerWarp; offset /= 2) {
+      out = reduce(out, __shfl_xor_sync(0xFFFFFFFFu, out, offset));
+    }
+    if (lane_part == 0 && do_store) {
+      store(row, out);
+    }
+  }
+}
+
+}  // namespace detail
+
+// evtc's row reduction: Sm90ColReduction<..., FinalReduction = true> with a parallel end().
+template <
+  template <class> class RegReduceFn,
+  template <class> class ShuffleReduceFn,
+  template <class> class GmemReduceFn,
+  int Stages,
+  class CtaTileShapeMNK,
+  class ElementOutput,
+  class ElementCompute,
+  cutlass::FloatRoundStyle RoundStyle,
+  class StrideMNL = cute::Stride<cute::_1, cute::_0, cute::_0>,
+  int Alignment = 128 / cutlass::sizeof_bits_v<ElementOutput>,
+  bool EnableNullptr = true,
+  bool VisitCheckOOB = true
+>
+struct Sm90ColReductionParallel
+    : cutlass::epilogue::fusion::Sm90ColReduction<
+        RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB> {
+  using Base = cutlass::epilogue::fusion::Sm90ColReduction<
+      RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+      RoundStyle, StrideMNL, Alignment, EnableNullptr, true, VisitCheckOOB>;
+  using Base::Base;
+  static_assert(not cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value,
+                "the parallel final reduction replaces the workspace reduction, not the atomic one");
+
+  template <class ArgsTuple>
+  struct ConsumerStoreCallbacks : Base::template ConsumerStoreCallbacks<ArgsTuple> {
+    using Callbacks = typename Base::template ConsumerStoreCallbacks<ArgsTuple>;
+    using Callbacks::Callbacks;
+
+    CUTLASS_DEVICE void
+    end() {
+      using namespace cute;
+      if (not this->do_final_reduction) {
+        return;
+      }
+      // args_tuple: Sm90ColReduction::get_consumer_store_callbacks
+      auto&& gCol_l = get<3>(this->args_tuple);         // (CTA_M,CTA_N,L)
+      auto&& cCol = get<4>(this->args_tuple);
+      auto&& gBuf_nl = get<5>(this->args_tuple);        // (CTA_M,CTA_N,REST_N,L)
+      auto&& residue_cCol = get<12>(this->args_tuple);
+      int thread_idx = get<16>(this->args_tuple);
+      constexpr int NumThreads = decltype(size(get<15>(this->args_tuple)))::value;  // the tiled copy's threads
+      constexpr int Rows = decltype(size<0>(gBuf_nl))::value;
+
+      // Order the workspace reads after the tile counter this CTA found complete.
+      detail::acquire_fence();
+
+      cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
+      auto valid = [&](int m) { return elem_less(cCol(m, _0{}), residue_cCol); };
+
+      // Reduction over batches
+      if (size<2>(stride(gCol_l)) == 0) {
+        detail::parallel_final_reduction<NumThreads, Rows, GmemReduceFn>(
+            thread_idx, int(size<3>(gBuf_nl)), int(size<2>(gBuf_nl)), this->params.reduction_identity,
+            [&](int m, int l) { return gBuf_nl(m, _0{}, _, l); }, valid,
+            [&](int m, ElementCompute out) { gCol_l(m, _0{}, _0{}) = convert_output(out); });
+      }
+      // No reduction over batches
+      else {
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int l = 0; l < size<3>(gBuf_nl); ++l) {
+          detail::parallel_final_reduction<NumThreads, Rows, GmemReduceFn>(
+              thread_idx, 1, int(size<2>(gBuf_nl)), this->params.reduction_identity,
+              [&](int m, int) { return gBuf_nl(m, _0{}, _, l); }, valid,
+              [&](int m, ElementCompute out) { gCol_l(m, _0{}, l) = convert_output(out); });
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto base = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
+    using ArgsTuple = decltype(base.args_tuple);
+    return ConsumerStoreCallbacks<ArgsTuple>(cute::move(base.args_tuple), this->params);
+  }
+};
+
+// evtc's column reduction: Sm90RowReduction<..., FinalReduction = true> with a parallel end().
+template <
+  template <class> class RegReduceFn,
+  template <class> class ShuffleReduceFn,
+  template <class> class GmemReduceFn,
+  int Stages,
+  class CtaTileShapeMNK,
+  class ElementOutput,
+  class ElementCompute,
+  cutlass::FloatRoundStyle RoundStyle,
+  class StrideMNL = cute::Stride<cute::_0, cute::_1, cute::_0>,
+  int Alignment = 128 / cutlass::sizeof_bits_v<ElementOutput>,
+  bool EnableNullptr = true,
+  bool VisitCheckOOB = true
+>
+struct Sm90RowReductionParallel
+    : cutlass::epilogue::fusion::Sm90RowReduction<
+        RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB> {
+  using Base = cutlass::epilogue::fusion::Sm90RowReduction<
+      RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+      RoundStyle, StrideMNL, Alignment, EnableNullptr, true, VisitCheckOOB>;
+  using Base::Base;
+  static_assert(not cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value,
+                "the parallel final reduction replaces the workspace reduction, not the atomic one");
+
+  template <class ArgsTuple>
+  struct ConsumerStoreCallbacks : Base::template ConsumerStoreCallbacks<ArgsTuple> {
+    using Callbacks = typename Base::template ConsumerStoreCallbacks<ArgsTuple>;
+    using Callbacks::Callbacks;
+
+    CUTLASS_DEVICE void
+    end() {
+      using namespace cute;
+      if (not this->do_final_reduction) {
+        return;
+      }
+      // args_tuple: Sm90RowReduction::get_consumer_store_callbacks
+      auto&& gRow_l = get<3>(this->args_tuple);         // (CTA_M,CTA_N,L)
+      auto&& cRow = get<4>(this->args_tuple);
+      auto&& gBuf_ml = get<5>(this->args_tuple);        // (CTA_M,CTA_N,REST_M,L)
+      auto&& residue_cRow = get<12>(this->args_tuple);
+      int thread_idx = get<16>(this->args_tuple);
+      constexpr int NumThreads = decltype(size(get<15>(this->args_tuple)))::value;  // the tiled copy's threads
+      constexpr int Cols = decltype(size<1>(gBuf_ml))::value;
+
+      // Order the workspace reads after the tile counter this CTA found complete.
+      detail::acquire_fence();
+
+      cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
+      auto valid = [&](int n) { return elem_less(cRow(_0{}, n), residue_cRow); };
+
+      // Reduction over batches
+      if (size<2>(stride(gRow_l)) == 0) {
+        detail::parallel_final_reduction<NumThreads, Cols, GmemReduceFn>(
+            thread_idx, int(size<3>(gBuf_ml)), int(size<2>(gBuf_ml)), this->params.reduction_identity,
+            [&](int n, int l) { return gBuf_ml(_0{}, n, _, l); }, valid,
+            [&](int n, ElementCompute out) { gRow_l(_0{}, n, _0{}) = convert_output(out); });
+      }
+      // No reduction over batches
+      else {
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int l = 0; l < size<3>(gBuf_ml); ++l) {
+          detail::parallel_final_reduction<NumThreads, Cols, GmemReduceFn>(
+              thread_idx, 1, int(size<2>(gBuf_ml)), this->params.reduction_identity,
+              [&](int n, int) { return gBuf_ml(_0{}, n, _, l); }, valid,
+              [&](int n, ElementCompute out) { gRow_l(_0{}, n, l) = convert_output(out); });
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto base = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
+    using ArgsTuple = decltype(base.args_tuple);
+    return ConsumerStoreCallbacks<ArgsTuple>(cute::move(base.args_tuple), this->params);
+  }
+};
+
+}  // namespace evtc
