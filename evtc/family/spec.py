@@ -239,7 +239,11 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     benchmarks/explore_members.py, time / cuBLAS's plain GEMM in CUDA graphs):
     * a row or column reduction under swap-AB becomes the other kind over the long N: the row max
       took 2.57 / 2.83 / 1.95x cuBLAS on swap at 1x4096x4096 / 32x28672x4096 / 64x8192x8192
-      against 2.21 / 1.93 / 1.38x on ``small``: epilogues with reductions don't take swap-AB;
+      against 2.21 / 1.93 / 1.38x on ``small``: epilogues with reductions didn't take swap-AB.
+      With the parallel final reduction (evtc::Sm90ColReductionParallel /
+      Sm90RowReductionParallel, codegen_templates/include/evtc/sm90_reductions.hpp; 2026-11-25)
+      the row max took 1.69 / 1.67 / 1.16 / 1.18 / 1.32x on swap at M = 1 / 16 / 32 / 64 / 128
+      against 2.21 / 2.40 / 1.13 / 1.17 / 1.22x on ``small``: swap-AB for M <= 16 only;
     * at 16384x4096x1024 (21 waves of ping-pong tiles) the row max took 1.85x on ``pingpong``
       and 1.46x on ``large``, the aux-heavy epilogue (an aux store and two aux loads) 2.16x
       against 1.77x (bias_relu: 0.92x on ping-pong): heavy epilogues (reductions, aux stores)
@@ -269,7 +273,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         return all(n in family for n in names)
 
     large = family["large"]
-    if p.M <= 64 and p.N >= 256 and has("swap") and not traits.reductions:
+    if p.M <= 64 and p.N >= 256 and has("swap") and (not traits.reductions or p.M <= 16):
         return family["swap"]
     if p.M <= 64 and p.N >= 256 and has("small"):
         return family["small"]

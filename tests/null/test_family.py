@@ -200,7 +200,7 @@ def test_every_reference_epilogue_plans_every_family_member():
 
 
 def test_epilogue_aware_choices():
-    """NOTE [Epilogue-aware choices]: reductions avoid swap-AB and ping-pong (and take the
+    """NOTE [Epilogue-aware choices]: reductions avoid swap-AB above M = 16 and ping-pong (and take the
     ping-pong unaligned kernel), aux stores avoid ping-pong, light epilogues keep both."""
     import epilogues as E
     from evtc.family.spec import EpilogueTraits
@@ -211,7 +211,8 @@ def test_epilogue_aware_choices():
     assert EpilogueTraits.of(light.graph) == EpilogueTraits()
     assert EpilogueTraits.of(stats.graph).reductions and EpilogueTraits.of(aux.graph).aux_stores
     assert not EpilogueTraits.of(evtc.Gemm(E.REFERENCE["fp8_out"], a=evtc.e4m3, b=evtc.e4m3).graph).reductions  # amax: a scalar
-    assert light.choose(16, 4096, 4096).name == "swap" and stats.choose(16, 4096, 4096).name == "small"
+    assert light.choose(16, 4096, 4096).name == "swap" and stats.choose(16, 4096, 4096).name == "swap"
+    assert light.choose(32, 28672, 4096).name == "swap" and stats.choose(32, 28672, 4096).name == "small"
     assert light.choose(16384, 4096, 1024).name == "pingpong"
     assert stats.choose(16384, 4096, 1024).name == "large" and aux.choose(16384, 4096, 1024).name == "large"
     assert light.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
