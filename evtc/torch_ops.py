@@ -109,8 +109,6 @@ class TorchOp:
         return getattr(getattr(torch.ops, ns), name).default
 
     def _fake_outputs(self, A, B):
-        import torch
-
         from evtc.runtime.staging import padded_strides
 
         batched = A.dim() == 3 or B.dim() == 3

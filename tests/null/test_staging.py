@@ -244,10 +244,23 @@ def test_other_frameworks_keep_the_unaligned_kernel(monkeypatch):
     assert h.launched("unaligned") and not h.copies
 
 
+def test_evtc_views_keep_the_unaligned_kernel(monkeypatch):
+    """A Conv's 1x1 route passes TensorViews: nothing to copy them with."""
+    h = Harness(monkeypatch, mode="always")
+    A, B, kw = aux_args(4096, 50257)
+    kw["C"] = tensors.view(kw["C"], "C")
+    h.g(A, B, **kw)
+    assert h.launched("unaligned") and not h.copies
+
+
 def test_pinned_gemms_never_stage(monkeypatch):
     monkeypatch.setenv(staging.ENV, "always")
     g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16, config=evtc.GemmConfig(unaligned=True))
-    A, B = Fake((256, 64)), Fake((255, 64))
-    p = g._problem_of(A, B, {"C": Fake((256, 255)), "alpha": 1.0, "bias": Fake((255,), "<f4")}, None)
-    assert not p["aligned_mn"]
-    assert "pinned" in g.family  # _select's guard: a pinned Gemm runs its one kernel
+    graph = g.graph
+    lib = FakeLibrary(abi_fields(graph, "sm90"))
+    binder = Binder(graph, g.a, g.b, ctypes_struct(abi_fields(graph, "sm90")), arch="sm90", mn_tma=False)
+    monkeypatch.setattr(g, "launcher", lambda spec: Launcher(binder, lib, g.name))
+    monkeypatch.setattr(staging, "_copy", lambda *a: pytest.fail("a pinned Gemm staged a copy"))
+    A, B = Fake((4096, 64)), Fake((50257, 64))
+    g(A, B, out=Fake((4096, 50257)), C=Fake((4096, 50257)), alpha=1.0, bias=Fake((50257,), "<f4"))
+    assert lib.calls and not any(isinstance(x, staging.StagedLauncher) for x in g._launchers.values())
