@@ -117,6 +117,27 @@ def test_fake_outputs_have_the_padded_strides_evtc_allocates():
         assert {a.name: a.strides for a in sig.allocs}["D"] == tuple(D.stride())
 
 
+def test_odd_n_call_under_inductor_reads_the_padded_output():
+    """N = 61 bf16: the op returns rows padded to 64 elements (the CPU kernel as evtc's
+    allocation, the fake the same); Inductor's code after the op reads them right."""
+    g = gemm()
+    op_with_cpu_kernel(g)
+
+    def f(A, B, C, bias):
+        return g(A, B, C=C, bias=bias, alpha=0.5, beta=1.5) * 2 + 1
+
+    gen = torch.Generator().manual_seed(3)
+    A = torch.randn(40, 32, generator=gen).bfloat16()
+    B = torch.randn(61, 32, generator=gen).bfloat16()
+    C = torch.randn(40, 61, generator=gen).bfloat16()
+    bias = torch.randn(61, generator=gen)
+    torch._dynamo.reset()
+    y = torch.compile(f, fullgraph=True)(A, B, C, bias)
+    d = torch.relu(0.5 * (A.double() @ B.double().T) + 1.5 * C.double() + bias.double()).bfloat16()
+    assert y.shape == (40, 61)
+    torch.testing.assert_close(y, d * 2 + 1, rtol=2 ** -7, atol=0)
+
+
 def test_a_gemm_call_compiles_with_fullgraph_into_one_op():
     g = gemm()
     op = op_with_cpu_kernel(g)
