@@ -43,6 +43,13 @@ neighbour N = 50264; bench_shapes.py passes packed ``out=`` tensors):
   about what the unaligned store does: rowmax keeps its 1.14x); small problems keep the
   unaligned kernel (the copies' fixed costs dominate).
 
+The decision is cached per call signature (the probe key of :mod:`evtc.runtime.launch`), switch
+setting and base-address alignment: a call the route leaves on the unaligned kernel costs about
+3 us more host time than before (10.4 against 7.6 us, CPU fakes); a staged call adds the copies'
+launches and one more pass through the dispatch (83 against 7.8 us per call with fakes, the
+fakes' own allocations included), small against the
+milliseconds of the problems it is chosen for.
+
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
 kernels). The route needs torch or cupy tensors (to allocate and copy), an sm90 family Gemm
@@ -203,6 +210,9 @@ class StagedLauncher:
         self.loads = {n.name: n.dtype for n in g.used_inputs if isinstance(n, (Source, AuxLoad))}
         self.stores = {o.name: o.dtype for o in g.outputs if isinstance(o, Store)}
         self._sigs: dict[tuple, Any] = {}
+        #: probe key -> (indices of the M x N pointers, {(switches, their low bits): Decision})
+        self._plans: dict[tuple, tuple[tuple[int, ...], dict]] = {}
+        self._fallback_launcher = None
         #: calls staged / sent to the unaligned kernel (tests, benchmarks)
         self.staged = 0
         self.unstaged = 0
@@ -213,9 +223,30 @@ class StagedLauncher:
         key, ptrs = probe_call(self.checker, A, B, kwargs, out)
         return self.run(key, ptrs, A, B, kwargs, out, stream)
 
-    def _unaligned(self, A, B, kwargs, out, stream):
+    def _unaligned(self, key, ptrs, A, B, kwargs, out, stream):
         self.unstaged += 1
-        return self.gemm.launcher(self.fallback)(A, B, kwargs, out, stream)
+        launcher = self._fallback_launcher
+        if launcher is None:
+            launcher = self._fallback_launcher = self.gemm.launcher(self.fallback)
+        return launcher.run(key, ptrs, A, B, kwargs, out, stream)
+
+    def _decision(self, key, ptrs, A, B, kwargs, out, sig) -> Decision:
+        """:meth:`plan`, cached per probe key, switch setting and base-address alignment of the
+        M x N tensors (what else it depends on, the key determines)."""
+        if key is None:
+            return self.plan(A, B, kwargs, out, sig)
+        entry = self._plans.get(key)
+        if entry is None:
+            if len(self._plans) >= 1024:
+                self._plans.clear()
+            mn = set(self.loads) | set(self.stores)
+            entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
+        idx, by = entry
+        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), tuple(ptrs[i] & (ALIGN - 1) for i in idx))
+        d = by.get(k)
+        if d is None:
+            d = by[k] = self.plan(A, B, kwargs, out, sig)
+        return d
 
     def _check(self, key, ptrs, A, B, kwargs, out):
         """The caller's call, checked as the unaligned kernel would (cached per signature; the
@@ -263,10 +294,10 @@ class StagedLauncher:
 
     def run(self, key, ptrs, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         sig = self._check(key, ptrs, A, B, kwargs, out)
-        d = self.plan(A, B, kwargs, out, sig)
+        d = self._decision(key, ptrs, A, B, kwargs, out, sig)
         ctx = _stream_context(sig.framework, stream) if d.stage else None
         if ctx is None:
-            return self._unaligned(A, B, kwargs, out, stream)
+            return self._unaligned(key, ptrs, A, B, kwargs, out, stream)
         self.staged += 1
         g = self.gemm.graph
         fw, dev = sig.framework, sig.device

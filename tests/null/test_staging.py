@@ -183,6 +183,23 @@ def test_small_problems_and_never_keep_the_unaligned_kernel(monkeypatch):
         h.g.set_unaligned_staging("maybe")
 
 
+def test_the_decision_is_cached_per_signature_switch_and_alignment(monkeypatch):
+    h = Harness(monkeypatch)
+    calls = []
+    plan = staging.StagedLauncher.plan
+    monkeypatch.setattr(staging.StagedLauncher, "plan", lambda self, *a: calls.append(1) or plan(self, *a))
+    A, B, kw = aux_args(300, 515)
+    for _ in range(3):
+        h.g(A, B, **kw)
+    assert len(calls) == 1 and len(h.launched("unaligned")) == 3
+    monkeypatch.setenv(staging.ENV, "always")  # a new switch setting: decided again
+    h.g(A, B, **kw)
+    assert len(calls) == 2 and h.launched("aligned")
+    kw["C"] = Fake((300, 515), ptr=(1 << 45) + 2)  # same signature, another base alignment
+    h.g(A, B, **kw)
+    assert len(calls) == 3
+
+
 def test_batched_inputs_are_staged_with_a_padded_batch_stride(monkeypatch):
     h = Harness(monkeypatch, mode="always")
     L, M, N, K = 3, 64, 63, 32
