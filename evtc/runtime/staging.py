@@ -39,9 +39,11 @@ neighbour N = 50264; bench_shapes.py passes packed ``out=`` tensors):
   copy's launch and allocation) per copy;
 * stage when its cost is below ``MARGIN`` (0.8) times the penalty. So a packed C or aux load
   is staged from about 4 MB on (a 4096 x 50257 C: 0.33 ms of copy against 1.4 ms of penalty,
-  expected ~1.14x the aligned time); a caller's packed output alone never is (a copy-back costs
-  about what the unaligned store does: rowmax keeps its 1.14x); small problems keep the
-  unaligned kernel (the copies' fixed costs dominate).
+  expected ~1.14x the aligned time). A caller's packed output costs about as much to copy back
+  as the unaligned kernel's store: an epilogue without M x N loads whose only misaligned tensor
+  is such an output (rowmax) keeps the unaligned kernel and its 1.14x; with M x N loads (even
+  aligned ones, which the unaligned kernel also reads one element at a time) it is staged.
+  Small problems keep the unaligned kernel (the copies' fixed costs dominate).
 
 The decision is cached per call signature (the probe key of :mod:`evtc.runtime.launch`), switch
 setting and base-address alignment: a call the route leaves on the unaligned kernel costs about

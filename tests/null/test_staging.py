@@ -225,6 +225,12 @@ def test_packed_out_tensors_are_computed_padded_and_copied_back(monkeypatch):
     assert sorted(dst for dst, _ in back) == sorted([D.ptr, F.ptr])  # into the caller's tensors
     call = h.launched("aligned")[0]
     assert all(src in call for _, src in back) and D.ptr not in call and F.ptr not in call
+    # aligned C and R with the same packed outputs: staged too (the unaligned kernel would read
+    # C and R one element at a time as well)
+    A, B, kw = aux_args(4096, 50257, packed=False)
+    h.copies.clear()
+    h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert len(h.launched("aligned")) == 2 and sorted(dst for dst, _ in h.copies) == sorted([D.ptr, F.ptr])
 
 
 def test_in_place_out_c_reads_the_staged_copy_and_copies_back(monkeypatch):
