@@ -12,7 +12,8 @@ family Gemm: the member its heuristic picks, or the tuned one with --tuned), cuB
 (default mode) of the same function; device time per call (median of back-to-back samples, CUDA
 events, evtc.bench.time_interleaved); ratios to cuBLAS, geometric means per epilogue and per
 group; the member each problem ran on. Packed (contiguous) tensors for the unaligned-N problems,
-as a user has them.
+as a user has them (``--evtc-outputs``: evtc allocates their outputs, padded); ``--staging``
+selects the padded staging route for them (evtc/runtime/staging.py).
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ def prebuild_gemms() -> list:
     return out
 
 
+def mode_name():
+    from evtc.runtime.staging import mode
+
+    return mode()
+
+
 def geomean(xs):
     xs = [x for x in xs if x == x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
@@ -88,6 +95,12 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--tune", action="store_true", help="tune each problem first (stores the winners)")
     ap.add_argument("--json")
+    ap.add_argument("--staging", choices=("auto", "always", "never"),
+                    help="the padded staging route for the unaligned-N problems (default: EVTC_UNALIGNED_STAGING, "
+                         "else auto; evtc/runtime/staging.py)")
+    ap.add_argument("--evtc-outputs", action="store_true",
+                    help="unaligned-N problems: let evtc allocate the outputs (padded rows) instead of passing "
+                         "packed out= tensors")
     args = ap.parse_args()
     import torch
 
@@ -98,6 +111,9 @@ def main() -> None:
     names = args.only.split(",") if args.only else EPILOGUES
     groups = set(args.groups.split(",")) if args.groups else None
     table = gemms()
+    if args.staging:
+        for g in table.values():
+            g.set_unaligned_staging(args.staging)
     common.build_all(prebuild_gemms(), "shapes")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -128,8 +144,12 @@ def main() -> None:
             call = {k: (v.unsqueeze(-1) if k in cols else v.unsqueeze(-2) if k in rows_ and v.dim() == 2 else v)
                     for k, v in kw.items()}
 
-            def fused():
-                return g(A, B, out=outs, **kw)
+            if packed and args.evtc_outputs:
+                def fused():
+                    return g(A, B, **kw)
+            else:
+                def fused():
+                    return g(A, B, out=outs, **kw)
 
             def cublas():
                 return torch.matmul(A, Bt, out=plain)
@@ -145,8 +165,20 @@ def main() -> None:
             t = time_interleaved(fns, args.iters, warmup_ms=100)
             te = time_interleaved({"eager": eager, "cublas": cublas}, args.iters, warmup_ms=50)
             tg = time_graphs({"evtc": fused, "cublas": cublas, "eager": eager}, args.iters)
+            route = ""
+            if spec.config.unaligned:
+                # the padded staging route (evtc/runtime/staging.py): an aligned member on padded copies
+                from evtc.runtime.staging import mode
+
+                if mode(g.unaligned_staging) != "never":
+                    d = g._staged_launcher(spec).plan(A, B, kw, None if packed and args.evtc_outputs else outs)
+                    if d.stage:
+                        route = "+staged"
+                        spec = g.choose(M, N, K, L, aligned_mn=True, sm_count=sms,
+                                        device=torch.cuda.get_device_name())
             row = {"epilogue": name, "group": group, "shape": f"{M}x{N}x{K}" + (f"x{L}" if L > 1 else ""),
-                   "member": spec.name, "config": spec.config.schedule_name,
+                   "member": spec.name + route, "staging": args.staging or mode_name(),
+                   "evtc_outputs": bool(packed and args.evtc_outputs), "config": spec.config.schedule_name,
                    "evtc_ms": t["evtc"], "cublas_ms": t["cublas"], "eager_ms": te["eager"],
                    "evtc_over_cublas": t["evtc"] / t["cublas"], "eager_over_cublas": te["eager"] / te["cublas"],
                    "graph_evtc_ms": tg["evtc"], "graph_cublas_ms": tg["cublas"], "graph_eager_ms": tg["eager"],
@@ -174,7 +206,7 @@ def main() -> None:
                 from pathlib import Path
 
                 Path(args.json).write_text(json.dumps({"device": common.device_name(), "rows": rows, "partial": True}))
-            print(f"{name:9s} {row['shape']:>18s} {spec.name:9s} evtc/cuBLAS {row['evtc_over_cublas']:.3f} "
+            print(f"{name:9s} {row['shape']:>18s} {row['member']:16s} evtc/cuBLAS {row['evtc_over_cublas']:.3f} "
                   f"(graph {row['graph_evtc_over_cublas']:.3f})  eager {row['eager_over_cublas']:.3f} "
                   f"(graph {row['graph_eager_over_cublas']:.3f})  compile {row.get('compile_over_cublas', float('nan')):.3f}",
                   flush=True)

@@ -35,7 +35,7 @@ from evtc.plan.model import Plan
 from evtc.ir.printer import print_graph
 from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, on_demand
 from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
-from evtc.runtime import tensors
+from evtc.runtime import staging, tensors
 from evtc.runtime.bind import ALIGN, Binder
 from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
 
@@ -553,7 +553,35 @@ class Gemm:
         p = self._problem_of(A, B, kwargs, out)
         device = p.pop("device")
         spec = self.choose(**p, device=tensors.device_name(device) if device >= 0 else None)
+        if (not p["aligned_mn"] and p["aligned_k"] and spec.config.unaligned and spec.arch == "sm90"
+                and "pinned" not in self.family and staging.mode(self.unaligned_staging) != "never"):
+            # NOTE [Padded staging for unaligned rows]: an aligned member on padded copies, where
+            # the cost model says so (decided per call by the StagedLauncher)
+            return self._staged_launcher(spec)
         return self.launcher(spec)
+
+    #: the padded staging route for M x N rows TMA can't address: ``auto`` (a cost model),
+    #: ``always`` or ``never``; None: ``EVTC_UNALIGNED_STAGING``, else ``auto``
+    #: (NOTE [Padded staging for unaligned rows] in :mod:`evtc.runtime.staging`). Changing it
+    #: takes effect for new call signatures; call :meth:`set_unaligned_staging` to apply it to all.
+    unaligned_staging: str | None = None
+
+    def set_unaligned_staging(self, how: str | None) -> None:
+        """Select the padded staging route (``auto``, ``always``, ``never``, or None for the
+        environment's ``EVTC_UNALIGNED_STAGING``) for every later call."""
+        if how is not None:
+            staging.mode(how)  # validate
+        self.unaligned_staging = how
+        self._dispatch.clear()
+
+    def _staged_launcher(self, fallback: KernelSpec) -> "staging.StagedLauncher":
+        key = ("staged", self._kernel_key(fallback), json.dumps(fallback.config.to_json(), sort_keys=True))
+        launcher = self._launchers.get(key)
+        if launcher is None:
+            checker = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, self.arch)),
+                             arch=self.arch, mn_tma=False)
+            launcher = self._launchers[key] = staging.StagedLauncher(self, fallback, checker)
+        return launcher  # type: ignore[return-value]
 
     @api_boundary
     def __call__(self, A: Any, B: Any, *, out: Any = None, stream: Any = None, **kwargs: Any):
@@ -573,13 +601,20 @@ class Gemm:
         Returns:
             The output ``D`` when it is the only output; otherwise a dict name -> tensor in the
             order the epilogue returned them. Reductions are (L, M) / (L, N) / (L,) (without
-            L for unbatched problems).
+            L for unbatched problems). M x N outputs evtc allocates (those not passed in ``out=``)
+            have rows padded to 16 bytes: a strided (.., M, N) view whose row stride is N rounded
+            up to a multiple of 16 bytes (N = 50257 bf16: 50264) and whose batch stride is M
+            times that; ``.contiguous()`` gives packed rows (a copy).
 
         The kernel is the family member :meth:`choose` picks for the problem (cached per call
         signature); one the cache lacks is built first. Zero sizes behave like torch (empty
         outputs for M, N or L = 0, the epilogue of a zero accumulator for K = 0), outputs may be
         exactly an M x N input (in place, ``out=C``), and the call can be captured in a CUDA
-        graph (``torch.cuda.graph``): see :mod:`evtc.runtime.bind` for every rule.
+        graph (``torch.cuda.graph``): see :mod:`evtc.runtime.bind` for every rule. M x N inputs
+        or ``out=`` tensors whose rows TMA can't address (e.g. packed rows of N = 50257 bf16) run
+        on the unaligned kernel or, where a cost model says it is faster, on an aligned one over
+        padded copies (:mod:`evtc.runtime.staging`; ``EVTC_UNALIGNED_STAGING``,
+        :meth:`set_unaligned_staging`).
 
         Raises:
             ArgumentError: a missing, extra or malformed argument (named).

@@ -15,7 +15,9 @@ this op by itself (:meth:`evtc.Gemm.__call__`); outside, :meth:`evtc.Gemm.torch_
 The op's schema: ``(Tensor A, Tensor B, Tensor <each tensor parameter>..., float <each scalar
 parameter>...) -> Tensor`` (one output) or a tuple of Tensors in the epilogue's output order.
 Scalars are Python numbers here (a device scalar is a tensor parameter). Outputs: stores (M, N)
-or (L, M, N) of the output dtype; row reductions (M,) / (L, M); column reductions (N,) / (L, N);
+or (L, M, N) of the output dtype, with rows padded to 16 bytes as evtc allocates them (a strided
+view: row stride N rounded up to 16 bytes, batch stride M times that; the fake implementation
+gives the same strides, so Inductor plans with the real layout); row reductions (M,) / (L, M); column reductions (N,) / (L, N);
 scalar reductions () / (L,) (as :meth:`evtc.Gemm.__call__` returns them).
 
 Raises (when the op is made): :class:`evtc.errors.ArgumentError` for a Gemm whose parameter
@@ -107,6 +109,8 @@ class TorchOp:
         return getattr(getattr(torch.ops, ns), name).default
 
     def _fake_outputs(self, A, B):
+        from evtc.runtime.staging import padded_strides
+
         batched = A.dim() == 3 or B.dim() == 3
         L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
         M, N = A.shape[-2], B.shape[-2]
@@ -115,7 +119,13 @@ class TorchOp:
             shape = (M, N) if kind == "store" else tuple(axis.shape(M, N))
             if batched:
                 shape = (L,) + tuple(shape)
-            outs.append(A.new_empty(shape, dtype=dtype))
+            if kind == "store":
+                # the strides the real call returns: evtc allocates M x N outputs with rows padded
+                # to 16 bytes (N = 50257 bf16: row stride 50264), a strided (.., M, N) view
+                strides = padded_strides(shape, dtype.itemsize)
+                outs.append(A.new_empty_strided(shape, strides, dtype=dtype))
+            else:
+                outs.append(A.new_empty(shape, dtype=dtype))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __call__(self, A, B, **kwargs):

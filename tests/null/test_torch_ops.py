@@ -17,6 +17,10 @@ torch = pytest.importorskip("torch")
 import epilogues as E
 
 from evtc.ir.interpret import interpret
+from evtc.ir.nodes import Store
+from evtc.runtime.staging import padded_strides
+
+from test_runtime_launch import Fake  # noqa: E402
 
 
 def gemm(name="bias_relu", **kw):
@@ -41,7 +45,10 @@ def op_with_cpu_kernel(g):
         outs = []
         for o in g.graph.outputs:
             x = torch.from_numpy(np.asarray(res[o.name])).to(getattr(torch, o.dtype.torch))
-            outs.append(x if A.dim() == 3 or B.dim() == 3 else x[0])
+            x = x if A.dim() == 3 or B.dim() == 3 else x[0]
+            if x.dim() >= 2 and isinstance(o, Store):  # evtc's padded rows, as the fake says
+                x = torch.empty_strided(x.shape, padded_strides(tuple(x.shape), o.dtype.bytes), dtype=x.dtype).copy_(x)
+            outs.append(x)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     torch.library.register_kernel(op.qualname, "cpu", cpu)
@@ -77,6 +84,58 @@ def test_fake_outputs_have_the_call_s_shapes_and_dtypes():
                 "D": (lead + (300, 200), torch.bfloat16, "cuda"),
                 "row_max": (lead + (300,), torch.float32, "cuda"),
                 "row_sum": (lead + (300,), torch.float32, "cuda")}
+
+
+def test_fake_outputs_have_the_padded_strides_evtc_allocates():
+    """An M x N output's rows are padded to 16 bytes (N = 201 bf16: row stride 208), as the
+    binder allocates them; the fake must say so, or Inductor would read the real output with
+    the wrong strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = gemm("row_stats")
+    op = g.torch_op()
+    for L in (None, 3):
+        lead = () if L is None else (L,)
+        shapes = {"A": lead + (300, 64), "B": lead + (201, 64)}
+        with FakeTensorMode():
+            A = torch.empty(*shapes["A"], dtype=torch.bfloat16, device="cuda")
+            B = torch.empty(*shapes["B"], dtype=torch.bfloat16, device="cuda")
+            kw = {n: torch.empty(*lead, 300, 201, dtype=torch.bfloat16, device="cuda") if n == "C" else
+                  torch.empty(201, device="cuda") for n in op.tensor_names}
+            out = op(A, B, **kw, **{n: 1.0 for n in op.scalar_names})
+            D = out["D"]
+            assert D.stride() == ((300 * 208, 208, 1) if L else (208, 1))
+            assert out["row_max"].stride() == ((300, 1) if L else (1,))
+        from evtc.ir.nodes import ColBroadcast
+
+        f16 = evtc.Gemm(E.REFERENCE["row_stats"], a=evtc.f16, b=evtc.f16, c=evtc.f16, d=evtc.f16)
+        cols = {n.name for n in f16.graph.inputs if isinstance(n, ColBroadcast)}
+        args = {n: (Fake(lead + (300, 201), "<f2", strides=(300 * 208, 208, 1)[-len(lead) - 2:]) if n == "C" else
+                    Fake((300,) if n in cols else (201,), "<f4")) for n in op.tensor_names}
+        sig, _ = f16._binder.signature(Fake(shapes["A"], "<f2"), Fake(shapes["B"], "<f2"),
+                                       args | {n: 1.0 for n in op.scalar_names})
+        assert {a.name: a.strides for a in sig.allocs}["D"] == tuple(D.stride())
+
+
+def test_odd_n_call_under_inductor_reads_the_padded_output():
+    """N = 61 bf16: the op returns rows padded to 64 elements (the CPU kernel as evtc's
+    allocation, the fake the same); Inductor's code after the op reads them right."""
+    g = gemm()
+    op_with_cpu_kernel(g)
+
+    def f(A, B, C, bias):
+        return g(A, B, C=C, bias=bias, alpha=0.5, beta=1.5) * 2 + 1
+
+    gen = torch.Generator().manual_seed(3)
+    A = torch.randn(40, 32, generator=gen).bfloat16()
+    B = torch.randn(61, 32, generator=gen).bfloat16()
+    C = torch.randn(40, 61, generator=gen).bfloat16()
+    bias = torch.randn(61, generator=gen)
+    torch._dynamo.reset()
+    y = torch.compile(f, fullgraph=True)(A, B, C, bias)
+    d = torch.relu(0.5 * (A.double() @ B.double().T) + 1.5 * C.double() + bias.double()).bfloat16()
+    assert y.shape == (40, 61)
+    torch.testing.assert_close(y, d * 2 + 1, rtol=2 ** -7, atol=0)
 
 
 def test_a_gemm_call_compiles_with_fullgraph_into_one_op():

@@ -1,0 +1,331 @@
+"""The padded staging route for M x N tensors whose rows TMA can't address (issue 11).
+
+Input: a family Gemm's call whose only misalignment is in its M x N tensors (source C, aux
+loads, caller-given outputs: a row stride, batch stride or base address that is not a multiple
+of 16 bytes, e.g. a packed vocabulary N = 50257 in bf16) while A and B are aligned. Output:
+the same results, computed by an *aligned* family member on padded copies, when the cost model
+says that is faster than the on-demand ``unaligned`` kernels (every M x N tensor read and
+written register-direct, one element at a time).
+
+# NOTE [Padded staging for unaligned rows]
+Like Inductor's "comprehensive padding", the route pads the row stride instead of giving up
+TMA:
+
+* outputs evtc allocates itself already have a padded row stride (N rounded up to a 16-byte
+  multiple, :class:`evtc.runtime.bind.Alloc`; batch stride M times that) and are returned as
+  strided (.., M, N) views: nothing to copy, on every route;
+* each misaligned M x N *input* (C, aux loads) is copied once into a fresh padded buffer of the
+  framework (``strided_allocator`` + ``copy_``; cupy ``copyto``);
+* each misaligned output the caller passed with ``out=`` is computed into a padded output evtc
+  allocates (as if the caller had passed none) and copied into the caller's tensor afterwards;
+  in-place ``out=C`` works the same way (the kernel reads C's staged copy, writes a fresh
+  output, and the copy-back overwrites C).
+
+Everything runs on the call's stream (the framework's current one, or the caller's torch
+stream), stream-ordered and capturable in a CUDA graph. The caller's arguments are checked
+first by a binder that accepts any row stride (the rules of :mod:`evtc.runtime.bind`,
+overlaps included), so a call the unaligned kernel would refuse is refused here too.
+
+The cost model (bytes, H100 measured 2026-11, 4096 x 50257 x 4096 bf16 against the aligned
+neighbour N = 50264; bench_shapes.py passes packed ``out=`` tensors):
+
+* the unaligned kernel's penalty, per byte of each M x N tensor (all of them: it accesses even
+  aligned ones register-direct): bias_relu (C load + D store) took 4.07 ms against 2.32 ms,
+  +1.75 ms over 2 x 412 MB; rowmax (a D store, no C) 1.14x, +0.32 ms over 412 MB; aux_heavy (two
+  aux loads, two stores) 2.34x, +3.1 ms. That fits ``LOAD_S_PER_BYTE`` = 3.4 ps for a load and
+  ``STORE_S_PER_BYTE`` = 0.78 ps for a store (aux_heavy predicted +3.4 ms);
+* staging: each copied tensor is read and written once, ``2 * bytes / COPY_BYTES_PER_S``
+  (2.5 TB/s, a strided copy on the H100's 3.35 TB/s HBM3) plus ``COPY_OVERHEAD_S`` (10 us: the
+  copy's launch and allocation) per copy;
+* stage when its cost is below ``MARGIN`` (0.8) times the penalty. So a packed C or aux load
+  is staged from about 4 MB on (a 4096 x 50257 C: 0.33 ms of copy against 1.4 ms of penalty,
+  expected ~1.14x the aligned time). A caller's packed output costs about as much to copy back
+  as the unaligned kernel's store: an epilogue without M x N loads whose only misaligned tensor
+  is such an output (rowmax) keeps the unaligned kernel and its 1.14x; with M x N loads (even
+  aligned ones, which the unaligned kernel also reads one element at a time) it is staged.
+  Small problems keep the unaligned kernel (the copies' fixed costs dominate).
+
+The decision is cached per call signature (the probe key of :mod:`evtc.runtime.launch`), switch
+setting and base-address alignment: a call the route leaves on the unaligned kernel costs about
+3 us more host time than before (10.4 against 7.6 us, CPU fakes); a staged call adds the copies'
+launches and one more pass through the dispatch (83 against 7.8 us per call with fakes, the
+fakes' own allocations included), small against the
+milliseconds of the problems it is chosen for.
+
+``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
+cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
+kernels). The route needs torch or cupy tensors (to allocate and copy), an sm90 family Gemm
+(not pinned), aligned A and B, and ``stream=None`` or a torch stream object; any other call
+takes the unaligned kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Mapping
+
+from evtc.dtypes import DType
+from evtc.errors import ArgumentError
+from evtc.ir.nodes import AuxLoad, Source, Store
+from evtc.runtime import tensors
+from evtc.runtime.tensors import TensorView
+
+ALIGN = 16
+ENV = "EVTC_UNALIGNED_STAGING"
+MODES = ("auto", "always", "never")
+
+#: the unaligned kernel's extra time per byte of an M x N load / store (NOTE [Padded staging
+#: for unaligned rows])
+LOAD_S_PER_BYTE = 3.4e-12
+STORE_S_PER_BYTE = 0.78e-12
+#: a strided device copy's bandwidth (read + write counted separately) and fixed cost
+COPY_BYTES_PER_S = 2.5e12
+COPY_OVERHEAD_S = 10e-6
+#: the frameworks the route allocates and copies with
+FRAMEWORKS = ("torch", "cupy")
+#: stage only when it costs less than this fraction of the unaligned kernel's penalty
+MARGIN = 0.8
+
+
+def mode(value: str | None = None) -> str:
+    """The route's mode: ``value`` if given, else ``EVTC_UNALIGNED_STAGING``, else ``auto``.
+
+    Raises:
+        ArgumentError: an unknown mode.
+    """
+    m = (value if value is not None else os.environ.get(ENV, "auto")).strip().lower() or "auto"
+    if m not in MODES:
+        raise ArgumentError(f"unaligned staging mode {m!r} is not one of {', '.join(MODES)}",
+                            hint=f"set {ENV} (or Gemm.unaligned_staging) to auto, always or never")
+    return m
+
+
+def padded_row(N: int, eb: int) -> int:
+    """N rounded up so that a row of ``eb``-byte elements is a multiple of 16 bytes."""
+    per = max(1, ALIGN // eb)
+    return (N + per - 1) // per * per
+
+
+def padded_strides(shape: tuple[int, ...], eb: int) -> tuple[int, ...]:
+    """The strides (elements) evtc gives an M x N tensor of ``shape`` ((M, N) or (L, M, N)):
+    rows padded to 16 bytes, batches packed (what :class:`evtc.runtime.bind.Binder` allocates)."""
+    M, N = shape[-2], shape[-1]
+    ld = padded_row(N, eb)
+    return (M * ld, ld, 1) if len(shape) == 3 else (ld, 1)
+
+
+def misaligned(v: TensorView, eb: int, *, output: bool = False) -> bool:
+    """Whether an M x N tensor can't go through TMA: its base address, row stride or batch
+    stride (bytes) is not a multiple of 16, or (an output) its rows end inside a 16-byte vector
+    (the TMA store writes whole vectors: NOTE [Ragged N and TMA stores])."""
+    if any(s == 0 for s in v.shape):
+        return False
+    if v.ptr % ALIGN:
+        return True
+    if len(v.shape) >= 2 and v.shape[-2] > 1 and (v.strides[-2] * eb) % ALIGN:
+        return True
+    if len(v.shape) == 3 and v.shape[0] > 1 and (v.strides[0] * eb) % ALIGN:
+        return True
+    return output and (v.shape[-1] * eb) % ALIGN != 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The cost model's answer for one call: ``stage`` or not, with the names to copy and the
+    two estimates (seconds)."""
+
+    stage: bool
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    stage_s: float
+    penalty_s: float
+
+
+def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[str, DType],
+           staged_inputs: tuple[str, ...], staged_outputs: tuple[str, ...], how: str = "auto") -> Decision:
+    """Stage or not (NOTE [Padded staging for unaligned rows]).
+
+    Args:
+        M, N, L: the problem.
+        loads: every M x N input the epilogue reads (name -> dtype).
+        stores: every M x N output it writes (name -> dtype).
+        staged_inputs, staged_outputs: the misaligned inputs and caller-given outputs that the
+            route would copy.
+        how: ``auto``, ``always`` or ``never``.
+    """
+    elems = M * N * max(L, 1)
+    penalty = sum(elems * dt.bytes for dt in loads.values()) * LOAD_S_PER_BYTE + \
+        sum(elems * dt.bytes for dt in stores.values()) * STORE_S_PER_BYTE
+    copied = [loads[n] for n in staged_inputs] + [stores[n] for n in staged_outputs]
+    cost = sum(2 * elems * dt.bytes / COPY_BYTES_PER_S + COPY_OVERHEAD_S for dt in copied)
+    stage = how == "always" or (how == "auto" and cost < MARGIN * penalty)
+    return Decision(stage, tuple(staged_inputs), tuple(staged_outputs), cost, penalty)
+
+
+def _stream_context(framework: str, stream: Any):
+    """A context that makes ``stream`` current for the framework's copies and allocations, or
+    None when the route can't follow it (a raw handle or another framework's stream)."""
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    if framework == "torch":
+        torch = sys.modules["torch"]
+        if isinstance(stream, torch.cuda.Stream):
+            return torch.cuda.stream(stream)
+    return None
+
+
+def _copy(framework: str, dst: Any, src: Any) -> None:
+    if framework == "torch":
+        dst.copy_(src)
+    else:  # cupy (the only other framework evtc allocates with)
+        sys.modules["cupy"].copyto(dst, src)
+
+
+def _given(graph, out: Any) -> dict[str, Any]:
+    if out is None:
+        return {}
+    if isinstance(out, Mapping):
+        return {k: v for k, v in out.items() if v is not None}
+    return {graph.outputs[0].name: out}
+
+
+class StagedLauncher:
+    """Runs a call through the padded staging route (NOTE [Padded staging for unaligned rows]),
+    or through the unaligned kernel where the route can't follow the call; the same interface
+    as :class:`evtc.runtime.launch.Launcher` (``run`` after a probe, ``__call__``).
+
+    Args:
+        gemm: the family Gemm.
+        fallback: the unaligned member's KernelSpec (built only if a call needs it).
+        checker: a Binder of the Gemm's graph that accepts any row stride (``mn_tma=False``).
+    """
+
+    def __init__(self, gemm, fallback, checker) -> None:
+        self.gemm = gemm
+        self.fallback = fallback
+        self.checker = checker
+        g = gemm.graph
+        self.loads = {n.name: n.dtype for n in g.used_inputs if isinstance(n, (Source, AuxLoad))}
+        self.stores = {o.name: o.dtype for o in g.outputs if isinstance(o, Store)}
+        self._sigs: dict[tuple, Any] = {}
+        #: probe key -> (indices of the M x N pointers, {(switches, their low bits): Decision})
+        self._plans: dict[tuple, tuple[tuple[int, ...], dict]] = {}
+        self._fallback_launcher = None
+        #: calls staged / sent to the unaligned kernel (tests, benchmarks)
+        self.staged = 0
+        self.unstaged = 0
+
+    def __call__(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
+        from evtc.runtime.launch import probe_call
+
+        key, ptrs = probe_call(self.checker, A, B, kwargs, out)
+        return self.run(key, ptrs, A, B, kwargs, out, stream)
+
+    def _unaligned(self, key, ptrs, A, B, kwargs, out, stream):
+        self.unstaged += 1
+        launcher = self._fallback_launcher
+        if launcher is None:
+            launcher = self._fallback_launcher = self.gemm.launcher(self.fallback)
+        return launcher.run(key, ptrs, A, B, kwargs, out, stream)
+
+    def _decision(self, key, ptrs, A, B, kwargs, out, sig) -> Decision:
+        """:meth:`plan`, cached per probe key, switch setting and base-address alignment of the
+        M x N tensors (what else it depends on, the key determines)."""
+        if key is None:
+            return self.plan(A, B, kwargs, out, sig)
+        entry = self._plans.get(key)
+        if entry is None:
+            if len(self._plans) >= 1024:
+                self._plans.clear()
+            mn = set(self.loads) | set(self.stores)
+            entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
+        idx, by = entry
+        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), tuple(ptrs[i] & (ALIGN - 1) for i in idx))
+        d = by.get(k)
+        if d is None:
+            d = by[k] = self.plan(A, B, kwargs, out, sig)
+        return d
+
+    def _check(self, key, ptrs, A, B, kwargs, out):
+        """The caller's call, checked as the unaligned kernel would (cached per signature; the
+        pointer checks on every call)."""
+        b = self.checker
+        sig = self._sigs.get(key) if key is not None else None
+        if sig is None:
+            sig, _ = b.signature(A, B, kwargs, out)
+            if key is not None:
+                if len(self._sigs) >= 1024:
+                    self._sigs.clear()
+                self._sigs[key] = sig
+            return sig
+        for i, mask in sig.checks:
+            p = ptrs[i]
+            if not p or p & mask:
+                b.pointer_error(sig, i, p)
+        for i, j, lo_i, hi_i, lo_j, hi_j, exact_ok in sig.spans:
+            pi, pj = ptrs[i], ptrs[j]
+            if pi + lo_i < pj + hi_j and pj + lo_j < pi + hi_i:
+                b.check_overlap(sig, ptrs, i, j, exact_ok)
+        return sig
+
+    def plan(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any, sig=None) -> Decision:
+        """The cost model's decision for this call (which tensors it would copy)."""
+        g = self.gemm.graph
+        if sig is None:
+            sig, _ = self.checker.signature(A, B, kwargs, out)
+        views = {n: tensors.view(kwargs[n], n, g.name) for n in self.loads}
+        given = _given(g, out)
+        gviews = {n: tensors.view(x, n, g.name) for n, x in given.items() if n in self.stores}
+        ins = tuple(n for n, v in views.items() if misaligned(v, self.loads[n].bytes))
+        outs = tuple(n for n, v in gviews.items() if misaligned(v, self.stores[n].bytes, output=True))
+        how = mode(getattr(self.gemm, "unaligned_staging", None))
+        frameworks = {v.framework for v in (*views.values(), *gviews.values())} | {sig.framework}
+        # evtc's own views (a Conv's 1x1 route) have no framework methods to copy with
+        views_only = any(type(kwargs[n]) is TensorView for n in ins) or any(type(given[n]) is TensorView for n in outs)
+        if how == "never" or sig.mode != "launch" or not (ins or outs) or not frameworks <= set(FRAMEWORKS) \
+                or len(frameworks) > 1 or views_only:
+            return Decision(False, ins, outs, 0.0, 0.0)
+        if sig.framework == "cupy" and any(dt.torch not in ("float32", "float16")
+                                           for dt in (*self.loads.values(), *self.stores.values())):
+            return Decision(False, ins, outs, 0.0, 0.0)
+        return decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
+
+    def run(self, key, ptrs, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
+        sig = self._check(key, ptrs, A, B, kwargs, out)
+        d = self._decision(key, ptrs, A, B, kwargs, out, sig)
+        ctx = _stream_context(sig.framework, stream) if d.stage else None
+        if ctx is None:
+            return self._unaligned(key, ptrs, A, B, kwargs, out, stream)
+        self.staged += 1
+        g = self.gemm.graph
+        fw, dev = sig.framework, sig.device
+        given = _given(g, out)
+        with ctx:
+            kw = dict(kwargs)
+            for n in d.inputs:
+                v = tensors.view(kwargs[n], n, g.name)
+                obj, _ = tensors.strided_allocator(fw, dev, v.shape, padded_strides(v.shape, v.dtype.bytes),
+                                                   v.dtype)()
+                _copy(fw, obj, kwargs[n])
+                kw[n] = obj
+            # a staged output is left to evtc's allocation (rows already padded, and its ragged N
+            # is padding there: NOTE [Ragged N and TMA stores]), then copied into the caller's
+            if out is None or not d.outputs:
+                out2 = out
+            elif isinstance(out, Mapping):
+                out2 = {n: x for n, x in out.items() if n not in d.outputs} or None
+            else:
+                out2 = None
+            res = self.gemm.run(A, B, kw, out2, stream)
+            got = res if isinstance(res, dict) else {g.outputs[0].name: res}
+            for n in d.outputs:
+                _copy(fw, given[n], got[n])
+        if not d.outputs:
+            return res
+        if isinstance(res, dict):
+            return {n: (given[n] if n in d.outputs else x) for n, x in res.items()}
+        return given[g.outputs[0].name]

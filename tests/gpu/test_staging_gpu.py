@@ -1,0 +1,161 @@
+"""The padded staging route on the H100 (NOTE [Padded staging for unaligned rows],
+evtc/runtime/staging.py): packed M x N tensors of odd N (C, an aux load; an aux store and D
+given packed or allocated by evtc; in place ``out=C``; batched), with the route forced on and
+off, each against the float64 reference on fresh random data with NaN-poisoned outputs."""
+
+import pytest
+
+import evtc
+from evtc import bf16, f32
+
+from conftest_gpu import assert_outputs_match
+
+
+def _assert_allocated_match(gemm, inputs, outputs, what, record_errors):
+    """assert_outputs_match for outputs evtc allocated (their row padding is not poisoned)."""
+    import torch
+
+    from evtc.testing import check_outputs, failure_report
+
+    torch.cuda.synchronize()
+    results = check_outputs(gemm, inputs, outputs, padding=False)
+    record_errors(results)
+    assert all(r.ok for r in results.values()), failure_report(results, f"{what}:", gemm.graph)
+
+pytestmark = pytest.mark.gpu
+
+
+@evtc.epilogue
+def staged_epi(acc, C, R: evtc.Matrix, bias: evtc.RowVector[f32]):
+    """A source C, an aux load R and an aux store F."""
+    F = acc * R + bias
+    return {"D": evtc.gelu(F) + C, "F": F}
+
+
+@evtc.epilogue
+def staged_lin(acc, C, alpha: float, bias: evtc.RowVector[f32]):
+    return alpha * acc + C + bias
+
+
+# (M, N, K, L): odd N, enough 128x256 tiles for the ``large`` member in both
+SHAPES = [(2048, 2049, 256, 1), (1024, 2049, 256, 2)]
+
+
+@pytest.fixture(scope="module")
+def gemms():
+    from evtc.compiler import build_many
+
+    import os
+
+    out = {n: evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16) for n, ep in (("epi", staged_epi), ("lin", staged_lin))}
+    jobs = []
+    for g in out.values():
+        for shape in SHAPES:
+            jobs.append(g.kernel(g.choose(*shape)).job())
+        jobs.append(g.kernel("unaligned").job())
+    build_many(list({j.source: j for j in jobs}.values()), workers=int(os.environ.get("EVTC_BUILD_JOBS", 16)))
+    return out
+
+
+def _packed(ins: dict, outs: dict):
+    return ({k: (v.contiguous() if hasattr(v, "dim") and v.dim() >= 2 else v) for k, v in ins.items()},
+            {k: v.contiguous() for k, v in outs.items()})
+
+
+def _staged(g) -> int:
+    """Calls the Gemm has sent through the route so far."""
+    from evtc.runtime.staging import StagedLauncher
+
+    return sum(x.staged for x in g._launchers.values() if isinstance(x, StagedLauncher))
+
+
+@pytest.mark.parametrize("how", ["always", "never"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("given_out", [False, True])
+def test_packed_c_aux_load_and_store(gemms, how, shape, given_out, record_errors):
+    import torch
+
+    from evtc.testing import Problem, make_inputs, poisoned_outputs
+
+    g = gemms["epi"]
+    g.set_unaligned_staging(how)
+    p = Problem(*shape)
+    ins, outs = _packed(make_inputs(g.graph, g.a, g.b, p, seed=sum(shape) + given_out),
+                        poisoned_outputs(g.graph, p))
+    assert ins["C"].stride()[-2] == shape[1]  # packed: 4098-byte rows
+    kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
+    before = {k: v.clone() for k, v in kw.items() if hasattr(v, "clone")}
+    count = _staged(g)
+    if given_out:
+        got = g(ins["A"], ins["B"], out=outs, **kw)
+        assert got["D"] is outs["D"] and got["F"] is outs["F"]
+    else:
+        # the caching allocator's next blocks hold NaN: an element the kernel doesn't write fails
+        torch.full((4 * sum(x.numel() for x in outs.values()),), float("nan"), dtype=torch.bfloat16,
+                   device="cuda")  # freed at once
+        got = g(ins["A"], ins["B"], **kw)
+        L, M, N = (shape[3],) if shape[3] > 1 else (), shape[0], shape[1]
+        for name in ("D", "F"):
+            assert got[name].shape == (*L, M, N)
+            assert got[name].stride() == ((M * 2056, 2056, 1) if L else (2056, 1))  # padded rows, a view
+        outs = got
+    torch.cuda.synchronize()
+    assert (_staged(g) > count) == (how == "always")
+    for k, v in before.items():  # the caller's inputs are untouched
+        assert torch.equal(v, kw[k]), k
+    check = assert_outputs_match if given_out else _assert_allocated_match
+    check(g, ins, outs, f"staging={how} {shape} out={given_out}", record_errors)
+
+
+@pytest.mark.parametrize("how", ["always", "never", "auto"])
+def test_in_place_out_c(gemms, how, record_errors):
+    import torch
+
+    from evtc.testing import Problem, make_inputs
+
+    g = gemms["lin"]
+    g.set_unaligned_staging(how)
+    p = Problem(*SHAPES[0])
+    ins, _ = _packed(make_inputs(g.graph, g.a, g.b, p, seed=31), {})
+    C = ins["C"]
+    ref = dict(ins, C=C.clone())
+    kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
+    got = g(ins["A"], ins["B"], out=C, **kw)
+    assert got is C
+    torch.cuda.synchronize()
+    assert_outputs_match(g, ref, {"D": C}, f"in place out=C staging={how}", record_errors)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_staging_follows_the_call_s_stream(gemms, explicit, record_errors):
+    """The copies and the kernel run on the call's stream (the current one, or ``stream=``): the
+    inputs hold NaN until a side stream, after a sleep, fills them; a copy on any other stream
+    would stage NaN."""
+    import torch
+
+    from evtc.testing import Problem, make_inputs, poisoned_outputs
+
+    g = gemms["epi"]
+    g.set_unaligned_staging("always")
+    p = Problem(*SHAPES[0])
+    ins, outs = _packed(make_inputs(g.graph, g.a, g.b, p, seed=41 + explicit), poisoned_outputs(g.graph, p))
+    real = {k: v.clone() for k, v in ins.items() if hasattr(v, "clone")}
+    for v in ins.values():
+        if hasattr(v, "fill_"):
+            v.fill_(float("nan"))
+    count = _staged(g)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)
+        for k, v in real.items():
+            ins[k].copy_(v)
+        if not explicit:
+            g(ins["A"], ins["B"], out=outs, **kw)
+    if explicit:
+        g(ins["A"], ins["B"], out=outs, stream=s, **kw)
+    s.synchronize()
+    torch.cuda.synchronize()
+    assert _staged(g) > count
+    assert_outputs_match(g, ins, outs, f"staging on a side stream (stream= {explicit})", record_errors)

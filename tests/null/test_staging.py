@@ -1,0 +1,289 @@
+"""The padded staging route for unaligned M x N rows (NOTE [Padded staging for unaligned rows],
+evtc/runtime/staging.py) without a GPU: the cost model's choices, the padded strides of
+evtc's outputs (the binder's and the torch fake's), and a family Gemm's call through the route
+on fake tensors: which kernel runs, what is copied where, ``out=`` (copy-back and in-place
+``out=C``), the checks that still refuse bad calls, and the switch."""
+
+import pytest
+
+import evtc
+from evtc import f16, f32
+from evtc.abi import abi_fields, ctypes_struct
+from evtc.runtime import staging, tensors
+from evtc.runtime.bind import Binder
+from evtc.runtime.launch import Launcher
+
+from test_runtime_launch import Fake, FakeLibrary  # noqa: E402
+
+
+@evtc.epilogue
+def aux_epi(acc, C, R: evtc.Matrix, bias: evtc.RowVector[f32]):
+    F = acc * R + bias
+    return {"D": F + C, "F": F}
+
+
+@evtc.epilogue
+def lin(acc, C, alpha: float, bias: evtc.RowVector[f32]):
+    return alpha * acc + C + bias
+
+
+# ---- the cost model -----------------------------------------------------------------------------
+
+
+def test_cost_model_stages_large_inputs_not_small_problems_or_outputs_alone():
+    bf = evtc.bf16
+    loads, stores = {"C": bf}, {"D": bf}
+    # bias_relu at 4096 x 50257 bf16 with a packed C: 0.33 ms of copy against ~1.7 ms of penalty
+    d = staging.decide(4096, 50257, 1, loads, stores, ("C",), (), "auto")
+    assert d.stage and 0.2e-3 < d.stage_s < 0.5e-3 and 1.4e-3 < d.penalty_s < 2.1e-3
+    # the measured bias_relu penalty (4.07 - 2.32 ms with a packed out= D): the model within 10%
+    d = staging.decide(4096, 50257, 1, loads, stores, ("C",), ("D",), "auto")
+    assert d.stage and abs(d.penalty_s - 1.75e-3) < 0.175e-3
+    # aux_heavy (two loads, two stores, all packed): stage
+    d = staging.decide(4096, 50257, 1, {"R1": bf, "R2": bf}, {"D": bf, "F": bf}, ("R1", "R2"), ("D", "F"), "auto")
+    assert d.stage
+    # rowmax: only a caller's packed D; a copy-back costs about what the unaligned store does
+    d = staging.decide(4096, 50257, 1, {}, {"D": bf}, (), ("D",), "auto")
+    assert not d.stage
+    # a small problem: the copies' fixed cost dominates
+    assert not staging.decide(300, 515, 1, loads, stores, ("C",), (), "auto").stage
+    assert staging.decide(300, 515, 1, loads, stores, ("C",), (), "always").stage
+    assert not staging.decide(4096, 50257, 1, loads, stores, ("C",), (), "never").stage
+    # batches count: L = 8 of 1024 x 1001 is worth it where one is not
+    assert not staging.decide(1024, 1001, 1, loads, stores, ("C",), (), "auto").stage
+    assert staging.decide(1024, 1001, 8, loads, stores, ("C",), (), "auto").stage
+
+
+def test_mode_comes_from_the_environment_and_is_checked(monkeypatch):
+    monkeypatch.delenv(staging.ENV, raising=False)
+    assert staging.mode() == "auto"
+    monkeypatch.setenv(staging.ENV, "Never")
+    assert staging.mode() == "never" and staging.mode("always") == "always"
+    with pytest.raises(evtc.ArgumentError, match="auto, always or never"):
+        staging.mode("sometimes")
+
+
+def test_misaligned_rows_batches_bases_and_ragged_outputs():
+    assert staging.misaligned(tensors.view(Fake((64, 63)), "C"), 2)  # 126-byte rows
+    assert not staging.misaligned(tensors.view(Fake((64, 63), strides=(64, 1)), "C"), 2)
+    assert staging.misaligned(tensors.view(Fake((64, 63), strides=(64, 1)), "D"), 2, output=True)  # ragged N
+    assert staging.misaligned(tensors.view(Fake((64, 64), ptr=(1 << 40) + 2), "C"), 2)
+    assert staging.misaligned(tensors.view(Fake((3, 64, 63), strides=(64 * 64 + 1, 64, 1)), "C"), 2)  # batch stride
+    assert not staging.misaligned(tensors.view(Fake((3, 64, 63), strides=(64 * 64, 64, 1)), "C"), 2)
+    assert not staging.misaligned(tensors.view(Fake((0, 63)), "C"), 2)
+
+
+@pytest.mark.parametrize("dtype", [f16, f32, evtc.e4m3])
+@pytest.mark.parametrize("N", [50257, 64, 1, 7])
+def test_the_binder_allocates_the_padded_strides(dtype, N):
+    """Outputs evtc allocates: rows padded to 16 bytes, batches packed; padded_strides (the torch
+    fake's) says the same."""
+    @evtc.epilogue
+    def e(acc):
+        return acc
+
+    g = evtc.Gemm(e, a=f16, b=f16, d=dtype, config=evtc.GemmConfig(unaligned=True))
+    b = g._binder
+    for A, B in ((Fake((64, 32)), Fake((N, 32))), (Fake((3, 64, 32)), Fake((3, N, 32)))):
+        sig, _ = b.signature(A, B, {})
+        (alloc,) = sig.allocs
+        assert alloc.strides == staging.padded_strides(alloc.shape, dtype.bytes)
+        assert alloc.strides[-2] * dtype.bytes % 16 == 0 and alloc.strides[-2] - N < 16 // dtype.bytes
+    assert staging.padded_strides((4096, 50257), 2) == (50264, 1)
+    assert staging.padded_strides((4, 100, 50257), 2) == (100 * 50264, 50264, 1)
+
+
+# ---- a family Gemm's call through the route, on fake tensors -------------------------------------
+
+
+class Harness:
+    """A family Gemm whose kernels are FakeLibrary launchers (one per member, recording their
+    launches), with fake-framework allocation and copies recorded."""
+
+    def __init__(self, monkeypatch, ep=aux_epi, mode="auto"):
+        monkeypatch.setenv("EVTC_CACHE_DIR", "/nonexistent/evtc-test-cache")
+        monkeypatch.setenv(staging.ENV, mode)
+        self.g = g = evtc.Gemm(ep, a=f16, b=f16, c=f16, d=f16)
+        self.libs: dict[str, FakeLibrary] = {}
+        self.copies: list[tuple[int, int]] = []
+        self.allocs: list[Fake] = []
+        self.launchers: dict[str, Launcher] = {}
+
+        def launcher(spec):
+            name = "unaligned" if spec.config.unaligned else "aligned"
+            if name not in self.launchers:
+                graph = g.graph_for(spec.arch)
+                lib = self.libs[name] = FakeLibrary(abi_fields(graph, spec.arch))
+                binder = Binder(graph, g.a, g.b, ctypes_struct(abi_fields(graph, spec.arch)), arch=spec.arch,
+                                swap=spec.config.swap_ab, mn_tma=not spec.config.unaligned)
+                self.launchers[name] = Launcher(binder, lib, g.name)
+            return self.launchers[name]
+
+        monkeypatch.setattr(g, "launcher", launcher)
+        monkeypatch.setattr(staging, "FRAMEWORKS", ("torch", "cupy", "other"))
+
+        def strided_allocator(framework, device, shape, strides, dtype):
+            def make():
+                t = Fake(shape, "<f4" if dtype.bytes == 4 else "<f2", strides=strides)
+                self.allocs.append(t)
+                return t, t.ptr
+            return make
+
+        monkeypatch.setattr(tensors, "strided_allocator", strided_allocator)
+        monkeypatch.setattr(staging, "_copy", lambda fw, dst, src: self.copies.append((dst.ptr, src.ptr)))
+
+    def launched(self, name):
+        """The pointers of each launch of a kernel (decoded evtc_call_t, after the header)."""
+        lib = self.libs.get(name)
+        return [] if lib is None else lib.calls
+
+
+def aux_args(M, N, K=64, packed=True):
+    ld = N if packed else (N + 7) // 8 * 8
+    return (Fake((M, K)), Fake((N, K)),
+            {"C": Fake((M, N), strides=(ld, 1)), "R": Fake((M, N), strides=(ld, 1)), "bias": Fake((N,), "<f4")})
+
+
+def test_large_packed_inputs_are_staged_and_the_aligned_kernel_runs(monkeypatch):
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(4096, 50257)
+    out = h.g(A, B, **kw)
+    assert h.launched("aligned") and not h.launched("unaligned")
+    # C and R copied once each into fresh padded buffers, which the kernel read
+    assert [src for _, src in h.copies] == [kw["C"].ptr, kw["R"].ptr]
+    staged = {a.ptr: a for a in h.allocs}
+    for dst, _ in h.copies:
+        cai = staged[dst].__cuda_array_interface__
+        assert cai["shape"] == (4096, 50257) and cai["strides"] == (50264 * 2, 2)
+    call = h.launched("aligned")[0]
+    assert {dst for dst, _ in h.copies} <= set(call)
+    # the outputs evtc allocated: padded rows, (M, N) views, no copy-out
+    for name in ("D", "F"):
+        cai = out[name].__cuda_array_interface__
+        assert cai["shape"] == (4096, 50257) and cai["strides"] == (50264 * 2, 2)
+    # the second call takes the cached route and copies again
+    h.g(A, B, **kw)
+    assert len(h.copies) == 4 and len(h.launched("aligned")) == 2
+
+
+def test_small_problems_and_never_keep_the_unaligned_kernel(monkeypatch):
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(300, 515)
+    h.g(A, B, **kw)
+    assert h.launched("unaligned") and not h.launched("aligned") and not h.copies
+    h = Harness(monkeypatch, mode="never")
+    A, B, kw = aux_args(4096, 50257)
+    h.g(A, B, **kw)
+    assert h.launched("unaligned") and not h.launched("aligned") and not h.copies
+    # the switch on the Gemm overrides the environment, for every later call
+    h.g.set_unaligned_staging("always")
+    h.g(A, B, **kw)
+    assert h.launched("aligned") and len(h.copies) == 2
+    with pytest.raises(evtc.ArgumentError):
+        h.g.set_unaligned_staging("maybe")
+
+
+def test_the_decision_is_cached_per_signature_switch_and_alignment(monkeypatch):
+    h = Harness(monkeypatch)
+    calls = []
+    plan = staging.StagedLauncher.plan
+    monkeypatch.setattr(staging.StagedLauncher, "plan", lambda self, *a: calls.append(1) or plan(self, *a))
+    A, B, kw = aux_args(300, 515)
+    for _ in range(3):
+        h.g(A, B, **kw)
+    assert len(calls) == 1 and len(h.launched("unaligned")) == 3
+    monkeypatch.setenv(staging.ENV, "always")  # a new switch setting: decided again
+    h.g(A, B, **kw)
+    assert len(calls) == 2 and h.launched("aligned")
+    kw["C"] = Fake((300, 515), ptr=(1 << 45) + 2)  # same signature, another base alignment
+    h.g(A, B, **kw)
+    assert len(calls) == 3
+
+
+def test_batched_inputs_are_staged_with_a_padded_batch_stride(monkeypatch):
+    h = Harness(monkeypatch, mode="always")
+    L, M, N, K = 3, 64, 63, 32
+    kw = {"C": Fake((L, M, N)), "R": Fake((L, M, N)), "bias": Fake((N,), "<f4")}
+    out = h.g(Fake((L, M, K)), Fake((L, N, K)), **kw)
+    assert h.launched("aligned")
+    for dst, _ in h.copies:
+        (a,) = [x for x in h.allocs if x.ptr == dst]
+        assert a.__cuda_array_interface__["strides"] == (M * 64 * 2, 64 * 2, 2)
+    assert out["D"].__cuda_array_interface__["strides"] == (M * 64 * 2, 64 * 2, 2)
+
+
+def test_packed_out_tensors_are_computed_padded_and_copied_back(monkeypatch):
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(4096, 50257)
+    D, F = Fake((4096, 50257)), Fake((4096, 50257))
+    res = h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert res["D"] is D and res["F"] is F
+    assert h.launched("aligned")
+    srcs = [src for _, src in h.copies]
+    assert srcs[:2] == [kw["C"].ptr, kw["R"].ptr]
+    back = h.copies[2:]
+    assert sorted(dst for dst, _ in back) == sorted([D.ptr, F.ptr])  # into the caller's tensors
+    call = h.launched("aligned")[0]
+    assert all(src in call for _, src in back) and D.ptr not in call and F.ptr not in call
+    # aligned C and R with the same packed outputs: staged too (the unaligned kernel would read
+    # C and R one element at a time as well)
+    A, B, kw = aux_args(4096, 50257, packed=False)
+    h.copies.clear()
+    h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert len(h.launched("aligned")) == 2 and sorted(dst for dst, _ in h.copies) == sorted([D.ptr, F.ptr])
+
+
+def test_in_place_out_c_reads_the_staged_copy_and_copies_back(monkeypatch):
+    h = Harness(monkeypatch, ep=lin, mode="always")
+    A, B = Fake((256, 64)), Fake((255, 64))
+    C = Fake((256, 255))
+    res = h.g(A, B, out=C, C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+    assert res is C
+    staged, d = h.allocs  # C's padded copy, then the padded output evtc allocated
+    assert d.__cuda_array_interface__["strides"] == (256 * 2, 2)
+    assert h.copies == [(staged.ptr, C.ptr), (C.ptr, d.ptr)]  # C in, then D over C
+    call = h.launched("aligned")[0]
+    assert staged.ptr in call and d.ptr in call and C.ptr not in call
+
+
+def test_a_bad_call_is_still_refused(monkeypatch):
+    h = Harness(monkeypatch, ep=lin, mode="always")
+    A, B = Fake((256, 64)), Fake((255, 64))
+    base = 1 << 44
+    C = Fake((256, 255), ptr=base)
+    D = Fake((256, 255), ptr=base + 2 * 100)  # overlaps C, not exactly
+    with pytest.raises(evtc.ArgumentError, match="overlaps"):
+        h.g(A, B, out=D, C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+    assert not h.copies and not h.launched("aligned")
+    with pytest.raises(evtc.ArgumentError, match="shape"):
+        h.g(A, B, C=Fake((256, 254)), alpha=1.0, bias=Fake((255,), "<f4"))
+
+
+def test_other_frameworks_keep_the_unaligned_kernel(monkeypatch):
+    h = Harness(monkeypatch, mode="always")
+    monkeypatch.setattr(staging, "FRAMEWORKS", ("torch", "cupy"))
+    A, B, kw = aux_args(4096, 50257)
+    h.g(A, B, **kw)
+    assert h.launched("unaligned") and not h.copies
+
+
+def test_evtc_views_keep_the_unaligned_kernel(monkeypatch):
+    """A Conv's 1x1 route passes TensorViews: nothing to copy them with."""
+    h = Harness(monkeypatch, mode="always")
+    A, B, kw = aux_args(4096, 50257)
+    kw["C"] = tensors.view(kw["C"], "C")
+    h.g(A, B, **kw)
+    assert h.launched("unaligned") and not h.copies
+
+
+def test_pinned_gemms_never_stage(monkeypatch):
+    monkeypatch.setenv(staging.ENV, "always")
+    g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16, config=evtc.GemmConfig(unaligned=True))
+    graph = g.graph
+    lib = FakeLibrary(abi_fields(graph, "sm90"))
+    binder = Binder(graph, g.a, g.b, ctypes_struct(abi_fields(graph, "sm90")), arch="sm90", mn_tma=False)
+    monkeypatch.setattr(g, "launcher", lambda spec: Launcher(binder, lib, g.name))
+    monkeypatch.setattr(staging, "_copy", lambda *a: pytest.fail("a pinned Gemm staged a copy"))
+    A, B = Fake((4096, 64)), Fake((50257, 64))
+    g(A, B, out=Fake((4096, 50257)), C=Fake((4096, 50257)), alpha=1.0, bias=Fake((50257,), "<f4"))
+    assert lib.calls and not any(isinstance(x, staging.StagedLauncher) for x in g._launchers.values())
