@@ -688,12 +688,16 @@ class Gemm:
                 if torch_fast.mode() == "0" or torch_fast.status().startswith("failed"):
                     self._fast_off = True
                 return
+            if type(launcher) is not Launcher:
+                return
             try:
                 fast = self._fast = torch_fast.FastPath(mod, self._prober, launcher.layout)
                 self._fast_call = fast.bound
             except Exception:  # a layout the extension can't pack: the Python path serves every call
                 self._fast_off = True
                 return
+        if type(launcher) is not Launcher:  # a staged call copies its inputs first: the Python path's
+            return
         sig = launcher._signatures.get(key)
         if sig is not None:
             fast.add(launcher, sig, A, B, kwargs, launcher.launch_address)
