@@ -165,11 +165,13 @@ def _background() -> None:
 def module():
     """The loaded extension, or None (not built yet: a background build starts, per
     ``EVTC_TORCH_FASTPATH``; off; or its build failed)."""
+    m = mode()
+    if m == "0":
+        return None
     mod = _state["module"]
     if mod is not None or _state["failed"] is not None:
         return mod
-    m = mode()
-    if m == "0" or "torch" not in sys.modules:
+    if "torch" not in sys.modules:
         return None
     try:
         with _lock:
