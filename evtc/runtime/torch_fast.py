@@ -34,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -82,6 +83,7 @@ def _compile(folder: Path) -> None:
     from torch.utils import cpp_extension
 
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _clean_stale(folder)
     name = _module_name()
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libdirs = [p for p in cpp_extension.library_paths()]
@@ -98,14 +100,39 @@ def _compile(folder: Path) -> None:
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed ({r.returncode}): {r.stderr[-2000:]}")
         digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
+        os.chmod(tmp, 0o600)  # (the linker recreates its output with the umask's mode)
         os.replace(tmp, folder / "ext.so")
         meta = folder / "meta.json"
         meta_tmp = folder / f".meta-{os.getpid()}.json"
         meta_tmp.write_text(json.dumps({"sha256": digest, "torch": torch.__version__, "abi": FAST_ABI}))
+        os.chmod(meta_tmp, 0o600)
         os.replace(meta_tmp, meta)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _check_private(*paths: Path) -> None:
+    """Refuse files another user could have written (the kernel cache's rule: a private cache
+    holds only its owner's files, evtc/compiler/store.py): each path must be the current user's,
+    not a symbolic link, and not writable by group or others."""
+    for p in paths:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+            raise RuntimeError(f"{p} is not a private file of this user (a link, another owner's, or writable by "
+                               "others): the torch fast path is not loaded")
+
+
+def _clean_stale(folder: Path, age_s: float = 600.0) -> None:
+    """Remove temporary outputs of builds that died (a process that exited mid-build)."""
+    import time
+
+    for p in folder.glob(".ext-*.so"):
+        try:
+            if time.time() - p.stat().st_mtime > age_s:
+                p.unlink()
+        except OSError:
+            pass
 
 
 def _load(folder: Path):
@@ -115,6 +142,7 @@ def _load(folder: Path):
     so, meta = folder / "ext.so", folder / "meta.json"
     if not so.is_file() or not meta.is_file():
         return None
+    _check_private(folder, so, meta)
     data = so.read_bytes()
     want = json.loads(meta.read_text())
     if hashlib.sha256(data).hexdigest() != want.get("sha256"):

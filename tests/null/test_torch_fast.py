@@ -217,3 +217,29 @@ def test_loader_refuses_a_tampered_build(mod, tmp_path):
         torch_fast._load(folder)
     (folder / "ext.so").unlink()
     assert torch_fast._load(folder) is None  # not built: None, and the caller builds it
+
+
+def test_loader_refuses_files_others_could_write(mod, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(torch_fast._folder(), folder)
+    (folder / "ext.so").chmod(0o666)
+    with pytest.raises(RuntimeError, match="not a private file"):
+        torch_fast._load(folder)
+    (folder / "ext.so").chmod(0o600)
+    (folder / "meta.json").unlink()
+    (folder / "meta.json").symlink_to(torch_fast._folder() / "meta.json")
+    with pytest.raises(RuntimeError, match="not a private file"):
+        torch_fast._load(folder)
+
+
+def test_stale_temporary_builds_are_removed(tmp_path):
+    import os
+    import time
+
+    old, new = tmp_path / ".ext-old.so", tmp_path / ".ext-new.so"
+    old.write_bytes(b"x")
+    new.write_bytes(b"x")
+    t = time.time() - 3600
+    os.utime(old, (t, t))
+    torch_fast._clean_stale(tmp_path)
+    assert not old.exists() and new.exists()
