@@ -45,6 +45,11 @@ neighbour N = 50264; bench_shapes.py passes packed ``out=`` tensors):
   aligned ones, which the unaligned kernel also reads one element at a time) it is staged.
   Small problems keep the unaligned kernel (the copies' fixed costs dominate).
 
+Measured after (H100, 2026-11-25, docs/performance.md): at 4096 x 50257 x 4096 against N = 50264,
+bias_relu 1.158x with outputs evtc allocates (1.78x on the unaligned kernel), 1.37x with packed
+``out=`` outputs; aux_heavy 1.27x / 1.56x (2.32x). C's copy ran at about 2.2 TB/s (0.38 ms for
+its 824 MB read and written), a little under the model's 2.5.
+
 The decision is cached per call signature (the probe key of :mod:`evtc.runtime.launch`), switch
 setting and base-address alignment: a call the route leaves on the unaligned kernel costs about
 3 us more host time than before (10.4 against 7.6 us, CPU fakes); a staged call adds the copies'
