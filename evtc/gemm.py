@@ -572,7 +572,7 @@ class Gemm:
         if how is not None:
             staging.mode(how)  # validate
         self.unaligned_staging = how
-        self._dispatch.clear()
+        self._forget_dispatch()
 
     def _staged_launcher(self, fallback: KernelSpec) -> "staging.StagedLauncher":
         key = ("staged", self._kernel_key(fallback), json.dumps(fallback.config.to_json(), sort_keys=True))
@@ -672,6 +672,14 @@ class Gemm:
         if out is None and stream is None and key is not None and not self._fast_off:
             self._register_fast(launcher, key, A, B, kwargs)
         return result
+
+    def _forget_dispatch(self) -> None:
+        """Drop every call signature's choice of kernel (and the torch fast path's copies of
+        them): the next call of each signature chooses again (after tuning, or a new staging
+        setting)."""
+        self._dispatch.clear()
+        if self._fast is not None:
+            self._fast.clear()
 
     def _register_fast(self, launcher: Launcher, key: tuple, A: Any, B: Any, kwargs: Mapping[str, Any]) -> None:
         """Hand a call the Python path just checked and launched to the torch fast path (torch

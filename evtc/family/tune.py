@@ -223,4 +223,6 @@ def tune(gemm, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: f
         if verbose:
             print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (heuristic {heur.config.schedule_name})")
     gemm._tuned = None  # re-read the store
+    if store:
+        gemm._forget_dispatch()  # calls already dispatched take the new choices too
     return results

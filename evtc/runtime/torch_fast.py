@@ -264,6 +264,10 @@ class FastPath:
     def __len__(self) -> int:
         return self.mod.size(self.table)
 
+    def clear(self) -> None:
+        """Forget every registered key (the next call of each takes the Python path again)."""
+        self.mod.clear(self.table)
+
     def add(self, launcher, sig, A, B, kwargs, launch_address: int) -> bool:
         """Register the call just made on the Python path (key ``sig``, already prepared)."""
         import torch

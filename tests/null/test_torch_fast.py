@@ -243,3 +243,14 @@ def test_stale_temporary_builds_are_removed(tmp_path):
     os.utime(old, (t, t))
     torch_fast._clean_stale(tmp_path)
     assert not old.exists() and new.exists()
+
+
+def test_forgetting_the_dispatch_clears_the_fast_path(mod):
+    fast, rec, run, sig, lib, A, B, kw = setup(mod)
+    g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16)
+    g._fast = fast
+    g._dispatch[("some", "key")] = run
+    assert len(fast) == 1
+    g.set_unaligned_staging("never")  # a new setting: every signature chooses again
+    assert len(fast) == 0 and not g._dispatch
+    assert fast.call(fast.table, A, B, kw) is None and rec.calls == []
