@@ -33,6 +33,7 @@ from evtc.ir.nodes import (
     Source,
     Store,
 )
+from evtc.lower.roles import Role
 from evtc.plugin.fragment import FRAGMENT_VERSION, EpilogueFragment, Parameter, Placeholder
 from evtc.plugin.stable import stable
 
@@ -50,6 +51,8 @@ CUTLASS_HEADERS = (
     "cutlass/epilogue/thread/activation.h",
 )
 EVTC_HEADERS = ("evtc/functors.hpp", "evtc/sm90_visitors.hpp")
+#: evtc::Sm90ColReductionParallel / Sm90RowReductionParallel: included where the epilogue has them
+REDUCTION_HEADER = "evtc/sm90_reductions.hpp"
 SUPPORT_HEADERS = ("evtc/driver_shim.hpp",)
 
 EPILOGUE_SCHEDULES = {"cooperative": "cutlass::epilogue::TmaWarpSpecializedCooperative",
@@ -332,6 +335,9 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         epilogue_body=_terminate(_bind_args(epilogue_text)),
     )
     declarations = common.render("plugin/fragment.h.j2", **values)
+    # row/column reductions are evtc's derived visitors (a parallel final reduction across tiles)
+    evtc_headers = EVTC_HEADERS + ((REDUCTION_HEADER,) if {v.role for v in p.tree.visitors()}
+                                   & {Role.ROW_REDUCTION, Role.COL_REDUCTION} else ())
     from evtc.compiler.nvcc import BASE_FLAGS, arch_flags
 
     link = {"-shared", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden"}
@@ -350,7 +356,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         mainloop_stages=p.mainloop_stages, mainloop_stage_bytes=p.mainloop_stage_bytes,
         smem_capacity=p.smem_capacity, callbacks_type=f"{qualified}::FusionCallbacks",
         collective_epilogue_type=f"{qualified}::CollectiveEpilogue", declarations=declarations,
-        headers=CUTLASS_HEADERS + EVTC_HEADERS, evtc_headers=EVTC_HEADERS, support_headers=SUPPORT_HEADERS,
+        headers=CUTLASS_HEADERS + evtc_headers, evtc_headers=evtc_headers, support_headers=SUPPORT_HEADERS,
         fusion_arguments=fusion_text, epilogue_arguments=epilogue_text, placeholders=placeholders,
         parameters=parameters, preamble=preamble, plan=p, graph=graph,
     )
