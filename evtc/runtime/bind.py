@@ -589,8 +589,10 @@ class Binder:
             p = ptrs[i]
             if not p or p & mask:
                 self.pointer_error(sig, i, p)
-        for i, j, exact_ok in sig.overlaps:
-            self.check_overlap(sig, ptrs, i, j, exact_ok)
+        for i, j, lo_i, hi_i, lo_j, hi_j, exact_ok in sig.spans:  # byte spans first: the full test is rare
+            pi, pj = ptrs[i], ptrs[j]
+            if pi + lo_i < pj + hi_j and pj + lo_j < pi + hi_i:
+                self.check_overlap(sig, ptrs, i, j, exact_ok)
 
     def pointer_error(self, sig: Signature, i: int, p: int) -> None:
         op = sig.operands[i]

@@ -299,14 +299,7 @@ class Launcher:
                 if (t is not float and t is not int) or not -lim <= x <= lim:  # NaN fails the comparison
                     scalars = [b.scalar_value(n, kwargs[n]) for n in b.scalar_names]
                     break
-            for i, mask in sig.checks:
-                p = ptrs[i]
-                if not p or p & mask:
-                    b.pointer_error(sig, i, p)
-            for i, j, lo_i, hi_i, lo_j, hi_j, exact_ok in sig.spans:
-                pi, pj = ptrs[i], ptrs[j]
-                if pi + lo_i < pj + hi_j and pj + lo_j < pi + hi_i:
-                    b.check_overlap(sig, ptrs, i, j, exact_ok)
+            b.check_pointers(sig, ptrs)
         dev = sig.device
         if stream is None:
             getter = self._streams.get(sig.framework)

@@ -267,14 +267,7 @@ class StagedLauncher:
                     self._sigs.clear()
                 self._sigs[key] = sig
             return sig
-        for i, mask in sig.checks:
-            p = ptrs[i]
-            if not p or p & mask:
-                b.pointer_error(sig, i, p)
-        for i, j, lo_i, hi_i, lo_j, hi_j, exact_ok in sig.spans:
-            pi, pj = ptrs[i], ptrs[j]
-            if pi + lo_i < pj + hi_j and pj + lo_j < pi + hi_i:
-                b.check_overlap(sig, ptrs, i, j, exact_ok)
+        b.check_pointers(sig, ptrs)
         return sig
 
     def plan(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any, sig=None) -> Decision:
