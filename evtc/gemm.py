@@ -628,11 +628,11 @@ class Gemm:
                     raise RuntimeError(_no_torch_op(self))
                 return op(A, B, **kwargs)
             fast = self._fast_call
-            if fast is not None:  # NOTE [The torch fast path] (run() below, inlined)
+            if fast is not None:  # NOTE [The torch fast path] (as in run(), inlined)
                 r = fast(A, B, kwargs)
                 if r is not None:
                     return r
-        return self.run(A, B, kwargs, out, stream)
+        return self._run_checked(A, B, kwargs, out, stream)
 
     def run(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         """:meth:`__call__` with the epilogue's arguments as a dict, never through the torch op
@@ -644,6 +644,11 @@ class Gemm:
             r = fast(A, B, kwargs)
             if r is not None:
                 return r
+        return self._run_checked(A, B, kwargs, out, stream)
+
+    def _run_checked(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any, stream: Any):
+        """:meth:`run` on the Python launch path (after the torch fast path declined the call):
+        checks, chooses, launches, and registers the call with the fast path."""
         single = self._single
         if single is None and "pinned" in self.family:
             single = self._single = self.launcher(self.family["pinned"])
