@@ -62,6 +62,12 @@ def cxx_shape(*dims: int) -> str:
     return "cute::Shape<" + ", ".join(f"cute::_{d}" for d in dims) + ">"
 
 
+def uses_tile_reduction(plan: Plan) -> bool:
+    """Whether the plan has a row or column reduction: evtc's derived visitors of
+    ``evtc/sm90_reductions.hpp``, which its source (kernel or plugin fragment) must include."""
+    return any(v.role in (Role.ROW_REDUCTION, Role.COL_REDUCTION) for v in plan.tree.visitors())
+
+
 def node_table(plan: Plan) -> NodeTable:
     """The sm90 node table: ``codegen_templates/sm90/nodes.j2`` with the plan's decisions."""
     shares = dict(plan.shares)
@@ -178,7 +184,6 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
     goes after its ``arch``)."""
     em = TreeEmitter(node_table(plan))
     root = em.declare(plan.tree.root)
-    roles = {v.role for v in plan.tree.visitors()}
     fusion_args = em.arguments(plan.tree.root, 3)
     fusion_root, fusion_note = _share_wrapper(plan, root)
     cfg = plan.config
@@ -224,5 +229,5 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
         info_json=common.c_string(common.json_compact(info)),
         buffer_probes=buffer_probes(plan),
         # evtc/sm90_reductions.hpp, only where used (the other kernels' cache keys don't hash it)
-        tile_reduction=bool(roles & {Role.ROW_REDUCTION, Role.COL_REDUCTION}),
+        tile_reduction=uses_tile_reduction(plan),
     )

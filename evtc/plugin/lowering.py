@@ -33,7 +33,6 @@ from evtc.ir.nodes import (
     Source,
     Store,
 )
-from evtc.lower.roles import Role
 from evtc.plugin.fragment import FRAGMENT_VERSION, EpilogueFragment, Parameter, Placeholder
 from evtc.plugin.stable import stable
 
@@ -256,7 +255,8 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         args = frag.bind({p.name: f"params.{p.name}" for p in frag.placeholders})
     """
     from evtc.emit.core import TreeEmitter
-    from evtc.emit.sm90 import KERNEL_SCHEDULES, _share_wrapper, cxx_shape, mn_stride, mn_stride_args, node_table
+    from evtc.emit.sm90 import (KERNEL_SCHEDULES, _share_wrapper, cxx_shape, mn_stride, mn_stride_args, node_table,
+                                uses_tile_reduction)
     from evtc.gemm import Gemm
     from evtc.ir.printer import print_graph
     from evtc.plan.config import GemmConfig
@@ -336,8 +336,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
     )
     declarations = common.render("plugin/fragment.h.j2", **values)
     # row/column reductions are evtc's derived visitors (a parallel final reduction across tiles)
-    evtc_headers = EVTC_HEADERS + ((REDUCTION_HEADER,) if {v.role for v in p.tree.visitors()}
-                                   & {Role.ROW_REDUCTION, Role.COL_REDUCTION} else ())
+    evtc_headers = EVTC_HEADERS + ((REDUCTION_HEADER,) if uses_tile_reduction(p) else ())
     from evtc.compiler.nvcc import BASE_FLAGS, arch_flags
 
     link = {"-shared", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden"}
