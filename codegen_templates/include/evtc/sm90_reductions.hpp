@@ -114,6 +114,57 @@ parallel_final_reduction(int thread_idx, int batches, int count, Element identit
   }
 }
 
+// The final reduction of Sm90ColReduction (Axis = 0: one value per row m) or Sm90RowReduction (Axis = 1:
+// one value per column n) with FinalReduction = true, run by the CTA that found the tile counter complete.
+// args_tuple is the base's (get_consumer_store_callbacks): get<3> the output (CTA_M,CTA_N,L), get<4> its
+// coordinates, get<5> the workspace partials (CTA_M,CTA_N,REST,L), get<12> the residue, get<15> the tiled
+// copy, get<16> the thread index. Both of the base's branches: reduced over batches (the output's batch
+// stride is 0) or one output per batch.
+template <int Axis, template <class> class GmemReduceFn, class ElementOutput, class ElementCompute,
+          cutlass::FloatRoundStyle RoundStyle, class ArgsTuple, class Params>
+CUTLASS_DEVICE void
+parallel_end(ArgsTuple& args_tuple, Params const& params) {
+  using namespace cute;
+  auto&& gOut_l = get<3>(args_tuple);
+  auto&& cOut = get<4>(args_tuple);
+  auto&& gBuf = get<5>(args_tuple);
+  auto&& residue = get<12>(args_tuple);
+  int thread_idx = get<16>(args_tuple);
+  constexpr int NumThreads = decltype(size(get<15>(args_tuple)))::value;  // the tiled copy's threads
+  constexpr int Count = decltype(size<Axis>(gBuf))::value;                // rows (Axis 0) or columns (1)
+
+  // the (m, 0) or (0, n) coordinate of entry i along the reduced vector
+  auto at = [](auto&& t, int i, auto... rest) -> decltype(auto) {
+    if constexpr (Axis == 0) {
+      return t(i, _0{}, rest...);
+    } else {
+      return t(_0{}, i, rest...);
+    }
+  };
+
+  // Order the workspace reads after the tile counter this CTA found complete.
+  acquire_fence();
+
+  cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
+  auto valid = [&](int i) { return elem_less(at(cOut, i), residue); };
+
+  if (size<2>(stride(gOut_l)) == 0) {  // reduction over batches
+    parallel_final_reduction<NumThreads, Count, GmemReduceFn>(
+        thread_idx, int(size<3>(gBuf)), int(size<2>(gBuf)), params.reduction_identity,
+        [&](int i, int l) { return at(gBuf, i, _, l); }, valid,
+        [&](int i, ElementCompute out) { at(gOut_l, i, _0{}) = convert_output(out); });
+  }
+  else {  // one output per batch
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int l = 0; l < size<3>(gBuf); ++l) {
+      parallel_final_reduction<NumThreads, Count, GmemReduceFn>(
+          thread_idx, 1, int(size<2>(gBuf)), params.reduction_identity,
+          [&](int i, int) { return at(gBuf, i, _, l); }, valid,
+          [&](int i, ElementCompute out) { at(gOut_l, i, l) = convert_output(out); });
+    }
+  }
+}
+
 }  // namespace detail
 
 // evtc's row reduction: Sm90ColReduction<..., FinalReduction = true> with a parallel end().
@@ -149,41 +200,8 @@ struct Sm90ColReductionParallel
 
     CUTLASS_DEVICE void
     end() {
-      using namespace cute;
-      if (not this->do_final_reduction) {
-        return;
-      }
-      // args_tuple: Sm90ColReduction::get_consumer_store_callbacks
-      auto&& gCol_l = get<3>(this->args_tuple);         // (CTA_M,CTA_N,L)
-      auto&& cCol = get<4>(this->args_tuple);
-      auto&& gBuf_nl = get<5>(this->args_tuple);        // (CTA_M,CTA_N,REST_N,L)
-      auto&& residue_cCol = get<12>(this->args_tuple);
-      int thread_idx = get<16>(this->args_tuple);
-      constexpr int NumThreads = decltype(size(get<15>(this->args_tuple)))::value;  // the tiled copy's threads
-      constexpr int Rows = decltype(size<0>(gBuf_nl))::value;
-
-      // Order the workspace reads after the tile counter this CTA found complete.
-      detail::acquire_fence();
-
-      cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
-      auto valid = [&](int m) { return elem_less(cCol(m, _0{}), residue_cCol); };
-
-      // Reduction over batches
-      if (size<2>(stride(gCol_l)) == 0) {
-        detail::parallel_final_reduction<NumThreads, Rows, GmemReduceFn>(
-            thread_idx, int(size<3>(gBuf_nl)), int(size<2>(gBuf_nl)), this->params.reduction_identity,
-            [&](int m, int l) { return gBuf_nl(m, _0{}, _, l); }, valid,
-            [&](int m, ElementCompute out) { gCol_l(m, _0{}, _0{}) = convert_output(out); });
-      }
-      // No reduction over batches
-      else {
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (int l = 0; l < size<3>(gBuf_nl); ++l) {
-          detail::parallel_final_reduction<NumThreads, Rows, GmemReduceFn>(
-              thread_idx, 1, int(size<2>(gBuf_nl)), this->params.reduction_identity,
-              [&](int m, int) { return gBuf_nl(m, _0{}, _, l); }, valid,
-              [&](int m, ElementCompute out) { gCol_l(m, _0{}, l) = convert_output(out); });
-        }
+      if (this->do_final_reduction) {
+        detail::parallel_end<0, GmemReduceFn, ElementOutput, ElementCompute, RoundStyle>(this->args_tuple, this->params);
       }
     }
   };
@@ -230,41 +248,8 @@ struct Sm90RowReductionParallel
 
     CUTLASS_DEVICE void
     end() {
-      using namespace cute;
-      if (not this->do_final_reduction) {
-        return;
-      }
-      // args_tuple: Sm90RowReduction::get_consumer_store_callbacks
-      auto&& gRow_l = get<3>(this->args_tuple);         // (CTA_M,CTA_N,L)
-      auto&& cRow = get<4>(this->args_tuple);
-      auto&& gBuf_ml = get<5>(this->args_tuple);        // (CTA_M,CTA_N,REST_M,L)
-      auto&& residue_cRow = get<12>(this->args_tuple);
-      int thread_idx = get<16>(this->args_tuple);
-      constexpr int NumThreads = decltype(size(get<15>(this->args_tuple)))::value;  // the tiled copy's threads
-      constexpr int Cols = decltype(size<1>(gBuf_ml))::value;
-
-      // Order the workspace reads after the tile counter this CTA found complete.
-      detail::acquire_fence();
-
-      cutlass::NumericConverter<ElementOutput, ElementCompute, RoundStyle> convert_output{};
-      auto valid = [&](int n) { return elem_less(cRow(_0{}, n), residue_cRow); };
-
-      // Reduction over batches
-      if (size<2>(stride(gRow_l)) == 0) {
-        detail::parallel_final_reduction<NumThreads, Cols, GmemReduceFn>(
-            thread_idx, int(size<3>(gBuf_ml)), int(size<2>(gBuf_ml)), this->params.reduction_identity,
-            [&](int n, int l) { return gBuf_ml(_0{}, n, _, l); }, valid,
-            [&](int n, ElementCompute out) { gRow_l(_0{}, n, _0{}) = convert_output(out); });
-      }
-      // No reduction over batches
-      else {
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (int l = 0; l < size<3>(gBuf_ml); ++l) {
-          detail::parallel_final_reduction<NumThreads, Cols, GmemReduceFn>(
-              thread_idx, 1, int(size<2>(gBuf_ml)), this->params.reduction_identity,
-              [&](int n, int) { return gBuf_ml(_0{}, n, _, l); }, valid,
-              [&](int n, ElementCompute out) { gRow_l(_0{}, n, l) = convert_output(out); });
-        }
+      if (this->do_final_reduction) {
+        detail::parallel_end<1, GmemReduceFn, ElementOutput, ElementCompute, RoundStyle>(this->args_tuple, this->params);
       }
     }
   };
