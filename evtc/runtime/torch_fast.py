@@ -58,7 +58,9 @@ def mode() -> str:
     return {"0": "0", "off": "0", "false": "0", "sync": "sync"}.get(v, "1")
 
 
+@functools.lru_cache(maxsize=1)
 def _tag() -> str:
+    """The build's identity (source, torch, Python, ABI), hashed once per process."""
     import torch
 
     material = json.dumps({"source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "torch": torch.__version__,
