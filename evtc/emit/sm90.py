@@ -41,8 +41,9 @@ def mn_stride_args(plan: Plan, name: str) -> str:
         return f"{{cute::_1{{}}, args.ld_{name}, args.bs_{name}}}"
     return f"{{args.ld_{name}, cute::_1{{}}, args.bs_{name}}}"
 
-# (register, shuffle/smem, global) reduce functors for the non-atomic final reductions and the
-# atomic scalar reduction (Sm90ScalarReduction has only an atomic implementation)
+# (register, shuffle/smem, global, atomic) reduce functors: the global one for the workspace's final
+# reductions, the atomic one for scalar reductions (Sm90ScalarReduction has only an atomic
+# implementation) and atomic row/column max and min (NOTE [Atomic row and column max])
 REDUCE_FNS = {
     ReduceOp.SUM: ("cutlass::plus", "cutlass::plus", "cutlass::plus", "cutlass::atomic_add"),
     ReduceOp.MAX: ("cutlass::maximum", "cutlass::maximum", "cutlass::maximum", "cutlass::atomic_maximum"),
@@ -63,9 +64,18 @@ def cxx_shape(*dims: int) -> str:
 
 
 def uses_tile_reduction(plan: Plan) -> bool:
-    """Whether the plan has a row or column reduction: evtc's derived visitors of
-    ``evtc/sm90_reductions.hpp``, which its source (kernel or plugin fragment) must include."""
-    return any(v.role in (Role.ROW_REDUCTION, Role.COL_REDUCTION) for v in plan.tree.visitors())
+    """Whether the plan has a row or column reduction through the workspace: evtc's derived
+    visitors of ``evtc/sm90_reductions.hpp``, which its source (kernel or plugin fragment) must
+    include (atomic ones are CUTLASS's own visitors, NOTE [Atomic row and column max])."""
+    return any(v.role in (Role.ROW_REDUCTION, Role.COL_REDUCTION) and reduction_is_atomic(plan, v.name) is False
+               for v in plan.tree.visitors())
+
+
+def reduction_is_atomic(plan: Plan, name: str) -> bool:
+    """Whether reduction output ``name`` is reduced by atomics into the output (the plan's
+    ``atomic`` mode), which the launch must first fill with the identity (initialize_workspace)."""
+    b = plan.buffer(name)
+    return b is not None and b.mode == "atomic"
 
 
 def node_table(plan: Plan) -> NodeTable:
@@ -90,7 +100,7 @@ def node_table(plan: Plan) -> NodeTable:
         if v.role.is_reduction:
             reg, shfl, gmem, atomic = REDUCE_FNS[n.op]
             return {"reg": reg, "shfl": shfl, "gmem": gmem, "atomic": atomic,
-                    "identity": common.float_literal(n.op.identity)}
+                    "is_atomic": reduction_is_atomic(plan, n.name), "identity": common.float_literal(n.op.identity)}
         return {}
 
     return NodeTable("sm90/nodes.j2", f"{FUSION}::Sm90EVT", f"{FUSION}::Sm90TopologicalVisitor", decisions)
@@ -172,7 +182,7 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         swap_ab=cfg.swap_ab,
         stream_k=cfg.scheduler == "streamk",
         uses_reduction=any(r.is_reduction for r in uses),
-        scalar_reduction=Role.SCALAR_REDUCTION in uses,
+        atomic_reduction=any(b.mode == "atomic" for b in plan.buffers),
     )
 
 

@@ -75,7 +75,8 @@ from evtc.dtypes import DType
 from evtc.errors import ConfigError, IRVerificationError, PlanError
 from evtc.ir.axes import ReduceAxis
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import AuxLoad, ColBroadcast, Leaf, Reduction, RowBroadcast, ScalarBroadcast, Source, Store
+from evtc.ir.nodes import (AuxLoad, ColBroadcast, Leaf, ReduceOp, Reduction, RowBroadcast, ScalarBroadcast, Source,
+                            Store)
 from evtc.iterative import trampoline
 from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
@@ -712,6 +713,38 @@ _REDUCTION_WHY = {
                        "(evtc::Sm90RowReductionParallel)",
     ReduceAxis.SCALAR: "Sm90ScalarReduction: warp shuffles, one float atomic per warp",
 }
+_ATOMIC_WHY = {
+    ReduceAxis.ROW: "Sm90ColReduction: warp shuffles per row, one float atomic max/min per row and tile into "
+                    "the output (set to the identity first): no per-tile fence or tile counter",
+    ReduceAxis.COLUMN: "Sm90RowReduction: across warps through one stage of D's buffer, one float atomic max/min "
+                       "per column and tile into the output (set to the identity first)",
+}
+
+
+def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
+    """(mode, why) of a reduction output on sm90: ``atomic`` or ``workspace``.
+
+    NOTE [Atomic row and column max]: a row or column max (min) into an f32 output goes through
+    CUTLASS's atomic path (``Sm90ColReduction`` / ``Sm90RowReduction`` with an atomic
+    GmemReduceFn: ``cutlass::atomic_maximum<float>``, sign-aware integer atomics): each tile's
+    reduced lanes issue one ``red`` per row (column) into the output, which
+    ``initialize_workspace`` fills with the identity on the stream first. The workspace path
+    instead writes per-tile partials, ``__threadfence()``s, bumps a tile counter and waits on three
+    CTA barriers in every tile, which at 16384x4096x1024 (2048 tiles, a short mainloop) cost the
+    row max 1.41x cuBLAS against bias_relu's 0.92x (docs/performance.md). Max and min are exact
+    and order-free, so atomics give the same bits in any order; sums stay on the workspace (a
+    fixed order: deterministic), and so does any non-f32 output (no 16-bit float atomic max).
+    Scalar reductions are always atomic (Sm90ScalarReduction has no other implementation).
+    Members with the stream-K scheduler keep the workspace: CUTLASS's atomic scalar reduction
+    came out wrong under the stream-K decomposition on the H100 (NOTE [Scalar reductions and
+    stream-K], evtc/gemm.py), which row and column reductions through the workspace did not.
+    """
+    axis = ReduceAxis.of(n.dim)
+    if axis is ReduceAxis.SCALAR:
+        return "atomic", _REDUCTION_WHY[axis]
+    if n.op in (ReduceOp.MAX, ReduceOp.MIN) and n.dtype.name == "f32" and config.scheduler != "streamk":
+        return "atomic", _ATOMIC_WHY[axis]
+    return "workspace", _REDUCTION_WHY[axis]
 
 
 def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = ()) -> Plan:
@@ -772,8 +805,8 @@ def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = (
             buffers.append(Buffer(v.name, "scalar", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ScalarBroadcast: read once per batch"))
         elif v.role.is_reduction:
-            buffers.append(Buffer(v.name, v.role.value, n.dtype, "workspace" if v.role is not Role.SCALAR_REDUCTION
-                                  else "atomic", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
+            mode, why = reduction_mode(n, config)
+            buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
     threads = 256 if config.schedule == "cooperative" else 128
     notes = []
     if req.policy == "evtc" and isinstance(cand.c_slot, AuxLoad):
@@ -834,8 +867,8 @@ def _plan_unaligned(req: PlanRequest) -> Plan:
             buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
                                   "one CTA-N row (Sm90RowBroadcast, element-wise predicated)"))
         elif v.role.is_reduction:
-            buffers.append(Buffer(v.name, v.role.value, n.dtype, "workspace" if v.role is not Role.SCALAR_REDUCTION
-                                  else "atomic", 0, 0, -1, (), _REDUCTION_WHY[ReduceAxis.of(n.dim)]))
+            mode, why = reduction_mode(n, config)
+            buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
     threads = 256 if config.schedule == "cooperative" else 128
     return Plan(
         arch="sm90", policy="evtc", config=config, operands=(req.a, req.b), epilogue_tile=et,

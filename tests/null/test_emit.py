@@ -63,7 +63,7 @@ def test_every_node_kind_has_its_visitor():
     for pattern in ["Sm90AccFetch", r"Sm90SrcFetch<ElementC>", r"Sm90ScalarBroadcast<float", r"Sm90RowBroadcast(Direct)?<(0, )?TileShape, cutlass::bfloat16_t",
                     r"Sm90ColBroadcast<0, TileShape, float", r"Sm90AuxLoad<\d, EpilogueTile, cutlass::half_t",
                     r"Sm90AuxStore<\d, EpilogueTile, cutlass::float_e4m3_t", r"evtc::Sm90Immediate<0x3f000000u>",
-                    r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"evtc::Sm90ColReductionParallel<cutlass::maximum",
+                    r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"Sm90ColReduction<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum",
                     r"evtc::Sm90RowReductionParallel<cutlass::plus", r"Sm90ScalarReduction<cutlass::minimum, evtc::atomic_minimum",
                     r"GELU, float"]:
         assert lines_matching(src, pattern), pattern
@@ -76,6 +76,41 @@ def test_every_node_kind_has_its_visitor():
             assert "// " in line, line
     assert "static_cast<float const*>(args.p_s)" in src  # device scalar by pointer
     assert "args.s_alpha" in src
+
+
+def test_row_and_column_max_in_f32_are_atomic_sums_and_16_bit_maxima_use_the_workspace():
+    """NOTE [Atomic row and column max]: an f32 max/min is CUTLASS's atomic visitor (no tile
+    counters, the output filled with the identity on every launch); sums and bf16 maxima keep
+    evtc's workspace reduction and its header."""
+    @evtc.epilogue
+    def atomic_ones(acc):
+        return {"D": acc, "rmax": evtc.max(acc, dim=1), "cmin": evtc.min(acc, dim=0)}
+
+    @evtc.epilogue
+    def workspace_ones(acc):
+        return {"D": acc, "rsum": evtc.sum(acc, dim=1), "cmax": evtc.max(acc, dim=0).to(bf16)}
+
+    g = evtc.Gemm(atomic_ones)
+    modes = {b.name: b.mode for b in g.plan.buffers}
+    assert modes["rmax"] == "atomic" and modes["cmin"] == "atomic"
+    src = g.source
+    assert lines_matching(src, r"Sm90ColReduction<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum")
+    assert lines_matching(src, r"Sm90RowReduction<cutlass::minimum, cutlass::minimum, evtc::atomic_minimum")
+    assert "evtc/sm90_reductions.hpp" not in src and "ReductionParallel" not in src
+    # the launch fills the outputs with the identity even when the workspace is empty
+    assert "if (workspace != nullptr)" not in src
+    # a stream-K member keeps the workspace (NOTE [Scalar reductions and stream-K])
+    sk = evtc.Gemm(atomic_ones, config=evtc.GemmConfig(scheduler="streamk", tile=(128, 128, 64), cluster=(1, 1, 1)))
+    assert {b.name: b.mode for b in sk.plan.buffers}["rmax"] == "workspace"
+    assert lines_matching(sk.source, r"evtc::Sm90ColReductionParallel<cutlass::maximum")
+
+    g = evtc.Gemm(workspace_ones)
+    modes = {b.name: b.mode for b in g.plan.buffers}
+    assert modes["rsum"] == "workspace" and modes["cmax"] == "workspace"
+    src = g.source
+    assert lines_matching(src, r"evtc::Sm90ColReductionParallel<cutlass::plus")
+    assert lines_matching(src, r"evtc::Sm90RowReductionParallel<cutlass::maximum, cutlass::maximum, cutlass::maximum, 0, TileShape, cutlass::bfloat16_t")
+    assert "evtc/sm90_reductions.hpp" in src and "if (workspace != nullptr)" in src
 
 
 def test_row_broadcast_follows_the_plan():
