@@ -251,6 +251,12 @@ _EXTRA_SM90 = {
     "scalar_reduction": ("atomic", "regs, atomics", "atomics into the output, set to the identity first"),
 }
 
+_ATOMIC_WHY = {
+    "row_reduction": "warp shuffles, one float atomic per row and tile into the output, set to the identity first",
+    "col_reduction": "warps meet in D's smem, one float atomic per column and tile into the output, set to the "
+                     "identity first",
+}
+
 _WHY_SM80 = {
     "aux_load": "predicated vector loads into registers (VisitorAuxLoad)",
     "aux_store": "predicated vector stores from registers (VisitorAuxStore)",
@@ -309,6 +315,8 @@ def plan_rows(plan: Plan) -> list[PlanRow]:
             where = _WHERE.get(b.mode, b.mode)
         if sm90 and b.role in _EXTRA_SM90:
             mode, where, why = _EXTRA_SM90[b.role]
+            if b.mode == "atomic" and mode != "atomic":  # NOTE [Atomic row and column max]
+                mode, where, why = "atomic", where.replace("wksp", "atomics"), _ATOMIC_WHY[b.role]
             rows.append(PlanRow(b.name, b.role, b.dtype.name, mode, where, 0, 0, -1, None, why))
             continue
         if sm90:
