@@ -64,11 +64,10 @@ def cxx_shape(*dims: int) -> str:
 
 
 def uses_tile_reduction(plan: Plan) -> bool:
-    """Whether the plan has a row or column reduction through the workspace: evtc's derived
-    visitors of ``evtc/sm90_reductions.hpp``, which its source (kernel or plugin fragment) must
-    include (atomic ones are CUTLASS's own visitors, NOTE [Atomic row and column max])."""
-    return any(v.role in (Role.ROW_REDUCTION, Role.COL_REDUCTION) and reduction_is_atomic(plan, v.name) is False
-               for v in plan.tree.visitors())
+    """Whether the plan has a row or column reduction: evtc's derived visitors of
+    ``evtc/sm90_reductions.hpp`` (through the workspace or atomic), which its source (kernel or
+    plugin fragment) must include."""
+    return any(v.role in (Role.ROW_REDUCTION, Role.COL_REDUCTION) for v in plan.tree.visitors())
 
 
 def reduction_is_atomic(plan: Plan, name: str) -> bool:

@@ -63,7 +63,7 @@ def test_every_node_kind_has_its_visitor():
     for pattern in ["Sm90AccFetch", r"Sm90SrcFetch<ElementC>", r"Sm90ScalarBroadcast<float", r"Sm90RowBroadcast(Direct)?<(0, )?TileShape, cutlass::bfloat16_t",
                     r"Sm90ColBroadcast<0, TileShape, float", r"Sm90AuxLoad<\d, EpilogueTile, cutlass::half_t",
                     r"Sm90AuxStore<\d, EpilogueTile, cutlass::float_e4m3_t", r"evtc::Sm90Immediate<0x3f000000u>",
-                    r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"Sm90ColReduction<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum",
+                    r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"evtc::Sm90ColReductionAtomic<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum",
                     r"evtc::Sm90RowReductionParallel<cutlass::plus", r"Sm90ScalarReduction<cutlass::minimum, evtc::atomic_minimum",
                     r"GELU, float"]:
         assert lines_matching(src, pattern), pattern
@@ -94,9 +94,9 @@ def test_row_and_column_max_in_f32_are_atomic_sums_and_16_bit_maxima_use_the_wor
     modes = {b.name: b.mode for b in g.plan.buffers}
     assert modes["rmax"] == "atomic" and modes["cmin"] == "atomic"
     src = g.source
-    assert lines_matching(src, r"Sm90ColReduction<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum")
-    assert lines_matching(src, r"Sm90RowReduction<cutlass::minimum, cutlass::minimum, evtc::atomic_minimum")
-    assert "evtc/sm90_reductions.hpp" not in src and "ReductionParallel" not in src
+    assert lines_matching(src, r"evtc::Sm90ColReductionAtomic<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum")
+    assert lines_matching(src, r"evtc::Sm90RowReductionAtomic<cutlass::minimum, cutlass::minimum, evtc::atomic_minimum")
+    assert "ReductionParallel" not in src
     # the launch fills the outputs with the identity even when the workspace is empty
     assert "if (workspace != nullptr)" not in src
     # a stream-K member keeps the workspace (NOTE [Scalar reductions and stream-K])

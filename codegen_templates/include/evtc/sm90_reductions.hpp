@@ -1,8 +1,15 @@
-// evtc's sm90 row and column reductions (evtc::Sm90ColReductionParallel, evtc::Sm90RowReductionParallel):
-// CUTLASS's Sm90ColReduction / Sm90RowReduction with a parallel final reduction across tiles.
+// evtc's sm90 row and column reductions: CUTLASS's Sm90ColReduction / Sm90RowReduction with a
+// parallel final reduction across tiles (evtc::Sm90ColReductionParallel, Sm90RowReductionParallel),
+// and their atomic forms with a fill that spares the gaps between batches
+// (evtc::Sm90ColReductionAtomic, Sm90RowReductionAtomic).
 // #included (after sm90_visitors.hpp) only by the emitted sm90 kernels with a row or column
 // reduction, so that the other kernels' build-cache keys don't depend on it.
 #pragma once
+
+#include <cstring>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
 
 #include <cutlass/epilogue/fusion/sm90_visitor_store_tma_warpspecialized.hpp>
 
@@ -260,6 +267,123 @@ struct Sm90RowReductionParallel
     auto base = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
     using ArgsTuple = decltype(base.args_tuple);
     return ConsumerStoreCallbacks<ArgsTuple>(cute::move(base.args_tuple), this->params);
+  }
+};
+
+// Atomic row and column max/min (NOTE [Atomic row and column max], evtc/plan/sm90.py): CUTLASS's
+// Sm90ColReduction / Sm90RowReduction with an atomic GmemReduceFn, whose initialize_workspace fills
+// the output with the identity by cosize(layout) consecutive elements from its base. For a batched
+// output whose batch stride exceeds its length (rows padded to 16 bytes, or a caller's strided
+// view) that also writes the gaps between batches, which are not the output's. These fill
+// exactly the L x length elements, as one pitched memset (cuMemsetD2D32Async, resolved through the
+// runtime's driver entry points like evtc/driver_shim.hpp, so no -lcuda), on the stream.
+namespace detail {
+
+template <class Element>
+cutlass::Status fill_batched(void* ptr, Element identity, int64_t length, int64_t batches, int64_t batch_stride,
+                             cudaStream_t stream) {
+  static_assert(sizeof(Element) == 4, "the atomic reductions' outputs are 32-bit (float)");
+  if (ptr == nullptr || length <= 0 || batches <= 0) {
+    return cutlass::Status::kSuccess;
+  }
+  if (batch_stride == 0) {  // reduced over batches: one vector
+    batches = 1;
+  }
+  if (batches > 1 && batch_stride < length) {
+    return cutlass::Status::kErrorInvalidProblem;  // overlapping batches: the binder refuses these first
+  }
+  using Fn = CUresult(CUDAAPI*)(CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream);
+  static Fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuMemsetD2D32Async", &f, 3020, cudaEnableDefault, &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      return Fn(nullptr);
+    }
+    return reinterpret_cast<Fn>(f);
+  }();
+  if (fn == nullptr) {
+    return cutlass::Status::kErrorInternal;
+  }
+  unsigned int bits;
+  std::memcpy(&bits, &identity, sizeof(bits));
+  size_t const pitch = size_t(batches > 1 ? batch_stride : length) * sizeof(Element);
+  return fn(reinterpret_cast<CUdeviceptr>(ptr), pitch, bits, size_t(length), size_t(batches), stream) == CUDA_SUCCESS
+             ? cutlass::Status::kSuccess
+             : cutlass::Status::kErrorInternal;
+}
+
+}  // namespace detail
+
+// evtc's atomic row reduction (a row max/min into f32): Sm90ColReduction<atomic> with a batched fill.
+template <
+  template <class> class RegReduceFn,
+  template <class> class ShuffleReduceFn,
+  template <class> class GmemReduceFn,
+  int Stages,
+  class CtaTileShapeMNK,
+  class ElementOutput,
+  class ElementCompute,
+  cutlass::FloatRoundStyle RoundStyle,
+  class StrideMNL = cute::Stride<cute::_1, cute::_0, cute::_0>,
+  int Alignment = 128 / cutlass::sizeof_bits_v<ElementOutput>,
+  bool EnableNullptr = true,
+  bool VisitCheckOOB = true
+>
+struct Sm90ColReductionAtomic
+    : cutlass::epilogue::fusion::Sm90ColReduction<
+        RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB> {
+  using Base = cutlass::epilogue::fusion::Sm90ColReduction<
+      RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+      RoundStyle, StrideMNL, Alignment, EnableNullptr, true, VisitCheckOOB>;
+  using Base::Base;
+  using typename Base::Arguments;
+  static_assert(cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value, "the atomic row reduction");
+
+  template <class ProblemShape>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void*, cudaStream_t stream,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    auto [M, N, K, L] = cute::append<4>(problem_shape, 1);
+    return detail::fill_batched(args.ptr_col, ElementOutput(args.reduction_identity), int64_t(M), int64_t(L),
+                                int64_t(cute::get<2>(args.dCol)), stream);
+  }
+};
+
+// evtc's atomic column reduction (a column max/min into f32): Sm90RowReduction<atomic> with a batched fill.
+template <
+  template <class> class RegReduceFn,
+  template <class> class ShuffleReduceFn,
+  template <class> class GmemReduceFn,
+  int Stages,
+  class CtaTileShapeMNK,
+  class ElementOutput,
+  class ElementCompute,
+  cutlass::FloatRoundStyle RoundStyle,
+  class StrideMNL = cute::Stride<cute::_0, cute::_1, cute::_0>,
+  int Alignment = 128 / cutlass::sizeof_bits_v<ElementOutput>,
+  bool EnableNullptr = true,
+  bool VisitCheckOOB = true
+>
+struct Sm90RowReductionAtomic
+    : cutlass::epilogue::fusion::Sm90RowReduction<
+        RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB> {
+  using Base = cutlass::epilogue::fusion::Sm90RowReduction<
+      RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
+      RoundStyle, StrideMNL, Alignment, EnableNullptr, true, VisitCheckOOB>;
+  using Base::Base;
+  using typename Base::Arguments;
+  static_assert(cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value, "the atomic column reduction");
+
+  template <class ProblemShape>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void*, cudaStream_t stream,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    auto [M, N, K, L] = cute::append<4>(problem_shape, 1);
+    return detail::fill_batched(args.ptr_row, ElementOutput(args.reduction_identity), int64_t(N), int64_t(L),
+                                int64_t(cute::get<2>(args.dRow)), stream);
   }
 };
 
