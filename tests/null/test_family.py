@@ -215,6 +215,18 @@ def test_epilogue_aware_choices():
     assert light.choose(32, 28672, 4096).name == "swap" and stats.choose(32, 28672, 4096).name == "small"
     assert light.choose(16384, 4096, 1024).name == "pingpong"
     assert stats.choose(16384, 4096, 1024).name == "large" and aux.choose(16384, 4096, 1024).name == "large"
+    # an f32 row max alone reduces with atomics (NOTE [Atomic row and column max]): not heavy
+
+    @evtc.epilogue
+    def rowmax(acc, bias: evtc.RowVector[evtc.f32]):
+        D = acc + bias
+        return {"D": D, "row_max": evtc.max(D, dim=1)}
+
+    rm = evtc.Gemm(rowmax)
+    t = EpilogueTraits.of(rm.graph)
+    assert t.reductions and not t.workspace_reductions and not t.heavy
+    assert EpilogueTraits.of(stats.graph).workspace_reductions  # row_stats has a row sum
+    assert rm.choose(16384, 4096, 1024).name == "pingpong"
     assert light.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
     assert aux.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
     assert stats.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned_pingpong"
