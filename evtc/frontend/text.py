@@ -567,6 +567,19 @@ class _IRReader(_TextReader):
                       hint="operands are parameters of the header or values defined on earlier lines")
         return node
 
+    def number(self, children: list[Token]) -> int | float:
+        """A literal, refused at the literal if it is an integer no float can hold: an operand
+        becomes an f32 constant through ``float()``, which raises OverflowError beyond
+        ~1.8e308 (a finite float beyond f32's range is read as written: the verifier reports
+        it, as it does for any graph)."""
+        value = super().number(children)
+        if isinstance(value, int):
+            try:
+                float(value)
+            except OverflowError:
+                self.builder.constant(value, self.loc(children[0]))  # raises the not-an-f32 GrammarError
+        return value
+
     def negative(self, children) -> float:
         return -children[0]
 
@@ -662,8 +675,8 @@ def parse_ir(text: str, *, file: str = IR_FILE) -> Graph:
 
     Raises:
         GrammarError: a syntax error, an unknown op/dtype/kind, a name used before it is
-            defined or defined twice, a name that can't reach C++ (:mod:`evtc.ir.names`);
-            located in the text.
+            defined or defined twice, a name that can't reach C++ (:mod:`evtc.ir.names`),
+            an integer literal too large for any float; located in the text.
     """
     if not isinstance(text, str):
         raise GrammarError(f"IR text is a str, not {type(text).__name__}", hint="e.g. parse_ir(str(graph))")

@@ -341,6 +341,41 @@ def test_random_ir_text_raises_only_evtc_errors(program, data):
     _only_evtc_errors(lambda: parse_ir(text[:pos] + insert + text[pos + cut:]))
 
 
+#: found by test_random_ir_text_raises_only_evtc_errors: '9' * 400 written over the '%' of
+#: 'store(%2)', so the operand is a 401-digit integer literal
+_HUGE_INT_IR = ("epilogue fuzz(acc: f32 accumulator, alpha: f32 scalar, bias: f32 row):\n"
+                "  %0 = mul(acc, alpha) : f32\n  %1 = add(%0, bias) : f32\n  %2 = relu(%1) : f32\n"
+                "  D = store(" + "9" * 400 + "2) : bf16\n")
+
+
+@pytest.mark.parametrize("text,col", [
+    (_HUGE_INT_IR, 13),
+    ("epilogue e(acc: f32 accumulator):\n  %0 = mul(-" + "9" * 400 + ", acc) : f32\n  D = store(%0) : bf16\n", 13),
+    ("epilogue e(acc: f32 accumulator):\n  %0 = relu(acc) {k=" + "9" * 400 + "} : f32\n  D = store(%0) : bf16\n",
+     21),
+    ("epilogue e(acc: f32 accumulator):\n  D = reduce_sum(acc, dim=" + "9" * 400 + ") : f32\n", 27),
+], ids=["fuzz-store-operand", "negative-operand", "attribute", "dim"])
+def test_ir_integer_literal_too_large_for_a_float(text, col):
+    """An integer literal no float can hold was read with float() and raised OverflowError,
+    reported as 'internal error while reading the text: OverflowError: int too large to convert
+    to float'; it is now refused at the literal like any constant that is not an f32."""
+    with pytest.raises(evtc.GrammarError) as ei:
+        parse_ir(text)
+    err = ei.value
+    assert "internal error" not in err.message
+    assert err.message.startswith("the constant ~10**40") and "not representable as a finite f32" in err.message
+    assert err.hint and "f32's range" in err.hint
+    assert err.loc.line in (2, 5) and err.loc.col + 1 == col
+    str(err)
+
+
+def test_ir_large_finite_constant_is_read_as_written():
+    """A literal float() can hold but f32 can't is read (the verifier reports it), not refused."""
+    g = parse_ir("epilogue e(acc: f32 accumulator):\n  %0 = mul(acc, " + "9" * 300 + ") : f32\n"
+                 "  D = store(%0) : bf16\n")
+    assert "mul(acc, 1e+300)" in str(g)
+
+
 @pytest.mark.parametrize("fn,arg", [(parse_ir, None), (parse_ir, b"epilogue e(acc: f32 accumulator):\n"),
                                     (from_expr, 3), (from_expr, b"D = acc")])
 def test_text_entry_points_take_only_text(fn, arg):
