@@ -287,3 +287,32 @@ def test_pinned_gemms_never_stage(monkeypatch):
     A, B = Fake((4096, 64)), Fake((50257, 64))
     g(A, B, out=Fake((4096, 50257)), C=Fake((4096, 50257)), alpha=1.0, bias=Fake((50257,), "<f4"))
     assert lib.calls and not any(isinstance(x, staging.StagedLauncher) for x in g._launchers.values())
+
+
+def test_pitched_copy_layouts():
+    """NOTE [Pitched copies for staging]: one 2-D copy over all L x M rows where both layouts are
+    unit-stride rows under one pitch; anything else is left to ``copy_``."""
+    from evtc.runtime.pitched_copy import row_layout
+
+    # packed bf16 (4096, 50257) into rows padded to 50264
+    assert row_layout((4096, 50257), (50264, 1), (50257, 1), 2) == (50264 * 2, 50257 * 2, 50257 * 2, 4096)
+    # batched: the batch stride is M rows on both sides, so all L x M rows are one copy
+    assert row_layout((3, 5, 7), (5 * 8, 8, 1), (35, 7, 1), 2) == (16, 14, 14, 15)
+    # one row: its pitch is never used, any stride passes
+    assert row_layout((1, 7), (0, 1), (7, 1), 4) == (28, 28, 28, 1)
+    # batch stride not M rows, transposed rows, overlapping rows, other ranks: no
+    assert row_layout((3, 5, 7), (48, 8, 1), (35, 7, 1), 2) is None
+    assert row_layout((5, 7), (1, 5), (7, 1), 2) is None
+    assert row_layout((5, 7), (3, 1), (7, 1), 2) is None
+    assert row_layout((7,), (1,), (1,), 2) is None
+    assert row_layout((0, 7), (8, 1), (7, 1), 2) is None
+
+
+def test_pitched_copy_declines_what_it_can_not_copy():
+    from evtc.runtime.pitched_copy import copy_rows
+
+    assert copy_rows(object(), object()) is False
+    torch = pytest.importorskip("torch")
+    a = torch.zeros(4, 7)
+    assert copy_rows(a, torch.ones(4, 7)) is False  # CPU tensors: copy_ does it
+    assert float(a.sum()) == 0.0
