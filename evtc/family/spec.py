@@ -159,6 +159,22 @@ def _tiles(M: int, N: int, L: int, tile: tuple[int, int, int]) -> int:
     return math.ceil(M / tile[0]) * math.ceil(N / tile[1]) * L
 
 
+def wave_efficiency(tiles: int, sm_count: int) -> float:
+    """The fraction of the SM-waves a persistent kernel's ``tiles`` keep busy: tiles / (SMs x waves).
+
+    NOTE [Wave quantisation between large and ping-pong]: below the 15 waves where ping-pong's
+    overlap always pays, a light epilogue still takes ``pingpong`` (128x192) over ``large``
+    (128x256) when it has 4 waves or more and its last wave is fuller by more than 3 % of the
+    machine. fc1 of the MLP block at 1024 tokens (1024x14336x4096 + GELU): 448 large tiles are 3.4
+    waves (0.85 of them busy), 600 ping-pong tiles 4.5 (0.91); ``explore_members.py --torch 1024``
+    on the H200 (2026-11-25, CUDA graphs, / cuBLAS): pingpong 1.19, large 1.34. Unchanged by the
+    rule: 4096^3 (0.97 large, 0.89 ping-pong), 8192x4096x14336 (0.97 both: large) and every other
+    problem of bench_shapes.py.
+    """
+    waves = math.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count)
+
+
 MIN_SPLIT_K_TILES = 96
 """The fewest K tiles (of the tile's K extent) worth giving one split: shorter splits lost more
 to the turnstile reduction than they gained on the H100 (NOTE [The default sm90 family])."""
@@ -294,7 +310,14 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
         # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)
         return family["pingpong"]
-    if _tiles(p.M, p.N, p.L, large.config.tile) >= p.sm_count:
+    large_tiles = _tiles(p.M, p.N, p.L, large.config.tile)
+    if has("pingpong") and not traits.heavy and large_tiles >= p.sm_count:
+        # NOTE [Wave quantisation between large and ping-pong]
+        pp_tiles = _tiles(p.M, p.N, p.L, family["pingpong"].config.tile)
+        if pp_tiles >= 4 * p.sm_count and wave_efficiency(pp_tiles, p.sm_count) > \
+                wave_efficiency(large_tiles, p.sm_count) + 0.03:
+            return family["pingpong"]
+    if large_tiles >= p.sm_count:
         return large
     if not has("streamk", "kheavy", "small"):
         return large

@@ -67,7 +67,7 @@ def test_the_tile_order_band_never_pads_the_problem(family):
     # 1024 rows are 8 tiles of 128; 2x1 clusters of 8-tile bands round them to 16: twice the work
     assert scheduled_tiles(large, 1024, 14336) == scheduled_tiles(large, 2048, 14336) == 16 * 56
     assert scheduled_tiles(large, 1024, 14336, swizzle=2) == 8 * 56
-    for M in (512, 1024, 1536, 3072):
+    for M in (512, 1536, 3072):  # (1024 takes ping-pong: NOTE [Wave quantisation between large and ping-pong])
         s = pick(family, M, 14336, 4096)
         assert s.name == "large" and s.config.swizzle < 3, M
         assert scheduled_tiles(s.config, M, 14336) <= 1.03 * scheduled_tiles(s.config, M, 14336, swizzle=0)
@@ -230,3 +230,20 @@ def test_epilogue_aware_choices():
     assert light.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
     assert aux.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned"
     assert stats.choose(4096, 50257, 4096, aligned_mn=False).name == "unaligned_pingpong"
+
+
+def test_wave_quantisation_between_large_and_pingpong():
+    """NOTE [Wave quantisation between large and ping-pong]: below 15 waves a light epilogue takes
+    ping-pong where its last wave is fuller by more than 3 % (and it has 4 waves or more)."""
+    import epilogues as E
+    from evtc.family.spec import wave_efficiency
+
+    assert wave_efficiency(132, 132) == 1.0 and abs(wave_efficiency(448, 132) - 448 / 528) < 1e-12
+    light = evtc.Gemm(E.bias_relu)
+    assert light.choose(1024, 14336, 4096).name == "pingpong"  # 0.91 against 0.85
+    assert light.choose(4096, 4096, 4096).name == "large"  # 0.89 against 0.97
+    assert light.choose(8192, 4096, 14336).name == "large"  # 0.97 both
+    assert light.choose(2048, 14336, 4096).name == "large"  # 0.91 against 0.97
+    # a heavy epilogue keeps the large kernel
+    assert evtc.Gemm(E.REFERENCE["gelu_aux"]).choose(1024, 14336, 4096).name == "large"
+
