@@ -167,9 +167,12 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
     (128x256) when it has 4 waves or more and its last wave is fuller by more than 3 % of the
     machine. fc1 of the MLP block at 1024 tokens (1024x14336x4096 + GELU): 448 large tiles are 3.4
     waves (0.85 of them busy), 600 ping-pong tiles 4.5 (0.91); ``explore_members.py --torch 1024``
-    on the H200 (2026-11-25, CUDA graphs, / cuBLAS): pingpong 1.19, large 1.34. Unchanged by the
-    rule: 4096^3 (0.97 large, 0.89 ping-pong), 8192x4096x14336 (0.97 both: large) and every other
-    problem of bench_shapes.py.
+    on the H200 (2026-11-25, CUDA graphs, / cuBLAS): pingpong 1.19, large 1.34; at 1536 tokens
+    (0.85 / 0.97) 0.99 against 1.40, at 3072 (0.92 / 0.97) ping-pong 1.10, streamk 1.25 and large
+    slower still; the MLP block at 1024 tokens went from 1.049 to 0.983 of torch.compile's time
+    (bench_torch.py). Unchanged by the rule: 512 tokens (large 1.09, its 4 ping-pong waves are 0.85
+    full), 4096^3 (0.97 large, 0.89 ping-pong), 8192x4096x14336 (0.97 both: large) and every
+    other problem of bench_shapes.py.
     """
     waves = math.ceil(tiles / sm_count)
     return tiles / (waves * sm_count)
