@@ -71,6 +71,14 @@ def test_the_tile_order_band_never_pads_the_problem(family):
     assert s.name == "large" and s.config.swizzle < 3
     # (1024, 1536 and 3072 rows take ping-pong: NOTE [Wave quantisation between large and ping-pong])
     assert all(pick(family, M, 14336, 4096).name == "pingpong" for M in (1024, 1536, 3072))
+    assert scheduled_tiles(s.config, 512, 14336) <= 1.03 * scheduled_tiles(s.config, 512, 14336, swizzle=0)
+    # a heavy epilogue keeps the large kernel there, with the band narrowed
+    import epilogues as E
+
+    heavy = evtc.Gemm(E.REFERENCE["gelu_aux"])
+    for M in (1024, 1536, 3072):
+        s = heavy.choose(M, 14336, 4096)
+        assert s.name == "large" and s.config.swizzle < 3, M
         assert scheduled_tiles(s.config, M, 14336) <= 1.03 * scheduled_tiles(s.config, M, 14336, swizzle=0)
     # no padding at 2048 or 4096 rows: the measured 8-tile band stays (config None = the default)
     assert pick(family, 2048, 14336, 4096).config.swizzle in (None, 3)
