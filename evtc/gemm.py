@@ -33,7 +33,7 @@ from evtc.plan.config import validate as validate_config
 from evtc.plan import make_plan
 from evtc.plan.model import Plan
 from evtc.ir.printer import print_graph
-from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, on_demand
+from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue, on_demand
 from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
 from evtc.runtime import staging, tensors
 from evtc.runtime.bind import ALIGN, Binder
@@ -174,9 +174,13 @@ def _no_torch_op(gemm: "Gemm") -> str:
             "compiling (or construct the Gemm after `import torch`)")
 
 
-def has_scalar_reduction(graph: Graph) -> bool:
-    """Whether ``graph`` has a reduction to one value per batch (``dim=None``: amax, a total)."""
-    return any(isinstance(o, Reduction) and o.dim is None for o in graph.outputs)
+def atomic_reductions(graph: Graph, config: GemmConfig) -> list[Reduction]:
+    """The reduction outputs a kernel of ``config`` reduces with atomics on sm90: the scalar
+    ones, and row/column max/min into f32 where the config makes them atomic
+    (:func:`evtc.plan.sm90.reduction_mode`)."""
+    from evtc.plan.sm90 import reduction_mode
+
+    return [o for o in graph.outputs if isinstance(o, Reduction) and reduction_mode(o, config)[0] == "atomic"]
 
 
 def _scheduler_args(config: GemmConfig, arch: str, graph: Graph | None = None) -> dict[str, int]:
@@ -185,15 +189,16 @@ def _scheduler_args(config: GemmConfig, arch: str, graph: Graph | None = None) -
     NOTE [Scalar reductions and stream-K]: on the H100 (2026-11-23, tests/gpu/test_family_gpu.py)
     fp8_out's amax (CUTLASS's ``Sm90ScalarReduction``) came out 15 % too large for one batch of a
     777x1031x1024x2 problem under the stream-K decomposition, while D, row and column reductions
-    were exact, and under split-K and data-parallel the amax was exact. Until the cause is found,
-    an epilogue with a scalar reduction never runs stream-K: an explicit
+    were exact (through the workspace), and under split-K and data-parallel the amax was exact.
+    Until the cause is found, a kernel with an atomic reduction (a scalar one, or a row/column
+    max/min made atomic, :func:`atomic_reductions`) never runs stream-K: an explicit
     ``decomposition="stream_k"`` is refused (:func:`check_decomposition`) and CUTLASS's
     ``"heuristic"`` (which may pick stream-K) becomes data-parallel (or split-K with splits > 1).
     """
     if arch != "sm90":
         return {}
     decomposition = config.decomposition
-    if graph is not None and decomposition == "heuristic" and has_scalar_reduction(graph):
+    if graph is not None and decomposition == "heuristic" and atomic_reductions(graph, config):
         decomposition = "split_k" if config.split_k > 1 else "data_parallel"
     return {"max_swizzle_size": 1 << config.swizzle, "raster_order": RASTER_ORDERS.index(config.raster),
             "splits": config.split_k, "decomposition_mode": DECOMPOSITIONS.index(decomposition),
@@ -201,18 +206,22 @@ def _scheduler_args(config: GemmConfig, arch: str, graph: Graph | None = None) -
 
 
 def check_decomposition(graph: Graph, config: GemmConfig) -> None:
-    """Refuse the stream-K decomposition for an epilogue with a scalar reduction.
+    """Refuse the stream-K decomposition for a kernel with atomic reductions.
 
     Raises:
-        ConfigError: ``config.decomposition == "stream_k"`` and ``graph`` reduces to a scalar
-            (NOTE [Scalar reductions and stream-K] in :func:`_scheduler_args`).
+        ConfigError: ``config.decomposition == "stream_k"`` and ``graph`` has an output
+            :func:`atomic_reductions` lists for ``config``: a scalar reduction, or a row/column
+            max/min with ``config.atomic_reductions=True`` (NOTE [Scalar reductions and
+            stream-K] in :func:`_scheduler_args`).
     """
-    if config.decomposition == "stream_k" and has_scalar_reduction(graph):
-        names = ", ".join(o.name for o in graph.outputs if isinstance(o, Reduction) and o.dim is None)
-        raise ConfigError(f"decomposition='stream_k' with a scalar reduction ({names}) gave a wrong result on the "
-                          "H100, so evtc does not run it",
+    if config.decomposition == "stream_k" and (atomic := atomic_reductions(graph, config)):
+        names = ", ".join(o.name for o in atomic)
+        scalar = all(o.dim is None for o in atomic)
+        raise ConfigError(f"decomposition='stream_k' with {'a scalar' if scalar else 'an atomic'} reduction ({names}) "
+                          "gave a wrong result on the H100, so evtc does not run it",
                           epilogue=graph.name,
-                          hint="use decomposition='split_k' (with split_k=S) or 'data_parallel'")
+                          hint="use decomposition='split_k' (with split_k=S) or 'data_parallel'"
+                               + ("" if scalar else ", or atomic_reductions=False (reduce through the workspace)"))
 
 
 def _aligned_rows(v: tensors.TensorView, eb: int) -> bool:
@@ -295,7 +304,7 @@ class Gemm:
             check_decomposition(self._traced, config)
             self.family = {"pinned": KernelSpec("pinned", config, arch)}
         else:
-            self.family = {s.name: s for s in default_family(arch, self.a, self.b)}
+            self.family = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self.graph)}
         primary_spec = next(iter(self.family.values()))
         self._kernels: dict[str, Kernel] = {}
         self._primary = self._kernels[self._kernel_key(primary_spec)] = Kernel(

@@ -125,6 +125,29 @@ class KernelSpec:
         return dataclasses.replace(self, config=self.config.replace(**changes))
 
 
+def for_epilogue(family, graph) -> tuple[KernelSpec, ...]:
+    """The default family adapted to an epilogue (a Graph after passes).
+
+    NOTE [Atomic reductions in the stream-K members]: where every row and column reduction of
+    the epilogue is an f32 max or min (:func:`evtc.plan.sm90.atomic_capable`), the stream-K-
+    scheduler members (``streamk``, ``kheavy``) reduce them with atomics too
+    (``GemmConfig.atomic_reductions=True``; NOTE [Atomic row and column max]) and so run
+    data-parallel or split-K, never the stream-K decomposition (NOTE [Scalar reductions and
+    stream-K]), which the heuristic never picks for them anyway. The row max on the H200
+    (2026-11-25, before this rule): 1.25x cuBLAS at 1024x1024x16384 on ``kheavy`` and 1.64x at
+    512x1024x4096x8 on ``streamk`` through the workspace, as slow as or slower than the eager
+    unfused epilogue (1.25, 1.60).
+    """
+    from evtc.ir.nodes import Reduction
+    from evtc.plan.sm90 import atomic_capable
+
+    tile = [o for o in graph.outputs if isinstance(o, Reduction) and o.dim is not None]
+    if not tile or not all(atomic_capable(o) for o in tile):
+        return tuple(family)
+    return tuple(dataclasses.replace(s, config=s.config.replace(atomic_reductions=True))
+                 if s.arch == "sm90" and s.config.scheduler == "streamk" else s for s in family)
+
+
 def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
     """The kernels built for every epilogue by default (NOTE [The default sm90 family])."""
     base = default_config(arch, a, b)

@@ -97,7 +97,7 @@ class TuneStore:
 
 def candidates(gemm, p: Problem) -> list[KernelSpec]:
     """The members and run-time variants worth timing for ``p``."""
-    from evtc.gemm import has_scalar_reduction
+    from evtc.gemm import atomic_reductions
 
     out: list[KernelSpec] = []
     for spec in gemm.family.values():
@@ -110,7 +110,7 @@ def candidates(gemm, p: Problem) -> list[KernelSpec]:
             tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1]) * p.L
             k_tiles = math.ceil(p.K / tile[2])
             out.append(spec.with_runtime(split_k=1, decomposition="data_parallel"))
-            if not has_scalar_reduction(gemm.graph):  # NOTE [Scalar reductions and stream-K]
+            if not atomic_reductions(gemm.graph, cfg):  # NOTE [Scalar reductions and stream-K]
                 out.append(spec.with_runtime(split_k=1, decomposition="stream_k"))
             for s in (2, 4, 8, 16):
                 if s <= k_tiles and tiles * s <= 4 * p.sm_count:

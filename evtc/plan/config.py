@@ -93,6 +93,15 @@ class GemmConfig:
         unaligned: sm90: every M x N tensor (C, D, aux loads and stores) is read and written
             register-direct with per-element predicates (void C and D in the collective), so rows
             need no 16-byte alignment: the variant for N not a multiple of 8 (16-bit) or 16 (fp8).
+        atomic_reductions: sm90: how a row or column max/min into an f32 output is reduced across
+            tiles (NOTE [Atomic row and column max], evtc/plan/sm90.py): True with atomics into
+            the output, False through the workspace (per-tile partials, a tile counter, a final
+            reduction), None (default) atomics except on the stream-K scheduler. A kernel with
+            atomic reductions never runs the stream-K decomposition (NOTE [Scalar reductions and
+            stream-K], evtc/gemm.py): its ``"heuristic"`` runs data-parallel (or split-K), an
+            explicit ``"stream_k"`` is refused. Compiled in; left out of :meth:`to_json` while
+            None, so the sources (and kernel cache keys) of configs that don't set it stay as
+            they were.
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -109,9 +118,13 @@ class GemmConfig:
     decomposition: str = "heuristic"
     swap_ab: bool = False
     unaligned: bool = False
+    atomic_reductions: bool | None = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["atomic_reductions"] is None:
+            del d["atomic_reductions"]
+        return d
 
     def kernel_json(self, arch: str) -> dict:
         """:meth:`to_json` without the fields that are run-time arguments on ``arch`` (what the
@@ -255,6 +268,9 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
                               "static_asserts it away: sm90_gemm_tma_warpspecialized_pingpong.hpp)")
         if isinstance(config.split_k, bool) or not isinstance(config.split_k, int) or config.split_k < 1:
             raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
+        if config.atomic_reductions not in (None, True, False) or isinstance(config.atomic_reductions, int) \
+                and not isinstance(config.atomic_reductions, bool):
+            raise ConfigError(f"atomic_reductions = {config.atomic_reductions!r}: True, False or None")
         if config.decomposition not in DECOMPOSITIONS:
             raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")
         if (config.split_k > 1 or config.decomposition != "heuristic") and config.scheduler != "streamk":

@@ -735,16 +735,31 @@ def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
     and order-free, so atomics give the same bits in any order; sums stay on the workspace (a
     fixed order: deterministic), and so does any non-f32 output (no 16-bit float atomic max).
     Scalar reductions are always atomic (Sm90ScalarReduction has no other implementation).
-    Members with the stream-K scheduler keep the workspace: CUTLASS's atomic scalar reduction
-    came out wrong under the stream-K decomposition on the H100 (NOTE [Scalar reductions and
-    stream-K], evtc/gemm.py), which row and column reductions through the workspace did not.
+    Where ``config.atomic_reductions`` is None, members with the stream-K scheduler keep the
+    workspace: CUTLASS's atomic scalar reduction came out wrong under the stream-K decomposition
+    on the H100 (NOTE [Scalar reductions and stream-K], evtc/gemm.py), which row and column
+    reductions through the workspace did not, so a kernel with atomic reductions never runs that
+    decomposition; the default family sets True on its stream-K-scheduler members (``streamk``,
+    ``kheavy``) for an epilogue whose row and column reductions are all atomic-capable, which then
+    run data-parallel or split-K (NOTE [Atomic reductions in the stream-K members],
+    evtc/family/spec.py).
     """
     axis = ReduceAxis.of(n.dim)
     if axis is ReduceAxis.SCALAR:
         return "atomic", _REDUCTION_WHY[axis]
-    if n.op in (ReduceOp.MAX, ReduceOp.MIN) and n.dtype.name == "f32" and config.scheduler != "streamk":
-        return "atomic", _ATOMIC_WHY[axis]
+    if atomic_capable(n):
+        atomic = config.atomic_reductions
+        if atomic is None:
+            atomic = config.scheduler != "streamk"
+        if atomic:
+            return "atomic", _ATOMIC_WHY[axis]
     return "workspace", _REDUCTION_WHY[axis]
+
+
+def atomic_capable(n: Reduction) -> bool:
+    """A row or column max/min into f32: what :func:`reduction_mode` may reduce with atomics."""
+    return ReduceAxis.of(n.dim) is not ReduceAxis.SCALAR and n.op in (ReduceOp.MAX, ReduceOp.MIN) \
+        and n.dtype.name == "f32"
 
 
 def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = ()) -> Plan:

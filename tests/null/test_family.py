@@ -256,3 +256,58 @@ def test_wave_quantisation_between_large_and_pingpong():
     # a heavy epilogue keeps the large kernel
     assert evtc.Gemm(E.REFERENCE["gelu_aux"]).choose(1024, 14336, 4096).name == "large"
 
+
+
+def test_atomic_reductions_in_the_stream_k_members():
+    """NOTE [Atomic reductions in the stream-K members]: an epilogue whose row/column reductions
+    are all f32 max/min gets atomic ones in streamk and kheavy too, which then never run the
+    stream-K decomposition; an epilogue with a sum keeps the workspace there."""
+    import epilogues as E
+    from evtc.gemm import _scheduler_args, check_decomposition
+    from evtc.plan.config import DECOMPOSITIONS
+
+    @evtc.epilogue
+    def rowmax(acc, bias: evtc.RowVector[evtc.f32]):
+        D = acc + bias
+        return {"D": D, "row_max": evtc.max(D, dim=1)}
+
+    rm = evtc.Gemm(rowmax)
+    for name in ("streamk", "kheavy"):
+        cfg = rm.family[name].config
+        assert cfg.atomic_reductions is True
+        assert "Sm90ColReductionAtomic" in rm.kernel(name).source
+        assert _scheduler_args(cfg.replace(swizzle=1), "sm90", rm.graph)["decomposition_mode"] == DECOMPOSITIONS.index("data_parallel")
+    assert rm.family["large"].config.atomic_reductions is None  # atomic by default there
+    s = rm.choose(1024, 1024, 16384)
+    assert s.name == "kheavy" and s.config.decomposition in ("data_parallel", "split_k")
+    # the tuner doesn't time stream-K for them
+    assert not any(c.config.decomposition == "stream_k" for c in candidates(rm, Problem(2048, 2048, 8192)))
+    # row_stats has a row sum: its stream-K members are unchanged (workspace, stream-K allowed)
+    stats = evtc.Gemm(E.REFERENCE["row_stats"])
+    assert stats.family["streamk"].config.atomic_reductions is None
+    assert "Sm90ColReductionParallel<cutlass::maximum" in stats.kernel("streamk").source
+    # pinned: stream-K with the default (None) keeps the workspace and runs; True refuses it
+    sk = evtc.GemmConfig(scheduler="streamk", tile=(128, 128, 64), cluster=(1, 1, 1), decomposition="stream_k")
+    check_decomposition(rm.graph, sk)
+    assert evtc.Gemm(rowmax, config=sk).plan.buffer("row_max").mode == "workspace"
+    with pytest.raises(evtc.ConfigError, match="atomic_reductions=False"):
+        evtc.Gemm(rowmax, config=sk.replace(atomic_reductions=True))
+    # False keeps even a persistent member on the workspace
+    assert evtc.Gemm(rowmax, config=evtc.GemmConfig(atomic_reductions=False)).plan.buffer("row_max").mode == "workspace"
+
+
+def test_atomic_reductions_config_field():
+    cfg = evtc.GemmConfig()
+    assert "atomic_reductions" not in cfg.to_json()  # left out while None: old sources unchanged
+    assert cfg.replace(atomic_reductions=True).to_json()["atomic_reductions"] is True
+    assert evtc.GemmConfig.from_json(cfg.replace(atomic_reductions=False).to_json()).atomic_reductions is False
+    with pytest.raises(evtc.ConfigError, match="atomic_reductions"):
+        evtc.Gemm(E_bias_relu(), config=evtc.GemmConfig(atomic_reductions="yes"))
+    with pytest.raises(evtc.ConfigError, match="atomic_reductions"):
+        evtc.Gemm(E_bias_relu(), config=evtc.GemmConfig(atomic_reductions=1))
+
+
+def E_bias_relu():
+    import epilogues as E
+
+    return E.bias_relu
