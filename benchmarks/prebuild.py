@@ -146,6 +146,8 @@ def family_gemms():
     import test_family_gpu as T
 
     out = [T.make(n, v) for n in T.NAMES for v in T.VARIANTS if (n, v) not in T.REFUSED]
+    fam = evtc.Gemm(T.maxima, a=bf16, b=bf16).family
+    out += [evtc.Gemm(T.maxima, a=bf16, b=bf16, config=fam[m].config) for m in {c[0] for c in T.ATOMIC_CASES}]
     g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16)
     for member in ("unaligned", "unaligned_k"):
         out.append(evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, arch=g.kernel(member).arch,

@@ -185,3 +185,45 @@ def test_ragged_k_reads_nothing_past_k(family_gemm, variant, record_errors):
     else:
         g(ins["A"], ins["B"], out=outs, **{k: v for k, v in ins.items() if k not in ("A", "B")})
     assert_outputs_match(g, ins, outs, f"K = 72 padded with NaN ({variant})", record_errors)
+
+
+@evtc.epilogue
+def maxima(acc, bias: evtc.RowVector[evtc.f32]):
+    """Only f32 maxima/minima among its reductions: every member reduces them with atomics
+    (NOTE [Atomic reductions in the stream-K members])."""
+    D = acc + bias
+    return {"D": D, "row_max": evtc.max(D, dim=1), "col_min": evtc.min(D, dim=0)}
+
+
+#: (member, run-time arguments, problems): the stream-K-scheduler members with atomic maxima,
+#: data-parallel and split-K, ragged and batched (the padded batch stride of M = 333 included)
+ATOMIC_CASES = [
+    ("kheavy", dict(split_k=1, decomposition="data_parallel"), [(200, 300, 4096, 1), (333, 517, 1024, 2)]),
+    ("kheavy", dict(split_k=4, decomposition="split_k"), [(200, 300, 16384, 1)]),
+    ("streamk", dict(split_k=2, decomposition="split_k"), [(777, 1031, 1024, 2), (1000, 1000, 1000, 1)]),
+    ("streamk", dict(split_k=3, decomposition="split_k"), [(777, 1031, 1024, 2)]),
+    ("streamk", dict(), [(1000, 1000, 2048, 1)]),  # "heuristic": data-parallel for atomic kernels
+    ("large", dict(), [(333, 517, 256, 2)]),
+    ("swap", dict(), [(16, 1031, 512, 2)]),
+]
+
+
+@pytest.fixture(scope="module")
+def maxima_family():
+    from conftest_gpu import prebuild
+
+    g = evtc.Gemm(maxima, a=bf16, b=bf16)
+    assert all(g.family[m].config.atomic_reductions for m in ("streamk", "kheavy"))
+    prebuild([evtc.Gemm(maxima, a=bf16, b=bf16, config=g.family[m].config) for m in {c[0] for c in ATOMIC_CASES}])
+    return g
+
+
+@pytest.mark.parametrize("case", range(len(ATOMIC_CASES)))
+def test_atomic_maxima_on_every_member(maxima_family, case, record_errors):
+    member, runtime, shapes = ATOMIC_CASES[case]
+    cfg = maxima_family.family[member].config.replace(**runtime)
+    g = evtc.Gemm(maxima, a=bf16, b=bf16, config=cfg)
+    assert g.plan.buffer("row_max").mode == "atomic" and g.plan.buffer("col_min").mode == "atomic"
+    for shape in shapes:
+        seed = zlib.crc32(f"maxima{member}{runtime}{shape}".encode())
+        assert_matches(g, shape, seed, f"maxima/{member}{runtime}", record_errors)
