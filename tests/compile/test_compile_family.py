@@ -47,5 +47,5 @@ def test_member_builds_with_its_planned_bytes(built, case):
 
 
 def test_kinds_are_what_the_sources_say(built):
-    assert "with or without a workspace: always call it" in built[("fp8_out", "small")].source
+    assert "with or without a workspace:\n  // always call it" in built[("fp8_out", "small")].source
     assert "using TileScheduler = cutlass::gemm::StreamKScheduler;" in built[("row_stats", "kheavy")].source
