@@ -732,8 +732,10 @@ def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
     instead writes per-tile partials, ``__threadfence()``s, bumps a tile counter and waits on three
     CTA barriers in every tile, which at 16384x4096x1024 (2048 tiles, a short mainloop) cost the
     row max 1.41x cuBLAS against bias_relu's 0.92x (docs/performance.md). Max and min are exact
-    and order-free, so atomics give the same bits in any order; sums stay on the workspace (a
-    fixed order: deterministic), and so does any non-f32 output (no 16-bit float atomic max).
+    and order-free, so atomics give the same bits in any order (for inputs without NaN: a NaN
+    partial is kept or dropped depending on its sign bit by the integer atomics, and on the
+    order of the partials on the workspace path); sums stay on the workspace (a fixed order:
+    deterministic), and so does any non-f32 output (no 16-bit float atomic max).
     Scalar reductions are always atomic (Sm90ScalarReduction has no other implementation).
     Where ``config.atomic_reductions`` is None, members with the stream-K scheduler keep the
     workspace: CUTLASS's atomic scalar reduction came out wrong under the stream-K decomposition
