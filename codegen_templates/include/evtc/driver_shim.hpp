@@ -12,18 +12,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-namespace evtc::detail {
-template <class Fn>
-Fn driver_entry(char const* name, unsigned version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status) != cudaSuccess ||
-      status != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(fn);
-}
-}  // namespace evtc::detail
+#include <evtc/driver_entry.hpp>  // evtc::detail::driver_entry
 
 extern "C" {
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream) {

@@ -29,7 +29,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 
-#include <evtc/driver_shim.hpp>  // evtc::detail::driver_entry
+#include <evtc/driver_entry.hpp>  // evtc::detail::driver_entry
 
 namespace evtc {
 

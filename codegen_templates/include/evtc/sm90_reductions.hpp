@@ -13,6 +13,8 @@
 
 #include <cutlass/epilogue/fusion/sm90_visitor_store_tma_warpspecialized.hpp>
 
+#include <evtc/driver_entry.hpp>
+
 namespace evtc {
 
 // Row and column reductions with a parallel final reduction across tiles.
@@ -275,8 +277,8 @@ struct Sm90RowReductionParallel
 // the output with the identity by cosize(layout) consecutive elements from its base. For a batched
 // output whose batch stride exceeds its length (rows padded to 16 bytes, or a caller's strided
 // view) that also writes the gaps between batches, which are not the output's. These fill
-// exactly the L x length elements, as one pitched memset (cuMemsetD2D32Async, resolved through the
-// runtime's driver entry points like evtc/driver_shim.hpp, so no -lcuda), on the stream.
+// exactly the L x length elements, as one pitched memset (cuMemsetD2D32Async, resolved through
+// evtc/driver_entry.hpp, so no -lcuda), on the stream.
 namespace detail {
 
 template <class Element>
@@ -293,15 +295,7 @@ cutlass::Status fill_batched(void* ptr, Element identity, int64_t length, int64_
     return cutlass::Status::kErrorInvalidProblem;  // overlapping batches: the binder refuses these first
   }
   using Fn = CUresult(CUDAAPI*)(CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream);
-  static Fn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuMemsetD2D32Async", &f, 3020, cudaEnableDefault, &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      return Fn(nullptr);
-    }
-    return reinterpret_cast<Fn>(f);
-  }();
+  static Fn fn = driver_entry<Fn>("cuMemsetD2D32Async", 3020);
   if (fn == nullptr) {
     return cutlass::Status::kErrorInternal;
   }
@@ -312,6 +306,30 @@ cutlass::Status fill_batched(void* ptr, Element identity, int64_t length, int64_
              ? cutlass::Status::kSuccess
              : cutlass::Status::kErrorInternal;
 }
+
+// An atomic reduction visitor (Base: CUTLASS's, FinalReduction with an atomic GmemReduceFn) with
+// fill_batched as its initialize_workspace. Axis 0: evtc's row reduction (Sm90ColReduction:
+// ptr_col, dCol, M values per batch); Axis 1: the column reduction (Sm90RowReduction: ptr_row,
+// dRow, N values).
+template <class Base, int Axis, class ElementOutput, bool Atomic>
+struct AtomicBatchedFill : Base {
+  static_assert(Atomic, "an atomic reduction: its GmemReduceFn is an atomic functor");
+  using Base::Base;
+  using typename Base::Arguments;
+
+  template <class ProblemShape>
+  static cutlass::Status
+  initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void*, cudaStream_t stream,
+                       cutlass::CudaHostAdapter* = nullptr) {
+    auto [M, N, K, L] = cute::append<4>(problem_shape, 1);
+    ElementOutput const identity(args.reduction_identity);
+    if constexpr (Axis == 0) {
+      return fill_batched(args.ptr_col, identity, int64_t(M), int64_t(L), int64_t(cute::get<2>(args.dCol)), stream);
+    } else {
+      return fill_batched(args.ptr_row, identity, int64_t(N), int64_t(L), int64_t(cute::get<2>(args.dRow)), stream);
+    }
+  }
+};
 
 }  // namespace detail
 
@@ -330,26 +348,11 @@ template <
   bool EnableNullptr = true,
   bool VisitCheckOOB = true
 >
-struct Sm90ColReductionAtomic
-    : cutlass::epilogue::fusion::Sm90ColReduction<
+using Sm90ColReductionAtomic = detail::AtomicBatchedFill<
+    cutlass::epilogue::fusion::Sm90ColReduction<
         RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
-        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB> {
-  using Base = cutlass::epilogue::fusion::Sm90ColReduction<
-      RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
-      RoundStyle, StrideMNL, Alignment, EnableNullptr, true, VisitCheckOOB>;
-  using Base::Base;
-  using typename Base::Arguments;
-  static_assert(cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value, "the atomic row reduction");
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void*, cudaStream_t stream,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    auto [M, N, K, L] = cute::append<4>(problem_shape, 1);
-    return detail::fill_batched(args.ptr_col, ElementOutput(args.reduction_identity), int64_t(M), int64_t(L),
-                                int64_t(cute::get<2>(args.dCol)), stream);
-  }
-};
+        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB>,
+    0, ElementOutput, cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value>;
 
 // evtc's atomic column reduction (a column max/min into f32): Sm90RowReduction<atomic> with a batched fill.
 template <
@@ -366,25 +369,10 @@ template <
   bool EnableNullptr = true,
   bool VisitCheckOOB = true
 >
-struct Sm90RowReductionAtomic
-    : cutlass::epilogue::fusion::Sm90RowReduction<
+using Sm90RowReductionAtomic = detail::AtomicBatchedFill<
+    cutlass::epilogue::fusion::Sm90RowReduction<
         RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
-        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB> {
-  using Base = cutlass::epilogue::fusion::Sm90RowReduction<
-      RegReduceFn, ShuffleReduceFn, GmemReduceFn, Stages, CtaTileShapeMNK, ElementOutput, ElementCompute,
-      RoundStyle, StrideMNL, Alignment, EnableNullptr, true, VisitCheckOOB>;
-  using Base::Base;
-  using typename Base::Arguments;
-  static_assert(cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value, "the atomic column reduction");
-
-  template <class ProblemShape>
-  static cutlass::Status
-  initialize_workspace(ProblemShape const& problem_shape, Arguments const& args, void*, cudaStream_t stream,
-                       cutlass::CudaHostAdapter* = nullptr) {
-    auto [M, N, K, L] = cute::append<4>(problem_shape, 1);
-    return detail::fill_batched(args.ptr_row, ElementOutput(args.reduction_identity), int64_t(N), int64_t(L),
-                                int64_t(cute::get<2>(args.dRow)), stream);
-  }
-};
+        RoundStyle, StrideMNL, Alignment, EnableNullptr, /*FinalReduction=*/true, VisitCheckOOB>,
+    1, ElementOutput, cutlass::is_atomic<GmemReduceFn<ElementCompute>>::value>;
 
 }  // namespace evtc
