@@ -300,11 +300,12 @@ class Gemm:
         self.graph = self.graph_for(arch)
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
         self._policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
+        self._traits = EpilogueTraits.of(self.graph)  # what the choice of member depends on
         if pinned:
             check_decomposition(self._traced, config)
             self.family = {"pinned": KernelSpec("pinned", config, arch)}
         else:
-            self.family = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self.graph)}
+            self.family = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self._traits)}
         primary_spec = next(iter(self.family.values()))
         self._kernels: dict[str, Kernel] = {}
         self._primary = self._kernels[self._kernel_key(primary_spec)] = Kernel(
@@ -317,7 +318,6 @@ class Gemm:
         self._fast_off = False
         self._prober = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, arch)), arch=arch)
         self._tuned = None
-        self._traits: EpilogueTraits | None = None
         self._torch_op = self._torch_op_error = None
         if "torch" in sys.modules:
             # NOTE [The torch op is made outside torch.compile]: Dynamo can't trace the making of
@@ -430,8 +430,6 @@ class Gemm:
             tuned = self.tuned_choice(p, device)
             if tuned is not None:
                 return tuned
-        if self._traits is None:
-            self._traits = EpilogueTraits.of(self.graph)
         return choose(self.family, p, self.arch, self.a, self.b, self._traits)
 
     def tuned_choice(self, p: Problem, device: str) -> KernelSpec | None:

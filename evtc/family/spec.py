@@ -69,15 +69,13 @@ class EpilogueTraits:
     def of(cls, graph) -> EpilogueTraits:
         """The traits of an epilogue Graph (after passes)."""
         from evtc.ir.nodes import Reduction, Store
-        from evtc.plan.config import GemmConfig
-        from evtc.plan.sm90 import reduction_mode
+        from evtc.plan.sm90 import atomic_capable
 
         outs = graph.outputs
         tile_reductions = [o for o in outs if isinstance(o, Reduction) and o.dim is not None]
-        persistent = GemmConfig(scheduler="persistent")
         return cls(reductions=bool(tile_reductions),
                    aux_stores=sum(isinstance(o, Store) for o in outs) > 1,
-                   workspace_reductions=any(reduction_mode(o, persistent)[0] == "workspace" for o in tile_reductions))
+                   workspace_reductions=not all(atomic_capable(o) for o in tile_reductions))
 
     @property
     def heavy(self) -> bool:
@@ -125,8 +123,8 @@ class KernelSpec:
         return dataclasses.replace(self, config=self.config.replace(**changes))
 
 
-def for_epilogue(family, graph) -> tuple[KernelSpec, ...]:
-    """The default family adapted to an epilogue (a Graph after passes).
+def for_epilogue(family, traits: EpilogueTraits) -> tuple[KernelSpec, ...]:
+    """The default family adapted to an epilogue (its :class:`EpilogueTraits`).
 
     NOTE [Atomic reductions in the stream-K members]: where every row and column reduction of
     the epilogue is an f32 max or min (:func:`evtc.plan.sm90.atomic_capable`), the stream-K-
@@ -138,11 +136,7 @@ def for_epilogue(family, graph) -> tuple[KernelSpec, ...]:
     512x1024x4096x8 on ``streamk`` through the workspace, as slow as or slower than the eager
     unfused epilogue (1.25, 1.60).
     """
-    from evtc.ir.nodes import Reduction
-    from evtc.plan.sm90 import atomic_capable
-
-    tile = [o for o in graph.outputs if isinstance(o, Reduction) and o.dim is not None]
-    if not tile or not all(atomic_capable(o) for o in tile):
+    if not traits.reductions or traits.workspace_reductions:
         return tuple(family)
     return tuple(dataclasses.replace(s, config=s.config.replace(atomic_reductions=True))
                  if s.arch == "sm90" and s.config.scheduler == "streamk" else s for s in family)
