@@ -268,8 +268,7 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
                               "static_asserts it away: sm90_gemm_tma_warpspecialized_pingpong.hpp)")
         if isinstance(config.split_k, bool) or not isinstance(config.split_k, int) or config.split_k < 1:
             raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
-        if config.atomic_reductions not in (None, True, False) or isinstance(config.atomic_reductions, int) \
-                and not isinstance(config.atomic_reductions, bool):
+        if config.atomic_reductions is not None and not isinstance(config.atomic_reductions, bool):
             raise ConfigError(f"atomic_reductions = {config.atomic_reductions!r}: True, False or None")
         if config.decomposition not in DECOMPOSITIONS:
             raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")

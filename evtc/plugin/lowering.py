@@ -50,7 +50,8 @@ CUTLASS_HEADERS = (
     "cutlass/epilogue/thread/activation.h",
 )
 EVTC_HEADERS = ("evtc/functors.hpp", "evtc/sm90_visitors.hpp")
-#: evtc::Sm90ColReductionParallel / Sm90RowReductionParallel: included where the epilogue has them
+#: evtc's row and column reduction visitors (Sm90ColReductionParallel / Sm90RowReductionParallel
+#: through the workspace, Sm90ColReductionAtomic / Sm90RowReductionAtomic): included where used
 REDUCTION_HEADER = "evtc/sm90_reductions.hpp"
 SUPPORT_HEADERS = ("evtc/driver_shim.hpp",)
 
@@ -335,7 +336,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         epilogue_body=_terminate(_bind_args(epilogue_text)),
     )
     declarations = common.render("plugin/fragment.h.j2", **values)
-    # row/column reductions are evtc's derived visitors (a parallel final reduction across tiles)
+    # row/column reductions are evtc's derived visitors (evtc/sm90_reductions.hpp)
     evtc_headers = EVTC_HEADERS + ((REDUCTION_HEADER,) if uses_tile_reduction(p) else ())
     from evtc.compiler.nvcc import BASE_FLAGS, arch_flags
 
