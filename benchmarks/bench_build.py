@@ -9,8 +9,11 @@ What it measures, for bias_relu (bf16, the default family):
 * ``cold``: one nvcc of the primary kernel (the exact command :func:`evtc.compiler.nvcc.nvcc_command`
   gives, plus ``--time``) into a temporary folder: wall seconds and nvcc's own phase times
   (``--time``: cudafe++, the host compiler, cicc, ptxas, fatbinary; ms).
-* ``variants``: the same build with host-side or debug-info flags that leave the device code
-  alone (``-Xcompiler=-O1`` for the host code, no ``-lineinfo``). ``--no-variants`` skips them.
+* ``split``: the build evtc's cache runs (NOTE [Split builds] in evtc/compiler/nvcc.py): the
+  device half (``-cubin``) and the host half (``-c``) at once, then the image and the link; wall
+  seconds, and both halves' phases summed.
+* ``variants`` (``--variants``): the one-command build with host-side or debug-info flags that
+  leave the device code alone (``-Xcompiler=-O1`` for the host code, no ``-lineinfo``).
 * ``family``: ``Gemm(...).build()`` of the whole default family into an empty cache with
   ``EVTC_BUILD_JOBS`` workers (default: every core), in a fresh process: wall seconds.
 
@@ -118,6 +121,29 @@ def nvcc_build(source: str, workdir: Path, label: str, drop: str | None = None, 
     return {"label": label, "wall_s": round(wall, 1), "ok": p.returncode == 0, "phases_ms": phases(d / "time.csv"),
             "so_bytes": (d / "k.so").stat().st_size if (d / "k.so").exists() else 0,
             "log_tail": (p.stderr or "")[-400:] if p.returncode else ""}
+
+
+def split_build(source: str, workdir: Path, label: str = "split") -> dict:
+    """The build evtc's cache runs for ``source``: its device and host halves at once, then the
+    image and the link (NOTE [Split builds] in evtc/compiler/nvcc.py); wall seconds and each
+    half's nvcc phases (``--time``)."""
+    d = workdir / label
+    d.mkdir(parents=True, exist_ok=True)
+    cu = d / "k.cu"
+    cu.write_text(source)
+    out = {"label": label, "ok": False, "phases_ms": {}, "so_bytes": 0, "log_tail": ""}
+    t0 = time.perf_counter()
+    try:
+        # --time in each half: the flag takes a file, so the halves write one each
+        nvcc.compile_shared(cu, d / "k.so", "sm90", d / "build.log", split=True,
+                            extra_flags=("--time", str(d / "time.csv")))
+        out["ok"] = True
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the other builds go on
+        out["log_tail"] = str(e)[-400:]
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    out["phases_ms"] = phases(d / "time.csv")
+    out["so_bytes"] = (d / "k.so").stat().st_size if (d / "k.so").exists() else 0
+    return out
 
 
 FAMILY = """
@@ -251,7 +277,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--hit", type=int, metavar="N", help="only the cache hit, N fresh processes (bias_relu's family "
                                                           "in the cache already: prebuild.py shapes)")
-    ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--variants", action="store_true", help="also the flag variants (4 more builds at once)")
     ap.add_argument("--no-family", action="store_true")
     ap.add_argument("--construct", action="store_true",
                     help="only the host side of a cache hit (import, construct with a cold and a warm memo, "
@@ -291,11 +317,12 @@ def main() -> None:
         # Everything at once, each nvcc on its own core (16 on the GPU machine: 4 single builds
         # and the family's 6): the numbers are upper bounds of builds run alone.
         specs = [("cold", None, ())]
-        if not args.no_variants:
+        if args.variants:
             specs += [("host_O1", None, ("-Xcompiler=-O1",)), ("no_lineinfo", "-lineinfo", ()),
                       ("host_O1_no_lineinfo", "-lineinfo", ("-Xcompiler=-O1",))]
         with concurrent.futures.ThreadPoolExecutor(len(specs) + 1) as ex:
             futs = [ex.submit(nvcc_build, src, work, n, drop, extra) for n, drop, extra in specs]
+            split_fut = ex.submit(split_build, src, work)
             fam = None
             if not args.no_family:
                 t0 = time.perf_counter()
@@ -306,9 +333,14 @@ def main() -> None:
                 res["family"] = {"kernels": int(n), "construct_s": float(construct_s), "build_s": float(build_s),
                                  "process_wall_s": round(time.perf_counter() - t0, 1), "jobs": env["EVTC_BUILD_JOBS"]}
         res["cold"], res["variants"] = builds[0], builds[1:]
-        print(f"cold sm90 build (bias_relu's primary kernel): {res['cold']['wall_s']} s ok={res['cold']['ok']}")
+        res["split"] = split_fut.result()
+        print(f"cold sm90 build (bias_relu's primary kernel), one nvcc command: {res['cold']['wall_s']} s "
+              f"ok={res['cold']['ok']}")
         for k, v in sorted(res["cold"]["phases_ms"].items(), key=lambda kv: -kv[1])[:10]:
             print(f"  {k:40s} {v / 1e3:7.1f} s")
+        s = res["split"]
+        print(f"cold sm90 build, split (evtc's builds: both halves at once): {s['wall_s']} s ok={s['ok']} "
+              f"({s['wall_s'] / max(res['cold']['wall_s'], 1e-9):.2f}x the one command) {s['log_tail']}")
         for v in res["variants"]:
             top = sorted(v["phases_ms"].items(), key=lambda kv: -kv[1])[:4]
             print(f"  variant {v['label']:20s} {v['wall_s']:6.1f} s ok={v['ok']} so={v['so_bytes']} B "

@@ -110,7 +110,7 @@ def key_material(source: str, *, arch: str, extra_flags: Sequence[str] = (), roo
                    "evtc": fingerprint.included_hash(source, own) if own is not None else None}
     except OSError as e:
         raise BuildError(f"can't read the headers to hash them: {e}") from None
-    return {
+    material = {
         "format": CACHE_FORMAT,
         "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
         "arch": arch,
@@ -119,6 +119,9 @@ def key_material(source: str, *, arch: str, extra_flags: Sequence[str] = (), roo
         "env_flags": nvcc.env_flags(),
         "headers": headers,
     }
+    if nvcc.supports_split_build(source):  # two halves and a link (NOTE [Split builds])
+        material["build"] = nvcc.SPLIT_BUILD
+    return material
 
 
 def _key_of(material: dict) -> str:

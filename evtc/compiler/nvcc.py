@@ -43,7 +43,7 @@ from evtc.errors import BuildError, NoDeviceError
 __all__ = [
     "ARCH_FLAGS", "BASE_FLAGS", "DEFAULT_TIMEOUT_S", "Toolchain", "arch_flags", "compile_shared", "cutlass_include_dirs",
     "cutlass_version", "default_timeout", "env_flags", "evtc_include_dir", "find_nvcc", "include_dirs", "nvcc_command",
-    "nvcc_version", "require_nvcc", "toolchain",
+    "nvcc_version", "require_nvcc", "split_build_commands", "supports_split_build", "toolchain",
 ]
 
 #: Flags of every evtc build, in order. ``-DNDEBUG`` matters: without it the library keeps
@@ -365,8 +365,187 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         return
 
 
+# NOTE [Split builds]
+# nvcc compiles a .cu in one chain: the device half (gcc -E, cicc, ptxas) and then the host half
+# (gcc -E, cudafe++, a cicc parse, gcc), one after the other, because the host object embeds the
+# device code. Measured with `nvcc --time` on one sm90 bias_relu kernel (2-core CPU machine,
+# 2026-11-26): cicc 19.6 s of device code generation, then cudafe++ 5.3 s and gcc 4.3 s of host
+# code, 31.3 s in all. The two halves share nothing but the source, so a source that says it can
+# (`#define EVTC_SUPPORTS_SPLIT_BUILD 1`, the sm90 GEMM template) is compiled twice at once:
+#
+#   nvcc ... -DEVTC_SPLIT_DEVICE -fatbin -o kernel.fatbin kernel.cu  the kernel only, as
+#                                                                    extern "C" evtc_gemm_kernel
+#   nvcc ... -DEVTC_SPLIT_HOST   -c      -o host.o kernel.cu         the host code only
+#
+# then the fatbin is linked into the library as the bytes of a hidden symbol, evtc_device_image
+# (one `.incbin` assembled by the host compiler: no copy of the bytes through C source), and the
+# host code loads it once per process with cudaLibraryLoadData and launches the cudaKernel_t it
+# gets (cuda_runtime_api.h: cudaLaunchKernel, cudaLaunchKernelExC and cudaFuncSetAttribute take a
+# cudaKernel_t cast to void*). The wall time is the longer half (20.6 s there, against 31.3 s):
+# the library is still one self-contained kernel.so, so the cache, export and import are
+# unchanged. The same source built by the one command of nvcc_command (`evtc emit --print-nvcc`)
+# is an ordinary CUDA library with cutlass::device_kernel<GemmKernel> in it. The split is part of
+# the key (key_material's "build"), so the two builds of one source are different entries. A
+# fatbin, not a bare cubin, so that sm80's PTX beside its cubin survives the split too.
+
+SPLIT_MARKER = "\n#define EVTC_SUPPORTS_SPLIT_BUILD 1\n"
+
+#: Names the split build's recipe in the cache key (change it when split_build_commands changes).
+SPLIT_BUILD = "split-1"
+
+_IMAGE_ASM = """\
+\t.section .rodata.evtc_device_image,"a",@progbits
+\t.balign 128
+\t.globl evtc_device_image
+\t.hidden evtc_device_image
+\t.type evtc_device_image, @object
+evtc_device_image:
+\t.incbin "{image}"
+\t.byte 0
+\t.size evtc_device_image, . - evtc_device_image
+\t.section .note.GNU-stack,"",@progbits
+"""
+
+
+def supports_split_build(source_text: str) -> bool:
+    """Whether ``source_text`` (a ``.cu``) can be built in two halves at once (NOTE [Split builds]):
+    it defines ``EVTC_SUPPORTS_SPLIT_BUILD`` on a line of its own."""
+    return SPLIT_MARKER in source_text
+
+
+def split_build_commands(arch: str, source: Path, output: Path, work: Path, *, extra_flags: Sequence[str] = (),
+                         nvcc: str | Path = "nvcc") -> dict[str, list[str]]:
+    """The commands of a split build of ``source`` into ``output`` (NOTE [Split builds]).
+
+    Args:
+        arch: ``"sm90"`` or ``"sm80"``.
+        source: the ``.cu`` file (it must :func:`support <supports_split_build>` the split).
+        output: the ``.so`` to write.
+        work: a private folder for ``kernel.fatbin``, ``host.o``, ``image.S`` and ``image.o``.
+        extra_flags: more nvcc flags, given to both halves and the link.
+        nvcc: the program.
+
+    Returns:
+        ``{"device": [...], "host": [...], "image": [...], "link": [...]}``: the first two run at
+        once, then the other two, in that order.
+
+    Raises:
+        BuildError: unknown arch, or no CUTLASS headers.
+    """
+    compile_flags = [f for f in BASE_FLAGS if f != "-shared"]
+    incs = [f"-I{d}" for d in include_dirs()]
+    gencode = list(arch_flags(arch))
+    ccbin = shutil.which(_ccbin(extra_flags)) or _ccbin(extra_flags)
+    return {
+        "device": [str(nvcc), *compile_flags, *gencode, *incs, *extra_flags, "-DEVTC_SPLIT_DEVICE", "-fatbin",
+                   "-o", str(work / "kernel.fatbin"), str(source)],
+        "host": [str(nvcc), *compile_flags, *gencode, *incs, *extra_flags, "-DEVTC_SPLIT_HOST", "-c",
+                 "-o", str(work / "host.o"), str(source)],
+        "image": [ccbin, "-c", "-o", "image.o", "image.S"],  # run in ``work``
+        "link": [str(nvcc), *BASE_FLAGS, *gencode, *extra_flags, "-o", str(output), str(work / "host.o"),
+                 str(work / "image.o")],
+    }
+
+
+class _Run:
+    """One compiler process in its own session (process group), its output collected in a file."""
+
+    def __init__(self, step: str, cmd: list[str], out: Path, cwd: Path | None = None):
+        self.step, self.cmd, self.out = step, cmd, out
+        self._fh = open(out, "wb")
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, cwd=cwd)
+        except OSError:
+            self._fh.close()
+            raise
+
+    def kill(self, grace_s: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            _kill_group(self.proc, grace_s)
+
+    def text(self) -> str:
+        self._fh.close()
+        return self.out.read_text(errors="replace")
+
+
+def _wait_all(runs: list[_Run], deadline: float) -> tuple[_Run | None, bool]:
+    """Wait for ``runs``; the first to fail, or the deadline, kills the others.
+
+    Returns:
+        (the run that failed first, or None; whether the deadline passed).
+    """
+    while True:
+        failed = next((r for r in runs if r.proc.poll() not in (None, 0)), None)
+        if failed is not None or all(r.proc.poll() == 0 for r in runs):
+            break
+        if time.monotonic() > deadline:
+            for r in runs:
+                r.kill()
+            return None, True
+        time.sleep(0.05)
+    if failed is not None:
+        for r in runs:
+            r.kill(grace_s=1.0)
+    return failed, False
+
+
+def _compile_split(source: Path, output: Path, arch: str, log: Path, extra_flags: Sequence[str], timeout: float,
+                   compiler: Path) -> list[str]:
+    import tempfile
+
+    kept = f"the source and the full log are kept:\n    source: {source}\n    log:    {log}"
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    with tempfile.TemporaryDirectory(prefix=".split-", dir=output.parent) as d:
+        work = Path(d)
+        cmds = split_build_commands(arch, source, output, work, extra_flags=extra_flags, nvcc=compiler)
+        (work / "image.S").write_text(_IMAGE_ASM.format(image="kernel.fatbin"))  # relative: the assembler runs in work
+        sections: list[str] = []
+        runs: list[_Run] = []
+        failed, timed_out = None, False
+        try:
+            # the two halves at once, then the image and the link
+            for group in (("device", "host"), ("image",), ("link",)):
+                started = [_Run(step, cmds[step], work / f"{step}.log", cwd=work if step == "image" else None)
+                           for step in group]
+                runs += started
+                failed, timed_out = _wait_all(started, deadline)
+                for r in started:
+                    sections.append(f"# {r.step}\n{shlex.join(r.cmd)}\n\n{r.text()}")
+                if failed is not None or timed_out:
+                    break
+        except OSError as e:
+            for r in runs:
+                r.kill(grace_s=1.0)
+            log.write_text("\n".join(sections) + f"\n\ncan't start the compiler: {e}\n")
+            raise BuildError(f"can't start the compiler: {e}", hint=kept) from None
+        except BaseException:  # KeyboardInterrupt: leave no compiler running
+            for r in runs:
+                r.kill(grace_s=1.0)
+            raise
+        seconds = time.monotonic() - t0
+        if timed_out:
+            log.write_text("\n".join(sections) + f"\n\nkilled after {timeout:g} s (EVTC_NVCC_TIMEOUT)\n")
+            raise BuildError(f"nvcc timed out after {timeout:g} s building {source.name}; it and its children were killed",
+                             hint=kept + "\n  raise the limit with build(timeout=...) or EVTC_NVCC_TIMEOUT")
+        log.write_text("\n".join(sections) + f"\n# {seconds:.1f} s (a split build: NOTE [Split builds])\n")
+        if failed is not None or not output.exists():
+            step, rc = (failed.step, failed.proc.returncode) if failed is not None else ("link", 0)
+            text = failed.out.read_text(errors="replace") if failed is not None else ""
+            first = next((line for line in text.splitlines() if "error" in line), "")
+            what = {"device": "the device half", "host": "the host half", "image": "the device image",
+                    "link": "the link"}[step]
+            raise BuildError(f"nvcc failed ({rc}) building {source.name} ({what})"
+                             + (f": {first.strip()[:300]}" if first else ""), hint=kept)
+    flat: list[str] = []
+    for step, sep in (("device", None), ("host", "&"), ("image", "&&"), ("link", "&&")):
+        flat += ([sep] if sep else []) + cmds[step]
+    return flat
+
+
 def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_flags: Sequence[str] = (),
-                   timeout: float | None = None, nvcc: Path | None = None) -> list[str]:
+                   timeout: float | None = None, nvcc: Path | None = None, split: bool | None = None) -> list[str]:
     """Compile ``source`` into ``output``, writing the command and nvcc's output to ``log``.
 
     nvcc runs in a new session (its own process group); on timeout or interrupt the whole group
@@ -380,9 +559,13 @@ def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_fl
         extra_flags: more nvcc flags.
         timeout: seconds before the build is killed (default :func:`default_timeout`).
         nvcc: the compiler (default :func:`require_nvcc`).
+        split: build the device and host halves at once (NOTE [Split builds]); default: when the
+            source :func:`supports <supports_split_build>` it. ``False`` runs the one command of
+            :func:`nvcc_command`.
 
     Returns:
-        The command line that ran.
+        The command line that ran (for a split build, the four commands with ``&`` between the
+        two halves and ``&&`` before the image and the link).
 
     Raises:
         BuildError: nvcc failed or timed out; the message quotes the first error line and the
@@ -390,7 +573,12 @@ def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_fl
         NoDeviceError: there is no nvcc.
     """
     timeout = default_timeout() if timeout is None else timeout
-    cmd = nvcc_command(arch, source, output, extra_flags=extra_flags, nvcc=nvcc or require_nvcc())
+    compiler = nvcc or require_nvcc()
+    if split is None:
+        split = supports_split_build(source.read_text(errors="replace"))
+    if split:
+        return _compile_split(source, output, arch, log, extra_flags, timeout, compiler)
+    cmd = nvcc_command(arch, source, output, extra_flags=extra_flags, nvcc=compiler)
     kept = f"the source and the full log are kept:\n    source: {source}\n    log:    {log}"
     t0 = time.perf_counter()
     try:

@@ -64,3 +64,12 @@ def test_evtc_plan_is_not_larger_than_stock(built):
     for name in ("bias_relu", "residual_scale", "gelu_aux"):
         ours, stock = built[(name, "evtc")], built[(name, "cutlass")]
         assert ours.plan.mainloop_stages >= stock.plan.mainloop_stages
+
+
+def test_kernels_are_split_builds(built):
+    """NOTE [Split builds]: the GEMM kernel is compiled only in the device half, under its
+    unmangled name, and the host half holds no cutlass::device_kernel of its own."""
+    art = built[("bias_relu", "evtc")].build()
+    assert "-DEVTC_SPLIT_DEVICE" in art.meta["command"]
+    data = art.library.read_bytes()
+    assert b"evtc_gemm_kernel" in data and b"_ZN7cutlass13device_kernel" not in data

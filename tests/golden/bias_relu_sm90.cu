@@ -219,6 +219,54 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 using StrideA = typename Gemm::GemmKernel::StrideA;
 using StrideB = typename Gemm::GemmKernel::StrideB;
+}  // namespace evtc_kernel
+
+// ---- the split build (NOTE [Split builds] in evtc/compiler/nvcc.py) ---------------------------
+// Built by one nvcc command (evtc emit --print-nvcc), this file is an ordinary CUDA library:
+// cutlass::device_kernel<GemmKernel> is compiled into it and launched through the runtime. evtc's
+// own builds compile it twice at once instead: -DEVTC_SPLIT_DEVICE -cubin keeps only the kernel
+// (below, under a fixed unmangled name), -DEVTC_SPLIT_HOST -c keeps only the host code, which
+// finds the kernel in the cubin linked into the library as evtc_device_image.
+#define EVTC_SUPPORTS_SPLIT_BUILD 1
+#if defined(EVTC_SPLIT_DEVICE)
+// cutlass::device_kernel<GemmKernel> (cutlass/device_kernel.h), under an unmangled name
+extern "C" __global__ void __launch_bounds__(evtc_kernel::GemmKernel::MaxThreadsPerBlock,
+                                             evtc_kernel::GemmKernel::MinBlocksPerMultiprocessor)
+evtc_gemm_kernel(CUTLASS_GRID_CONSTANT typename evtc_kernel::GemmKernel::Params const params) {
+  extern __shared__ char smem[];
+  evtc_kernel::GemmKernel op;
+  op(params, smem);
+  cutlass::arch::synclog_print();
+}
+#else  // the host code: all of a one-command build, or the host half of a split build
+namespace evtc_kernel {
+#if defined(EVTC_SPLIT_HOST)
+extern "C" unsigned char const evtc_device_image[];  // the device half's cubin, linked in by evtc's build
+
+// The kernel, from the cubin: loaded once per process (cudaLibraryLoadData; context-independent,
+// so every device's primary context finds it), as a cudaKernel_t, which the runtime's launch and
+// attribute calls take in place of a __global__ function's address (cuda_runtime_api.h).
+static cudaError_t kernel_function(void const** out) {
+  static void const* kernel = nullptr;
+  static cudaError_t const loaded = [] {
+    cudaLibrary_t library = nullptr;
+    cudaError_t err = cudaLibraryLoadData(&library, evtc_device_image, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    cudaKernel_t k = nullptr;
+    if (err == cudaSuccess) {
+      err = cudaLibraryGetKernel(&k, library, "evtc_gemm_kernel");
+    }
+    kernel = reinterpret_cast<void const*>(k);
+    return err;
+  }();
+  *out = kernel;
+  return loaded;
+}
+#else
+static cudaError_t kernel_function(void const** out) {
+  *out = reinterpret_cast<void const*>(&cutlass::device_kernel<GemmKernel>);
+  return cudaSuccess;
+}
+#endif
 
 static typename Gemm::Arguments make_arguments(evtc_args_t const& args, int sm_count, int device_id) {
   cutlass::KernelHardwareInfo hw_info;
@@ -281,9 +329,9 @@ static evtc_args_t args_for_check(evtc_args_t const& args) {
 // Once per device: the dynamic shared memory above 48 KB and non-portable cluster sizes, which
 // CUTLASS's GemmUniversalAdapter sets on every initialize()/run().
 static cudaError_t setup_device() {
-  void const* kernel = reinterpret_cast<void const*>(&cutlass::device_kernel<GemmKernel>);
-  cudaError_t err = cudaSuccess;
-  if (GemmKernel::SharedStorageSize >= (48 << 10)) {
+  void const* kernel = nullptr;
+  cudaError_t err = kernel_function(&kernel);
+  if (err == cudaSuccess && GemmKernel::SharedStorageSize >= (48 << 10)) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(GemmKernel::SharedStorageSize));
   }
   if (err == cudaSuccess && cute::size(ClusterShape{}) > 1) {
@@ -344,11 +392,17 @@ static cutlass::Status launch(evtc_args_t const& args, typename Gemm::Arguments 
   }
   typename GemmKernel::Params const& params = cached_params(args, arguments, workspace, sm_count, device_id);
   dim3 const grid = GemmKernel::get_grid_shape(params);
+  void const* kernel = nullptr;
+  if (kernel_function(&kernel) != cudaSuccess) {
+    return cutlass::Status::kErrorInternal;
+  }
   if constexpr (cute::size(ClusterShape{}) == 1) {
     // a 1x1x1 cluster launches like any kernel (as GemmUniversalAdapter::run does), which costs
     // the host less than cudaLaunchKernelExC with a cluster attribute
-    cutlass::device_kernel<GemmKernel><<<grid, GemmKernel::get_block_shape(), GemmKernel::SharedStorageSize, stream>>>(params);
-    return cudaPeekAtLastError() == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
+    void* kernel_params[] = {const_cast<typename GemmKernel::Params*>(&params)};
+    cudaError_t err = cudaLaunchKernel(kernel, grid, GemmKernel::get_block_shape(), kernel_params,
+                                       GemmKernel::SharedStorageSize, stream);
+    return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
   } else {
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeClusterDimension;
@@ -363,8 +417,7 @@ static cutlass::Status launch(evtc_args_t const& args, typename Gemm::Arguments 
     config.attrs = attribute;
     config.numAttrs = 1;
     void* kernel_params[] = {const_cast<typename GemmKernel::Params*>(&params)};
-    cudaError_t err = cudaLaunchKernelExC(&config, reinterpret_cast<void const*>(&cutlass::device_kernel<GemmKernel>),
-                                          kernel_params);
+    cudaError_t err = cudaLaunchKernelExC(&config, kernel, kernel_params);
     return err == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal;
   }
 }
@@ -692,4 +745,5 @@ EVTC_EXPORT int evtc_run(evtc_args_t const* args, void* workspace, size_t worksp
   }
   return evtc_launch_checked(*args, sm_count, device_id, workspace, stream);
 }
+#endif  // EVTC_SPLIT_DEVICE
 #endif  // EVTC_LAYOUT_PROBE
