@@ -17,8 +17,10 @@ What it measures, for bias_relu (bf16, the default family):
 * ``family``: ``Gemm(...).build()`` of the whole default family into an empty cache with
   ``EVTC_BUILD_JOBS`` workers (default: every core), in a fresh process: wall seconds.
 
-The single builds and the family's run at the same time, each nvcc on a core of its own (4 + 6
-of the GPU machine's 16): each number is an upper bound of that build run alone.
+The single builds and the family's run at the same time (the one command, the split's two halves
+and the family's 6 kernels x 2 halves: 15 processes on the GPU machine's 16 cores): each number is
+an upper bound of that build run alone. ``--alone`` first runs the split build and then the one
+command with nothing else running.
 * ``hit``: a fresh process with that cache: ``import evtc`` (ms), then construct the Gemm and make
   its first call (build lookup, load, checks, launch, synchronise; ms).
 
@@ -278,6 +280,8 @@ def main() -> None:
     ap.add_argument("--hit", type=int, metavar="N", help="only the cache hit, N fresh processes (bias_relu's family "
                                                           "in the cache already: prebuild.py shapes)")
     ap.add_argument("--variants", action="store_true", help="also the flag variants (4 more builds at once)")
+    ap.add_argument("--alone", action="store_true",
+                    help="first the split build and the one-command build alone, one after the other")
     ap.add_argument("--no-family", action="store_true")
     ap.add_argument("--construct", action="store_true",
                     help="only the host side of a cache hit (import, construct with a cold and a warm memo, "
@@ -320,6 +324,12 @@ def main() -> None:
         if args.variants:
             specs += [("host_O1", None, ("-Xcompiler=-O1",)), ("no_lineinfo", "-lineinfo", ()),
                       ("host_O1_no_lineinfo", "-lineinfo", ("-Xcompiler=-O1",))]
+        if args.alone:  # one after the other, nothing else running: the split, the one command, the family
+            res["split_alone"] = split_build(src, work, "split_alone")
+            res["cold_alone"] = nvcc_build(src, work, "cold_alone")
+            print(f"alone: split {res['split_alone']['wall_s']} s ok={res['split_alone']['ok']}, one command "
+                  f"{res['cold_alone']['wall_s']} s ok={res['cold_alone']['ok']} (split / one command "
+                  f"{res['split_alone']['wall_s'] / max(res['cold_alone']['wall_s'], 1e-9):.2f})")
         with concurrent.futures.ThreadPoolExecutor(len(specs) + 1) as ex:
             futs = [ex.submit(nvcc_build, src, work, n, drop, extra) for n, drop, extra in specs]
             split_fut = ex.submit(split_build, src, work)
