@@ -454,13 +454,21 @@ def _source_object(fn: Callable) -> Any:
     return fn
 
 
+#: the last function whose source was read, and what was read: a trace asks for the def line and
+#: then each parameter's, and inspect.getsourcelines tokenizes the function every time
+_last_source: list = [None, None]
+
+
 def _source_lines(fn: Callable) -> tuple[str, list[str], int] | None:
     obj = _source_object(fn)
+    if _last_source[0] is obj:
+        return _last_source[1]
     try:
         file = inspect.getsourcefile(obj) or "<unknown>"
         lines, start = inspect.getsourcelines(obj)
     except (OSError, TypeError, IndexError):
         return None
+    _last_source[:] = [obj, (file, lines, start)]
     return file, lines, start
 
 
