@@ -106,6 +106,14 @@ class KernelLibrary:
         self.call_layout = CallLayout.of(self.fields)
         if self.call_layout.size != lib.evtc_call_size():
             raise LaunchError(f"call struct size mismatch: C {lib.evtc_call_size()} B, Python {self.call_layout.size} B")
+        copy = getattr(lib, "evtc_copy_rows", None)  # sm90 GEMMs: NOTE [Copy kernels for staging]
+        if copy is not None:
+            copy.restype = ctypes.c_int
+            copy.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p, *[ctypes.c_int64] * 5,
+                             ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+            from evtc.runtime import pitched_copy
+
+            pitched_copy.register_copy_kernel(copy)
 
     @functools.cached_property
     def info(self) -> dict:

@@ -15,6 +15,19 @@ contiguous ``copy_`` of the same bytes 196 us (``benchmarks/bench_staging_copy.p
 sonames; no new dependency. Anything this can't do (another layout, no runtime found, an error
 from the call, which is cleared so torch's later launch checks don't see it) returns False and
 the caller falls back to ``copy_``.
+
+NOTE [Copy kernels for staging]: ``cudaMemcpy2DAsync`` moves rows at 2.1 TB/s on the H100 for
+rows of 50257 bf16 elements, and at 1.4-1.5 TB/s for rows of 4097 or 14337
+(``benchmarks/micro/copy_rows.cu``, 2026-11-26), against 2.8-3.0 TB/s for a contiguous copy of
+the same bytes. Every sm90 GEMM library therefore also exports ``evtc_copy_rows``
+(``codegen_templates/include/evtc/copy_rows.hpp``): a kernel in which each thread stores one
+16-byte vector of the destination (a padded buffer's row, or a packed output read as one flat
+array) and loads its elements from the source one by one: 312 against 384 us at 4096 x 50257,
+2.5-2.6 TB/s at the narrower rows, and 2.1-2.2 TB/s the other way. The first evtc library a
+process loads that has it registers it here (:func:`register_copy_kernel`); :func:`copy_rows`
+uses it when one is registered and the destination qualifies, then ``cudaMemcpy2DAsync``, then
+(the caller) ``copy_``. The route's first staged call of a process may run before any such
+library is loaded and take ``cudaMemcpy2DAsync``.
 """
 
 from __future__ import annotations
@@ -24,13 +37,31 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["copy_rows", "row_layout"]
+__all__ = ["copy_rows", "register_copy_kernel", "row_layout"]
 
 #: cudaMemcpyDeviceToDevice (cuda_runtime_api.h, enum cudaMemcpyKind)
 _DEVICE_TO_DEVICE = 3
 _SONAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 _LOCK = threading.Lock()
 _RUNTIME: list = []  # [] not looked up yet; [None] none found; [(memcpy2d, get_last_error)]
+#: the registered evtc_copy_rows (a ctypes function of a loaded kernel library), or None
+_COPY_KERNEL: list = [None]
+#: copies by way: "kernel", "memcpy2d" (tests, benchmarks)
+COUNTS = {"kernel": 0, "memcpy2d": 0}
+
+
+def register_copy_kernel(fn) -> None:
+    """Make ``fn`` (a kernel library's ``evtc_copy_rows``, its argtypes set) the copy kernel of
+    :func:`copy_rows` (NOTE [Copy kernels for staging]); the libraries are never unloaded."""
+    _COPY_KERNEL[0] = fn
+
+
+def _element_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int] | None:
+    """(row stride, batch stride) in elements of a (M, N) or (L, M, N) tensor with unit column
+    stride, or None."""
+    if len(shape) not in (2, 3) or len(strides) != len(shape) or strides[-1] != 1:
+        return None
+    return strides[-2], (strides[0] if len(shape) == 3 else 0)
 
 
 def row_layout(shape: tuple[int, ...], dst_strides: tuple[int, ...], src_strides: tuple[int, ...],
@@ -84,8 +115,10 @@ def _runtime():
 
 
 def copy_rows(dst: Any, src: Any) -> bool:
-    """Copy torch tensor ``src`` into ``dst`` with one pitched copy on the current stream
-    (NOTE [Pitched copies for staging]); False (nothing done) where that does not apply."""
+    """Copy torch tensor ``src`` into ``dst`` on the current stream: evtc's copy kernel (NOTE [Copy
+    kernels for staging]) where one is registered and ``dst`` has 16-byte aligned rows or is
+    packed, else one pitched copy (NOTE [Pitched copies for staging]); False (nothing done)
+    where neither applies."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(dst, torch.Tensor) or not isinstance(src, torch.Tensor):
         return False
@@ -93,7 +126,18 @@ def copy_rows(dst: Any, src: Any) -> bool:
         return False
     if dst.device != src.device or dst.device.index != torch.cuda.current_device():
         return False
-    layout = row_layout(tuple(dst.shape), tuple(dst.stride()), tuple(src.stride()), dst.element_size())
+    shape = tuple(dst.shape)
+    kernel = _COPY_KERNEL[0]
+    if kernel is not None and dst.element_size() in (1, 2, 4) and all(d > 0 for d in shape):
+        d, s = _element_strides(shape, tuple(dst.stride())), _element_strides(shape, tuple(src.stride()))
+        if d is not None and s is not None:
+            L, M, N = (shape[0] if len(shape) == 3 else 1), shape[-2], shape[-1]
+            stream = torch.cuda.current_stream(dst.device).cuda_stream
+            if kernel(dst.data_ptr(), d[0], d[1], src.data_ptr(), s[0], s[1], L, M, N, dst.element_size(), stream,
+                      dst.device.index) == 0:
+                COUNTS["kernel"] += 1
+                return True
+    layout = row_layout(shape, tuple(dst.stride()), tuple(src.stride()), dst.element_size())
     rt = _runtime() if layout is not None else None
     if rt is None:
         return False
@@ -103,4 +147,5 @@ def copy_rows(dst: Any, src: Any) -> bool:
     if memcpy2d(dst.data_ptr(), dpitch, src.data_ptr(), spitch, width, height, _DEVICE_TO_DEVICE, stream) != 0:
         get_last_error()  # not sticky: clear it so torch's next launch check does not report it
         return False
+    COUNTS["memcpy2d"] += 1
     return True

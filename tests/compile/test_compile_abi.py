@@ -103,3 +103,15 @@ def test_a_call_reaches_the_library_and_fails_cleanly_without_a_device(library, 
         g(A, B, C=C, alpha=1.0, beta=0.5, bias=bias, out=D, stream=0)
     with pytest.raises(evtc.ArgumentError, match="argument 'alpha'"):
         g(A, B, C=C, alpha=1e40, beta=0.5, bias=bias, out=D, stream=0)
+
+
+def test_the_row_copy_kernel_is_exported_and_fails_cleanly_without_a_device(library):
+    """NOTE [Copy kernels for staging]: every sm90 GEMM library exports evtc_copy_rows; without a
+    GPU it reports a CUDA error (status 5) instead of crashing."""
+    import ctypes
+
+    _, lib = library
+    fn = lib.lib.evtc_copy_rows
+    assert fn.restype is ctypes.c_int and len(fn.argtypes) == 12  # bound by KernelLibrary
+    assert fn(16, 8, 0, 32, 7, 0, 1, 2, 7, 2, None, 0) == 5
+    assert "CUDA error" in lib._error()

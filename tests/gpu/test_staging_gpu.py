@@ -159,3 +159,36 @@ def test_staging_follows_the_call_s_stream(gemms, explicit, record_errors):
     torch.cuda.synchronize()
     assert _staged(g) > count
     assert_outputs_match(g, ins, outs, f"staging on a side stream (stream= {explicit})", record_errors)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(333, 517), (3, 77, 4097), (1, 50257)])
+def test_copy_kernel_between_packed_and_padded_rows(gemms, dtype, shape):
+    """NOTE [Copy kernels for staging]: a loaded sm90 library's evtc_copy_rows moves a packed
+    tensor into padded rows and back, exactly, touching nothing but the L x M x N elements."""
+    import torch
+
+    from evtc.runtime import pitched_copy
+    from evtc.runtime.staging import padded_strides
+
+    g = gemms["lin"]
+    g.launcher(g.choose(*SHAPES[0][:3]))  # loads an sm90 library, which registers its copy kernel
+    assert pitched_copy._COPY_KERNEL[0] is not None, "no sm90 library registered its copy kernel"
+    dt = getattr(torch, dtype)
+    eb = torch.empty((), dtype=dt).element_size()
+    src = torch.randn(shape, device="cuda").to(dt)  # fresh random values, fp8 included
+    strides = padded_strides(shape, eb)
+    buf = torch.full((shape[0] * strides[0],), -7.0, device="cuda").to(dt)  # poison, padding included
+    padded = buf.as_strided(shape, strides)
+    assert padded.stride() != src.stride()
+    before = pitched_copy.COUNTS["kernel"]
+    assert pitched_copy.copy_rows(padded, src)
+    back = torch.full(shape, -7.0, device="cuda").to(dt)
+    assert pitched_copy.copy_rows(back, padded)
+    torch.cuda.synchronize()
+    assert pitched_copy.COUNTS["kernel"] == before + 2  # both ways by the kernel, not cudaMemcpy2DAsync
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731 - bit equality (NaN and -0 included)
+    assert torch.equal(as_bytes(padded), as_bytes(src)) and torch.equal(as_bytes(back), as_bytes(src))
+    # the padding between the rows is still the poison
+    rows = buf.view(-1, strides[-2])[:, shape[-1]:]
+    assert torch.equal(as_bytes(rows), as_bytes(torch.full_like(rows, -7.0)))
