@@ -11,6 +11,7 @@
 // vectors and storing elements one by one ran at 0.7 TB/s.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -30,21 +31,28 @@ struct CopyWord<4> { using type = uint32_t; };
 // source one by one (loads of any alignment are cheap; 2-byte stores are not). FlatDst: the
 // destination is one contiguous L*M*N array (a packed tensor: the copy back into a caller's
 // output); else its rows are 16-byte aligned (the padded buffer the route allocates).
-template <int Bytes, bool FlatDst>
-__global__ void copy_rows_kernel(void* __restrict__ dst_, int64_t ld_dst, int64_t bs_dst, void const* __restrict__ src_,
-                                 int64_t ld_src, int64_t bs_src, int64_t L, int64_t M, int64_t N) {
+// Index: uint32_t where every index fits (one 32-bit division per vector instead of 64-bit ones,
+// which cost more than the memory traffic at these sizes), else int64_t.
+template <int Bytes, bool FlatDst, class Index>
+__global__ void copy_rows_kernel(void* __restrict__ dst_, Index ld_dst, Index bs_dst, void const* __restrict__ src_,
+                                 Index ld_src, Index bs_src, Index L, Index M, Index N) {
   using T = typename CopyWord<Bytes>::type;
   constexpr int kVec = 16 / Bytes;
   T* dst = static_cast<T*>(dst_);
   T const* src = static_cast<T const*>(src_);
   alignas(16) T e[kVec];
+  Index const stride = Index(gridDim.x) * blockDim.x;
   if (FlatDst) {
-    int64_t const total = L * M * N;
-    int64_t const vecs = (total + kVec - 1) / kVec;
-    for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs; v += int64_t(gridDim.x) * blockDim.x) {
-      int64_t const g = v * kVec;
-      int64_t row = g / N, c = g - row * N;
-      int64_t l = row / M, r = row - l * M;
+    Index const total = L * M * N;
+    Index const vecs = (total + kVec - 1) / kVec;
+    for (Index v = blockIdx.x * Index(blockDim.x) + threadIdx.x; v < vecs; v += stride) {
+      Index const g = v * kVec;
+      Index row = g / N, c = g - row * N;
+      Index l = 0, r = row;
+      if (L > 1) {
+        l = row / M;
+        r = row - l * M;
+      }
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         e[i] = g + i < total ? __ldg(src + l * bs_src + r * ld_src + c) : T(0);
@@ -63,12 +71,16 @@ __global__ void copy_rows_kernel(void* __restrict__ dst_, int64_t ld_dst, int64_
       }
     }
   } else {
-    int64_t const per_row = (N + kVec - 1) / kVec;
-    int64_t const vecs = L * M * per_row;
-    for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vecs; v += int64_t(gridDim.x) * blockDim.x) {
-      int64_t const row = v / per_row;  // l * M + r
-      int64_t const c = (v - row * per_row) * kVec;
-      int64_t const l = row / M, r = row - l * M;
+    Index const per_row = (N + kVec - 1) / kVec;
+    Index const vecs = L * M * per_row;
+    for (Index v = blockIdx.x * Index(blockDim.x) + threadIdx.x; v < vecs; v += stride) {
+      Index const row = v / per_row;  // l * M + r
+      Index const c = (v - row * per_row) * kVec;
+      Index l = 0, r = row;
+      if (L > 1) {
+        l = row / M;
+        r = row - l * M;
+      }
       T* d = dst + l * bs_dst + r * ld_dst + c;
       T const* s = src + l * bs_src + r * ld_src + c;
       bool const whole = c + kVec <= N;  // the row's last vector may end past N: element by element
@@ -93,8 +105,19 @@ cudaError_t launch_copy_rows(void* dst, int64_t ld_dst, int64_t bs_dst, void con
   int const block = 256;
   int64_t blocks = (vecs + block - 1) / block;
   int64_t const most = int64_t(sm_count > 0 ? sm_count : 132) * 8;  // a grid-stride loop past 8 blocks per SM
-  copy_rows_kernel<Bytes, FlatDst><<<dim3(unsigned(blocks < most ? blocks : most)), dim3(block), 0, stream>>>(
-      dst, ld_dst, bs_dst, src, ld_src, bs_src, L, M, N);
+  dim3 const grid(unsigned(blocks < most ? blocks : most));
+  // every element offset of either side, and the vector counts with a grid's stride beyond them
+  auto span = [&](int64_t ld, int64_t bs) { return (L - 1) * bs + (M - 1) * ld + N; };
+  int64_t const largest = std::max({span(ld_dst, bs_dst), span(ld_src, bs_src), L * M * N + kVec, vecs * kVec}) +
+                          int64_t(grid.x) * block * kVec;
+  if (largest < (int64_t(1) << 32) && ld_dst >= 0 && bs_dst >= 0 && ld_src >= 0 && bs_src >= 0) {
+    copy_rows_kernel<Bytes, FlatDst, uint32_t><<<grid, dim3(block), 0, stream>>>(
+        dst, uint32_t(ld_dst), uint32_t(bs_dst), src, uint32_t(ld_src), uint32_t(bs_src), uint32_t(L), uint32_t(M),
+        uint32_t(N));
+  } else {
+    copy_rows_kernel<Bytes, FlatDst, int64_t><<<grid, dim3(block), 0, stream>>>(dst, ld_dst, bs_dst, src, ld_src,
+                                                                                bs_src, L, M, N);
+  }
   return cudaGetLastError();
 }
 
