@@ -67,7 +67,10 @@ __global__ void copy_rows_kernel(void* __restrict__ dst_, Index ld_dst, Index bs
       if (g + kVec <= total) {
         *reinterpret_cast<uint4*>(dst + g) = *reinterpret_cast<uint4 const*>(e);
       } else {
-        for (int i = 0; g + i < total; ++i) dst[g + i] = e[i];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {  // constant indices: e stays in registers
+          if (g + i < total) dst[g + i] = e[i];
+        }
       }
     }
   } else {
@@ -91,7 +94,10 @@ __global__ void copy_rows_kernel(void* __restrict__ dst_, Index ld_dst, Index bs
       if (whole) {
         *reinterpret_cast<uint4*>(d) = *reinterpret_cast<uint4 const*>(e);
       } else {
-        for (int i = 0; c + i < N; ++i) d[i] = e[i];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {  // constant indices: e stays in registers
+          if (c + i < N) d[i] = e[i];
+        }
       }
     }
   }
