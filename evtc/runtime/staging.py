@@ -15,9 +15,9 @@ TMA:
   multiple, :class:`evtc.runtime.bind.Alloc`; batch stride M times that) and are returned as
   strided (.., M, N) views: nothing to copy, on every route;
 * each misaligned M x N *input* (C, aux loads) is copied once into a fresh padded buffer of the
-  framework (``strided_allocator``, then one ``cudaMemcpy2DAsync`` of its rows for torch,
-  NOTE [Pitched copies for staging] in :mod:`evtc.runtime.pitched_copy`, else ``copy_``; cupy
-  ``copyto``);
+  framework (``strided_allocator``, then for torch evtc's row-copy kernel, NOTE [Copy kernels
+  for staging], or one ``cudaMemcpy2DAsync`` of its rows, NOTE [Pitched copies for staging],
+  both in :mod:`evtc.runtime.pitched_copy`, else ``copy_``; cupy ``copyto``);
 * each misaligned output the caller passed with ``out=`` is computed into a padded output evtc
   allocates (as if the caller had passed none) and copied into the caller's tensor afterwards;
   in-place ``out=C`` works the same way (the kernel reads C's staged copy, writes a fresh

@@ -745,5 +745,32 @@ EVTC_EXPORT int evtc_run(evtc_args_t const* args, void* workspace, size_t worksp
   }
   return evtc_launch_checked(*args, sm_count, device_id, workspace, stream);
 }
+
+// ---- the staging route's row copies (NOTE [Copy kernels for staging], evtc/runtime/pitched_copy.py) --
+#include <evtc/copy_rows.hpp>
+
+// dst (L x M x N, element strides ld_dst and bs_dst) = src (ld_src, bs_src), elements of elem_bytes
+// bytes, on `stream` on device_id. 0 done, 1 not applicable (copy another way), 5 CUDA error.
+EVTC_EXPORT int evtc_copy_rows(void* dst, int64_t ld_dst, int64_t bs_dst, void const* src, int64_t ld_src,
+                               int64_t bs_src, int64_t L, int64_t M, int64_t N, int elem_bytes, void* stream,
+                               int device_id) {
+  DeviceGuard guard(device_id);
+  if (!guard.ok) {
+    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
+    return 5;
+  }
+  int sm_count = evtc_device_setup(device_id);
+  cudaError_t err = evtc::copy_rows(dst, ld_dst, bs_dst, src, ld_src, bs_src, L, M, N, elem_bytes, sm_count,
+                                    static_cast<cudaStream_t>(stream));
+  if (err == cudaErrorInvalidValue) {
+    cudaGetLastError();  // not sticky; clear it
+    return 1;
+  }
+  if (err != cudaSuccess) {
+    evtc_set_error("row copy failed", cudaGetErrorString(err));
+    return 5;
+  }
+  return 0;
+}
 #endif  // EVTC_SPLIT_DEVICE
 #endif  // EVTC_LAYOUT_PROBE
