@@ -66,13 +66,21 @@ def main() -> None:
             pinned[key] = evtc.Gemm(g._traced, a=bf16, b=bf16, c=bf16, d=bf16, arch=spec.arch, config=spec.config)
         return pinned[key]
 
+    def cands_of(g, M, N, K, L):
+        aligned = N % 8 == 0
+        fp = FP(M, N, K, L, aligned, True, sms)
+        return [c for c in candidates(g, fp) if c.config.decomposition != "stream_k" and c.config.split_k <= 4] \
+            if aligned else [on_demand("sm90", bf16, bf16, n) for n in ("unaligned", "unaligned_pingpong")]
+
+    # every candidate's kernel first, in parallel (one nvcc per core), then the timing
+    common.build_all([pin(g, spec) for ep, g in fams.items() for M, N, K, L in per_fam.get(ep, problems)
+                      for spec in cands_of(g, M, N, K, L)] + list(fams.values()), "explore_members")
+
     rows = []
     for ep, g in fams.items():
         for M, N, K, L in per_fam.get(ep, problems):
             aligned = N % 8 == 0
-            fp = FP(M, N, K, L, aligned, True, sms)
-            cands = [c for c in candidates(g, fp) if c.config.decomposition != "stream_k" and c.config.split_k <= 4] \
-                if aligned else [on_demand("sm90", bf16, bf16, n) for n in ("unaligned", "unaligned_pingpong")]
+            cands = cands_of(g, M, N, K, L)
             pick = g.choose(M, N, K, L, aligned_mn=aligned)
             p = Problem(M, N, K, L)
             ins = make_inputs(g.graph, bf16, bf16, p, seed=M + N + K)
