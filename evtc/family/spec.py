@@ -181,8 +181,12 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
 
     NOTE [Wave quantisation between large and ping-pong]: below the 15 waves where ping-pong's
     overlap always pays, a light epilogue still takes ``pingpong`` (128x192) over ``large``
-    (128x256) when it has 4 waves or more and its last wave is fuller by more than 3 % of the
-    machine. fc1 of the MLP block at 1024 tokens (1024x14336x4096 + GELU): 448 large tiles are 3.4
+    (128x256) when it has 2 waves or more and its last wave is fuller by more than 3 % of the
+    machine (4 waves or more until 2026-11-26: fc2 of the MLP block at 1536 tokens,
+    1536x4096x14336 + bias + residual, has 192 large tiles, 2 waves 0.73 full, and 264 ping-pong
+    tiles, 2 waves 1.00 full; ``explore_members.py --torch 1536`` on the H100, CUDA graphs, /
+    cuBLAS: pingpong 1.058, large 1.437; at 2048 tokens, 0.97 / 0.89 full, large 1.023 and pingpong
+    1.128, which the rule keeps). fc1 of the MLP block at 1024 tokens (1024x14336x4096 + GELU): 448 large tiles are 3.4
     waves (0.85 of them busy), 600 ping-pong tiles 4.5 (0.91); ``explore_members.py --torch 1024``
     on the H200 (2026-11-25, CUDA graphs, / cuBLAS): pingpong 1.19, large 1.34; at 1536 tokens
     (0.85 / 0.97) 0.99 against 1.40, at 3072 (0.92 / 0.97) ping-pong 1.10, streamk 1.25 and large
@@ -334,7 +338,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
     if has("pingpong") and not traits.heavy and large_tiles >= p.sm_count:
         # NOTE [Wave quantisation between large and ping-pong]
         pp_tiles = _tiles(p.M, p.N, p.L, family["pingpong"].config.tile)
-        if pp_tiles >= 4 * p.sm_count and wave_efficiency(pp_tiles, p.sm_count) > \
+        if pp_tiles >= 2 * p.sm_count and wave_efficiency(pp_tiles, p.sm_count) > \
                 wave_efficiency(large_tiles, p.sm_count) + 0.03:
             return family["pingpong"]
     if large_tiles >= p.sm_count:

@@ -243,7 +243,7 @@ def test_epilogue_aware_choices():
 
 def test_wave_quantisation_between_large_and_pingpong():
     """NOTE [Wave quantisation between large and ping-pong]: below 15 waves a light epilogue takes
-    ping-pong where its last wave is fuller by more than 3 % (and it has 4 waves or more)."""
+    ping-pong where its last wave is fuller by more than 3 % (and it has 2 waves or more)."""
     import epilogues as E
     from evtc.family.spec import wave_efficiency
 
@@ -253,6 +253,9 @@ def test_wave_quantisation_between_large_and_pingpong():
     assert light.choose(4096, 4096, 4096).name == "large"  # 0.89 against 0.97
     assert light.choose(8192, 4096, 14336).name == "large"  # 0.97 both
     assert light.choose(2048, 14336, 4096).name == "large"  # 0.91 against 0.97
+    assert light.choose(1536, 4096, 14336).name == "pingpong"  # fc2 at 1536 tokens: 1.00 against 0.73
+    assert light.choose(2048, 4096, 14336).name == "large"  # 0.89 against 0.97
+    assert light.choose(512, 14336, 4096).name == "large"  # 3 ping-pong waves 0.76 full, 2 large ones 0.85
     # a heavy epilogue keeps the large kernel
     assert evtc.Gemm(E.REFERENCE["gelu_aux"]).choose(1024, 14336, 4096).name == "large"
 
