@@ -488,14 +488,19 @@ class IRBuilder:
 
         Raises:
             EvtcError (``trace_error``): an integer literal of more than :data:`MAX_INT_BITS`
-                bits (no f32 can hold it, and Python refuses to read such long numbers).
+                bits (no f32 can hold it, and Python refuses to read such long numbers), or a
+                float literal beyond float64's range (``1e400``, which ``float`` reads as inf).
         """
         if text.isdigit():
             digits = len(text.lstrip("0"))
             if digits * math.log2(10) > MAX_INT_BITS:
                 self._not_f32(f"{text.lstrip('0')[:12]}... ({digits} digits)", loc)
             return int(text)
-        return float(text)
+        value = float(text)
+        if math.isinf(value) and "inf" not in text.lower():
+            # a finite literal beyond float64 (1e400): Python reads it as inf, which the text never said
+            self._not_f32(text if len(text) <= 24 else text[:20] + "...", loc)
+        return value
 
     def lift(self, x: Value, loc: SourceLoc | None) -> Node:
         """The node of ``x``: a node itself, or an f32 :class:`~evtc.ir.nodes.Immediate` for a

@@ -183,6 +183,15 @@ def test_huge_literal_is_refused_without_reading_it():
         from_expr("D = acc * " + "7" * 5000)
 
 
+@pytest.mark.parametrize("text", ["1e400", "1.5E+309", "-2e999"])
+def test_float_literal_beyond_float64_is_refused_not_read_as_inf(text):
+    """float() reads 1e400 as inf, which the text never said: a located error, as for long ints."""
+    with pytest.raises(TraceError, match="not representable as a finite f32") as e:
+        from_expr(f"D = acc * {text.lstrip('-')}")
+    assert "^" in str(e.value)
+    assert "inf" in str(from_expr("D = acc * inf"))  # a literal inf is still inf
+
+
 @pytest.mark.parametrize("value,ok", [(3.4e38, True), (3.4028235e38, True), (3.4028236e38, False), (1e39, False),
                                       (-1e300, False), (1e-50, True), (float("inf"), True), (float("-inf"), True),
                                       (float("nan"), True)])
