@@ -316,6 +316,7 @@ class Gemm:
         self._fast = None  # NOTE [The torch fast path] (evtc/runtime/torch_fast.py)
         self._fast_call = None  # its call(A, B, kwargs) -> outputs or None
         self._fast_off = False
+        self._fast_refused: set = set()  # probe keys the fast path declined: not offered again
         self._prober = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, arch)), arch=arch)
         self._tuned = None
         self._torch_op = self._torch_op_error = None
@@ -690,6 +691,7 @@ class Gemm:
         them): the next call of each signature chooses again (after tuning, or a new staging
         setting)."""
         self._dispatch.clear()
+        self._fast_refused.clear()  # another launcher may take the key now
         if self._fast is not None:
             self._fast.clear()
 
@@ -718,9 +720,13 @@ class Gemm:
                 return
         if type(launcher) is not Launcher:  # a staged call copies its inputs first: the Python path's
             return
+        if key in self._fast_refused:  # declined before: its answer depends only on the key's signature
+            return
         sig = launcher._signatures.get(key)
-        if sig is not None:
-            fast.add(launcher, sig, A, B, kwargs, launcher.launch_address)
+        if sig is not None and not fast.add(launcher, sig, A, B, kwargs, launcher.launch_address):
+            if len(self._fast_refused) >= 4096:
+                self._fast_refused.clear()
+            self._fast_refused.add(key)
 
     def torch_op(self):
         """This Gemm as a PyTorch custom op (:class:`evtc.torch_ops.TorchOp`): the same call

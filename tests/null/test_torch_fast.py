@@ -254,3 +254,28 @@ def test_forgetting_the_dispatch_clears_the_fast_path(mod):
     g.set_unaligned_staging("never")  # a new setting: every signature chooses again
     assert len(fast) == 0 and not g._dispatch
     assert fast.call(fast.table, A, B, kw) is None and rec.calls == []
+
+
+def test_a_key_the_fast_path_declined_is_not_offered_again(mod):
+    """The Python path offers each call to the fast path; a key it declined (here: a signature
+    whose mode is not a plain launch) is remembered until the dispatch is forgotten."""
+    fast, rec, run, sig, lib, A, B, kw = setup(mod)
+    g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16)
+    g._fast, g._fast_call = fast, fast.bound
+    offered = []
+    real_add = fast.add
+
+    def add(*args):
+        offered.append(args[1])
+        return False  # declined
+
+    fast.add = add
+    key = ("declined", "key")
+    run._signatures[key] = sig
+    for _ in range(3):
+        g._register_fast(run, key, A, B, kw)
+    assert offered == [sig] and key in g._fast_refused
+    g._forget_dispatch()  # a new choice of kernels: ask again
+    g._register_fast(run, key, A, B, kw)
+    assert offered == [sig, sig]
+    fast.add = real_add
