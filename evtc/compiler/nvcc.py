@@ -234,7 +234,9 @@ def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path = "k
     """The exact nvcc command line that builds ``source`` into the shared library ``output``.
 
     This is the one definition of how evtc compiles: the builder runs it (with ``nvcc`` set to
-    the found compiler) and ``evtc emit --print-nvcc`` prints it for a standalone ``.cu``.
+    the found compiler), or for a source that supports it the same flags as two halves at once
+    (:func:`split_build_commands`, NOTE [Split builds]), and ``evtc emit --print-nvcc`` prints it
+    for a standalone ``.cu``.
 
     Args:
         arch: ``"sm90"`` or ``"sm80"``.
