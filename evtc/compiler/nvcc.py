@@ -373,10 +373,11 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 # device code. Measured with `nvcc --time` on one sm90 bias_relu kernel (2-core CPU machine,
 # 2026-11-26): cicc 19.6 s of device code generation, then cudafe++ 5.3 s and gcc 4.3 s of host
 # code, 31.3 s in all. The two halves share nothing but the source, so a source that says it can
-# (`#define EVTC_SUPPORTS_SPLIT_BUILD 1`, the sm90 GEMM template) is compiled twice at once:
+# (`#define EVTC_SUPPORTS_SPLIT_BUILD 1`: the sm90 GEMM and conv templates, through
+# codegen_templates/common/split_kernel.j2) is compiled twice at once:
 #
-#   nvcc ... -DEVTC_SPLIT_DEVICE -fatbin -o kernel.fatbin kernel.cu  the kernel only, as
-#                                                                    extern "C" evtc_gemm_kernel
+#   nvcc ... -DEVTC_SPLIT_DEVICE -fatbin -o kernel.fatbin kernel.cu  the kernel only, as extern "C"
+#                                                                    evtc_gemm_kernel (evtc_conv_kernel)
 #   nvcc ... -DEVTC_SPLIT_HOST   -c      -o host.o kernel.cu         the host code only
 #
 # then the fatbin is linked into the library as the bytes of a hidden symbol, evtc_device_image

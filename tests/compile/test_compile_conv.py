@@ -94,6 +94,16 @@ def test_sm90_source_uses_the_flat_epilogue(built):
     assert "CollectiveEpilogue::initialize_workspace(shape, arguments.epilogue, workspace, stream" in src
 
 
+def test_sm90_conv_is_a_split_build(built):
+    """NOTE [Split builds]: the sm90 conv kernel is compiled only in the device half, under its
+    unmangled name; the host half holds no cutlass::device_kernel."""
+    _, kernel = built["sm90"]
+    art = kernel.build()
+    assert "-DEVTC_SPLIT_DEVICE" in art.meta["command"]
+    data = art.library.read_bytes()
+    assert b"evtc_conv_kernel" in data and b"_ZN7cutlass13device_kernel" not in data
+
+
 @pytest.fixture(scope="module")
 def member():
     """The sm90 fprop family's ``m64`` member (64x128x64: one consumer warpgroup's 64-row WGMMA,

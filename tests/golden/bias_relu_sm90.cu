@@ -223,10 +223,10 @@ using StrideB = typename Gemm::GemmKernel::StrideB;
 
 // ---- the split build (NOTE [Split builds] in evtc/compiler/nvcc.py) ---------------------------
 // Built by one nvcc command (evtc emit --print-nvcc), this file is an ordinary CUDA library:
-// cutlass::device_kernel<GemmKernel> is compiled into it and launched through the runtime. evtc's
-// own builds compile it twice at once instead: -DEVTC_SPLIT_DEVICE -cubin keeps only the kernel
-// (below, under a fixed unmangled name), -DEVTC_SPLIT_HOST -c keeps only the host code, which
-// finds the kernel in the cubin linked into the library as evtc_device_image.
+// cutlass::device_kernel<GemmKernel> is compiled into it and launched through the runtime.
+// evtc's own builds compile it twice at once instead: -DEVTC_SPLIT_DEVICE -fatbin keeps only the
+// kernel (below, under a fixed unmangled name), -DEVTC_SPLIT_HOST -c keeps only the host code,
+// which finds the kernel in the fatbin linked into the library as evtc_device_image.
 #define EVTC_SUPPORTS_SPLIT_BUILD 1
 #if defined(EVTC_SPLIT_DEVICE)
 // cutlass::device_kernel<GemmKernel> (cutlass/device_kernel.h), under an unmangled name
@@ -241,9 +241,9 @@ evtc_gemm_kernel(CUTLASS_GRID_CONSTANT typename evtc_kernel::GemmKernel::Params 
 #else  // the host code: all of a one-command build, or the host half of a split build
 namespace evtc_kernel {
 #if defined(EVTC_SPLIT_HOST)
-extern "C" unsigned char const evtc_device_image[];  // the device half's cubin, linked in by evtc's build
+extern "C" unsigned char const evtc_device_image[];  // the device half's fatbin, linked in by evtc's build
 
-// The kernel, from the cubin: loaded once per process (cudaLibraryLoadData; context-independent,
+// The kernel, from the fatbin: loaded once per process (cudaLibraryLoadData; context-independent,
 // so every device's primary context finds it), as a cudaKernel_t, which the runtime's launch and
 // attribute calls take in place of a __global__ function's address (cuda_runtime_api.h).
 static cudaError_t kernel_function(void const** out) {
