@@ -119,3 +119,25 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@needs_nvcc
+def test_a_split_build_travels_through_export_and_import(cache_env, tmp_path, monkeypatch):
+    """The split library is one self-contained kernel.so: exported, imported into a cache on a
+    machine without nvcc, found by its key and loaded with its device image in it."""
+    from evtc.compiler import archive, lookup, store
+
+    src = split_source("travel")
+    a = build(src, "sm80", name="travel")
+    file = tmp_path / "k.tar.xz"
+    archive.export_entries(store.cache_root(), file)
+    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("EVTC_NVCC", "none")
+    s = archive.import_entries(store.cache_root(), file)
+    assert [n for _, _, n in s.imported] == ["travel"]
+    b = lookup(src, "sm80", name="travel")
+    assert b is not None and b.key == a.key and b.library.read_bytes() == a.library.read_bytes()
+    lib = ctypes.CDLL(str(b.verified_library_path()))
+    lib.evtc_test_image.restype = ctypes.POINTER(ctypes.c_ubyte)
+    image = lib.evtc_test_image()
+    assert int.from_bytes(bytes(image[i] for i in range(4)), "little") == FATBIN_MAGIC
