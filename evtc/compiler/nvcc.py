@@ -438,7 +438,11 @@ def split_build_commands(arch: str, source: Path, output: Path, work: Path, *, e
     compile_flags = [f for f in BASE_FLAGS if f != "-shared"]
     incs = [f"-I{d}" for d in include_dirs()]
     gencode = list(arch_flags(arch))
-    ccbin = shutil.which(_ccbin(extra_flags)) or _ccbin(extra_flags)
+    ccbin = _ccbin([*shlex.split(os.environ.get("NVCC_PREPEND_FLAGS", "")), *extra_flags,
+                    *shlex.split(os.environ.get("NVCC_APPEND_FLAGS", ""))])
+    if os.path.isdir(ccbin):  # -ccbin may name the compiler's folder (nvcc's manual)
+        ccbin = os.path.join(ccbin, "gcc")
+    ccbin = shutil.which(ccbin) or ccbin
     return {
         "device": [str(nvcc), *compile_flags, *gencode, *incs, *extra_flags, "-DEVTC_SPLIT_DEVICE", "-fatbin",
                    "-o", str(work / "kernel.fatbin"), str(source)],

@@ -50,6 +50,22 @@ def test_the_commands_of_a_split_build(tmp_path):
     assert cmds["image"][1:] == ["-c", "-o", "image.o", "image.S"]
 
 
+def test_the_device_image_is_assembled_by_nvcc_s_host_compiler(tmp_path, monkeypatch):
+    """-ccbin (a program or, as nvcc allows, its folder) or NVCC_CCBIN names the assembler too."""
+    monkeypatch.delenv("NVCC_CCBIN", raising=False)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    gcc = fake / "gcc"
+    gcc.write_text("#!/bin/sh\n")
+    gcc.chmod(0o755)
+    w = tmp_path / "w"
+    for flags in (["-ccbin", str(fake)], [f"--compiler-bindir={gcc}"]):
+        assert nvcc.split_build_commands("sm80", tmp_path / "k.cu", tmp_path / "k.so", w, nvcc="N",
+                                         extra_flags=flags)["image"][0] == str(gcc)
+    monkeypatch.setenv("NVCC_CCBIN", str(gcc))
+    assert nvcc.split_build_commands("sm80", tmp_path / "k.cu", tmp_path / "k.so", w, nvcc="N")["image"][0] == str(gcc)
+
+
 def test_a_split_build_is_another_key(cache_env):
     """The same text built in one command or split is not the same binary: the key says which."""
     material = key_material(split_source("k"), arch="sm80")
