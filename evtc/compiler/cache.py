@@ -61,7 +61,7 @@ from evtc.errors import BuildError, CacheError, EvtcError, NoDeviceError
 
 __all__ = [
     "Artifact", "BuildJob", "CACHE_FORMAT", "RemoteBuild", "build", "build_many", "cache_dir", "cache_key",
-    "compile_remote", "kernel_key", "key_material", "lookup", "verified_library_path",
+    "compile_remote", "default_workers", "kernel_key", "key_material", "lookup", "verified_library_path",
 ]
 
 
@@ -496,6 +496,32 @@ def _as_job(j: Any, extra: Sequence[str]) -> BuildJob:
     raise BuildError(f"a build job is a BuildJob or (source, arch, name[, extra_flags]), not {type(j).__name__}")
 
 
+#: Memory one sm90 build holds at its peak (bytes): a split build's device half (cicc, about 3.6 GB
+#: for a GEMM) and host half (about 1.4 GB) at once, measured with /usr/bin/time on the CPU machine.
+BUILD_PEAK_BYTES = 5 << 30
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes, or None where there is none (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_workers() -> int:
+    """Local parallel builds when the caller names none: the CPU count, but no more than the
+    available memory holds at :data:`BUILD_PEAK_BYTES` each (a 16 GB laptop with 8 cores builds
+    two at a time instead of swapping), at least 1."""
+    cpus = max(1, os.cpu_count() or 1)
+    avail = _available_memory()
+    return cpus if avail is None else max(1, min(cpus, avail // BUILD_PEAK_BYTES))
+
+
 def build_many(jobs: Sequence[Any], *, executor: concurrent.futures.Executor | None = None, workers: int | None = None,
                on_done: Callable[[int, Artifact | EvtcError], None] | None = None, timeout: float | None = None,
                extra: Sequence[str] = (), progress: bool | None = None) -> list[Artifact | EvtcError]:
@@ -510,8 +536,8 @@ def build_many(jobs: Sequence[Any], *, executor: concurrent.futures.Executor | N
             ``ProcessPoolExecutor``, Ray through ``ObjectRef.future()``): each cache miss runs
             :func:`compile_remote` there (the worker needs evtc, nvcc and the same headers), and
             the returned bytes are verified and installed here.
-        workers: local parallel nvcc processes (default: the CPU count; an sm90 build needs
-            about 3.6 GB of memory, so lower it on small machines). Ignored with ``executor``.
+        workers: local parallel builds (default: :func:`default_workers`: the CPU count, fewer
+            where memory is short). Ignored with ``executor``.
         on_done: called with (index, result) as each job finishes.
         timeout: nvcc's time limit per kernel in seconds.
         extra: extra nvcc flags for every job (old spelling).
@@ -532,7 +558,7 @@ def build_many(jobs: Sequence[Any], *, executor: concurrent.futures.Executor | N
 
     with BuildProgress(len(norm), "building", enabled=progress) as bar:
         if executor is None:
-            nworkers = workers or max(1, os.cpu_count() or 1)
+            nworkers = workers or default_workers()
             with concurrent.futures.ThreadPoolExecutor(max_workers=nworkers) as pool:
                 futs = {pool.submit(build, j.source, j.arch, name=j.name, extra_flags=j.extra_flags, timeout=timeout,
                                     progress=False): i for i, j in enumerate(norm)}

@@ -157,3 +157,19 @@ def test_a_split_build_travels_through_export_and_import(cache_env, tmp_path, mo
     lib.evtc_test_image.restype = ctypes.POINTER(ctypes.c_ubyte)
     image = lib.evtc_test_image()
     assert int.from_bytes(bytes(image[i] for i in range(4)), "little") == FATBIN_MAGIC
+
+
+def test_default_workers_fit_the_available_memory(monkeypatch):
+    """build_many's default: the CPU count, but no more builds than the memory holds at about 5 GB
+    each (a split build's two halves at once)."""
+    from evtc.compiler import cache
+
+    monkeypatch.setattr(cache.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cache, "_available_memory", lambda: 128 << 30)
+    assert cache.default_workers() == 16
+    monkeypatch.setattr(cache, "_available_memory", lambda: 12 << 30)
+    assert cache.default_workers() == 2
+    monkeypatch.setattr(cache, "_available_memory", lambda: 1 << 30)
+    assert cache.default_workers() == 1
+    monkeypatch.setattr(cache, "_available_memory", lambda: None)  # not Linux: the CPU count
+    assert cache.default_workers() == 16
