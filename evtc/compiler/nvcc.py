@@ -34,6 +34,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -313,12 +314,23 @@ def _ccbin(flags: Sequence[str]) -> str:
     return os.environ.get("NVCC_CCBIN") or "gcc"
 
 
+def _build_ccbin(extra_flags: Sequence[str]) -> str:
+    """The host compiler nvcc runs for a build with ``extra_flags``: ``-ccbin`` (or
+    ``--compiler-bindir``) in ``NVCC_PREPEND_FLAGS``, the flags or ``NVCC_APPEND_FLAGS``, else
+    ``NVCC_CCBIN``, else ``gcc``."""
+    env = env_flags()
+    return _ccbin([*shlex.split(env["NVCC_PREPEND_FLAGS"]), *extra_flags, *shlex.split(env["NVCC_APPEND_FLAGS"])])
+
+
+def _ccbin_program(ccbin: str, path_env: str | None = None) -> str | None:
+    """The program ``ccbin`` names (a folder: its ``gcc``, as nvcc's manual allows), found on
+    ``path_env`` (default ``PATH``), or None."""
+    return shutil.which(os.path.join(ccbin, "gcc") if os.path.isdir(ccbin) else ccbin, path=path_env)
+
+
 @functools.lru_cache(maxsize=None)
 def _host_compiler_version(ccbin: str, path_env: str) -> str:
-    exe = ccbin
-    if os.path.isdir(exe):
-        exe = os.path.join(exe, "gcc")
-    found = shutil.which(exe, path=path_env)
+    found = _ccbin_program(ccbin, path_env)
     if found is None:
         return f"{ccbin}: not found"
     try:
@@ -336,9 +348,7 @@ def toolchain(extra_flags: Sequence[str] = ()) -> Toolchain:
         NoDeviceError: there is no nvcc.
     """
     nvcc = require_nvcc()
-    env = env_flags()
-    all_flags = [*shlex.split(env["NVCC_PREPEND_FLAGS"]), *extra_flags, *shlex.split(env["NVCC_APPEND_FLAGS"])]
-    ccbin = _ccbin(all_flags)
+    ccbin = _build_ccbin(extra_flags)
     return Toolchain(_nvcc_release(str(nvcc), nvcc.stat().st_mtime_ns),
                      _host_compiler_version(ccbin, os.environ.get("PATH", "")), ccbin)
 
@@ -438,11 +448,8 @@ def split_build_commands(arch: str, source: Path, output: Path, work: Path, *, e
     compile_flags = [f for f in BASE_FLAGS if f != "-shared"]
     incs = [f"-I{d}" for d in include_dirs()]
     gencode = list(arch_flags(arch))
-    ccbin = _ccbin([*shlex.split(os.environ.get("NVCC_PREPEND_FLAGS", "")), *extra_flags,
-                    *shlex.split(os.environ.get("NVCC_APPEND_FLAGS", ""))])
-    if os.path.isdir(ccbin):  # -ccbin may name the compiler's folder (nvcc's manual)
-        ccbin = os.path.join(ccbin, "gcc")
-    ccbin = shutil.which(ccbin) or ccbin
+    ccbin = _build_ccbin(extra_flags)
+    ccbin = _ccbin_program(ccbin) or ccbin
     return {
         "device": [str(nvcc), *compile_flags, *gencode, *incs, *extra_flags, "-DEVTC_SPLIT_DEVICE", "-fatbin",
                    "-o", str(work / "kernel.fatbin"), str(source)],
@@ -497,58 +504,59 @@ def _wait_all(runs: list[_Run], deadline: float) -> tuple[_Run | None, bool]:
     return failed, False
 
 
-def _compile_split(source: Path, output: Path, arch: str, log: Path, extra_flags: Sequence[str], timeout: float,
-                   compiler: Path) -> list[str]:
-    import tempfile
+#: what a failed step of a build is called in its BuildError ("nvcc": the one-command build)
+_STEP_NAMES = {"device": "the device half", "host": "the host half", "image": "the device image", "link": "the link"}
 
+
+def _run_build(groups: list[list[tuple[str, list[str], Path | None]]], source: Path, work: Path, log: Path,
+               timeout: float) -> None:
+    """Run a build's steps: each group's ``(step, command, cwd)`` at once, the groups one after
+    the other; every process in its own session, killed (with its children) when the time limit
+    passes, when a step beside it fails, or on an interrupt. The log gets each command and its
+    output (the command on the first line for a one-step build).
+
+    Raises:
+        BuildError: a step failed (the message quotes its first error line and names the step
+            in a multi-step build; the hint names ``source`` and ``log``), the time limit passed,
+            or a compiler could not be started.
+    """
     kept = f"the source and the full log are kept:\n    source: {source}\n    log:    {log}"
+    one = len(groups) == 1 and len(groups[0]) == 1
     t0 = time.monotonic()
     deadline = t0 + timeout
-    with tempfile.TemporaryDirectory(prefix=".split-", dir=output.parent) as d:
-        work = Path(d)
-        cmds = split_build_commands(arch, source, output, work, extra_flags=extra_flags, nvcc=compiler)
-        (work / "image.S").write_text(_IMAGE_ASM.format(image="kernel.fatbin"))  # relative: the assembler runs in work
-        sections: list[str] = []
-        runs: list[_Run] = []
-        failed, timed_out = None, False
-        try:
-            # the two halves at once, then the image and the link
-            for group in (("device", "host"), ("image",), ("link",)):
-                started = [_Run(step, cmds[step], work / f"{step}.log", cwd=work if step == "image" else None)
-                           for step in group]
-                runs += started
-                failed, timed_out = _wait_all(started, deadline)
-                for r in started:
-                    sections.append(f"# {r.step}\n{shlex.join(r.cmd)}\n\n{r.text()}")
-                if failed is not None or timed_out:
-                    break
-        except OSError as e:
-            for r in runs:
-                r.kill(grace_s=1.0)
-            log.write_text("\n".join(sections) + f"\n\ncan't start the compiler: {e}\n")
-            raise BuildError(f"can't start the compiler: {e}", hint=kept) from None
-        except BaseException:  # KeyboardInterrupt: leave no compiler running
-            for r in runs:
-                r.kill(grace_s=1.0)
-            raise
-        seconds = time.monotonic() - t0
-        if timed_out:
-            log.write_text("\n".join(sections) + f"\n\nkilled after {timeout:g} s (EVTC_NVCC_TIMEOUT)\n")
-            raise BuildError(f"nvcc timed out after {timeout:g} s building {source.name}; it and its children were killed",
-                             hint=kept + "\n  raise the limit with build(timeout=...) or EVTC_NVCC_TIMEOUT")
-        log.write_text("\n".join(sections) + f"\n# {seconds:.1f} s (a split build: NOTE [Split builds])\n")
-        if failed is not None or not output.exists():
-            step, rc = (failed.step, failed.proc.returncode) if failed is not None else ("link", 0)
-            text = failed.out.read_text(errors="replace") if failed is not None else ""
-            first = next((line for line in text.splitlines() if "error" in line), "")
-            what = {"device": "the device half", "host": "the host half", "image": "the device image",
-                    "link": "the link"}[step]
-            raise BuildError(f"nvcc failed ({rc}) building {source.name} ({what})"
-                             + (f": {first.strip()[:300]}" if first else ""), hint=kept)
-    flat: list[str] = []
-    for step, sep in (("device", None), ("host", "&"), ("image", "&&"), ("link", "&&")):
-        flat += ([sep] if sep else []) + cmds[step]
-    return flat
+    sections: list[str] = []
+    runs: list[_Run] = []
+    failed, timed_out = None, False
+    try:
+        for group in groups:
+            started = [_Run(step, cmd, work / f"{step}.log", cwd=cwd) for step, cmd, cwd in group]
+            runs += started
+            failed, timed_out = _wait_all(started, deadline)
+            for r in started:
+                sections.append(("" if one else f"# {r.step}\n") + f"{shlex.join(r.cmd)}\n\n{r.text()}")
+            if failed is not None or timed_out:
+                break
+    except OSError as e:
+        for r in runs:
+            r.kill(grace_s=1.0)
+        log.write_text("\n".join(sections) + f"\n\ncan't start the compiler: {e}\n")
+        raise BuildError(f"can't start the compiler: {e}", hint=kept) from None
+    except BaseException:  # KeyboardInterrupt: leave no compiler running
+        for r in runs:
+            r.kill(grace_s=1.0)
+        raise
+    if timed_out:
+        log.write_text("\n".join(sections) + f"\n\nkilled after {timeout:g} s (EVTC_NVCC_TIMEOUT)\n")
+        raise BuildError(f"nvcc timed out after {timeout:g} s building {source.name}; it and its children were killed",
+                         hint=kept + "\n  raise the limit with build(timeout=...) or EVTC_NVCC_TIMEOUT")
+    note = "" if one else " (a split build: NOTE [Split builds])"
+    log.write_text("\n".join(sections) + f"\n# {time.monotonic() - t0:.1f} s{note}\n")
+    if failed is not None:
+        text = failed.out.read_text(errors="replace")
+        first = next((line for line in text.splitlines() if "error" in line), "")
+        what = "" if one else f" ({_STEP_NAMES[failed.step]})"
+        raise BuildError(f"nvcc failed ({failed.proc.returncode}) building {source.name}{what}"
+                         + (f": {first.strip()[:300]}" if first else ""), hint=kept)
 
 
 def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_flags: Sequence[str] = (),
@@ -583,35 +591,20 @@ def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_fl
     compiler = nvcc or require_nvcc()
     if split is None:
         split = supports_split_build(source.read_text(errors="replace"))
-    if split:
-        return _compile_split(source, output, arch, log, extra_flags, timeout, compiler)
-    cmd = nvcc_command(arch, source, output, extra_flags=extra_flags, nvcc=compiler)
-    kept = f"the source and the full log are kept:\n    source: {source}\n    log:    {log}"
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    except OSError as e:
-        log.write_text(shlex.join(cmd) + f"\n\ncan't start nvcc: {e}\n")
-        raise BuildError(f"can't start nvcc: {e}", hint=kept) from None
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out = proc.communicate()[0] if proc.stdout and not proc.stdout.closed else b""
-        log.write_text(shlex.join(cmd) + "\n\n" + out.decode(errors="replace")
-                       + f"\n\nkilled after {timeout:g} s (EVTC_NVCC_TIMEOUT)\n")
-        raise BuildError(f"nvcc timed out after {timeout:g} s building {source.name}; it and its children were killed",
-                         hint=kept + "\n  raise the limit with build(timeout=...) or EVTC_NVCC_TIMEOUT") from None
-    except BaseException:  # KeyboardInterrupt: leave no compiler running
-        _kill_group(proc, grace_s=1.0)
-        raise
-    text = out.decode(errors="replace")
-    log.write_text(shlex.join(cmd) + "\n\n" + text + f"\n# {time.perf_counter() - t0:.1f} s\n")
-    if proc.returncode != 0 or not output.exists():
-        first = next((line for line in text.splitlines() if "error" in line), "")
-        raise BuildError(
-            f"nvcc failed ({proc.returncode}) building {source.name}" + (f": {first.strip()[:300]}" if first else ""),
-            hint=kept,
-        )
-    return cmd
+    with tempfile.TemporaryDirectory(prefix=".nvcc-", dir=output.parent) as d:
+        work = Path(d)
+        if split:
+            cmds = split_build_commands(arch, source, output, work, extra_flags=extra_flags, nvcc=compiler)
+            # relative: the assembler runs in work
+            (work / "image.S").write_text(_IMAGE_ASM.format(image="kernel.fatbin"))
+            groups = [[("device", cmds["device"], None), ("host", cmds["host"], None)],  # the two halves at once
+                      [("image", cmds["image"], work)], [("link", cmds["link"], None)]]
+            flat = [*cmds["device"], "&", *cmds["host"], "&&", *cmds["image"], "&&", *cmds["link"]]
+        else:
+            flat = nvcc_command(arch, source, output, extra_flags=extra_flags, nvcc=compiler)
+            groups = [[("nvcc", flat, None)]]
+        _run_build(groups, source, work, log, timeout)
+    if not output.exists():
+        raise BuildError(f"nvcc failed (0) building {source.name}: it wrote no {output.name}",
+                         hint=f"the source and the full log are kept:\n    source: {source}\n    log:    {log}")
+    return flat
