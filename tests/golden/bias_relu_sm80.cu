@@ -487,6 +487,16 @@ int evtc_device_setup(int device_id) {
   return count;
 }
 
+// The device a call names, made current (the caller's DeviceGuard) and set up: its
+// multiprocessor count, or 0 with evtc_last_error set.
+int evtc_enter_device(DeviceGuard const& guard, int device_id) {
+  if (!guard.ok) {
+    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+  }
+  return evtc_device_setup(device_id);
+}
+
 // ---- the alignment of every pointer (sm80 picks its kernel variant on it) ---------------------
 constexpr int kPointers = 5;
 
@@ -654,11 +664,7 @@ EVTC_EXPORT size_t evtc_workspace_size(evtc_args_t const* args, int device_id) {
 // CUTLASS's can_implement, and returns a handle for evtc_launch and the workspace size (bytes).
 EVTC_EXPORT int evtc_prepare(evtc_args_t const* args, int device_id, int64_t* handle, uint64_t* workspace_bytes) {
   DeviceGuard guard(device_id);
-  if (!guard.ok) {
-    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
-    return 5;
-  }
-  int sm_count = evtc_device_setup(device_id);
+  int sm_count = evtc_enter_device(guard, device_id);
   if (sm_count <= 0) {
     return 5;
   }
@@ -710,11 +716,7 @@ EVTC_EXPORT int evtc_launch(evtc_call_t const* call) {
 EVTC_EXPORT int evtc_run(evtc_args_t const* args, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                          int device_id) {
   DeviceGuard guard(device_id);
-  if (!guard.ok) {
-    evtc_set_error("CUDA error", cudaGetErrorString(cudaGetLastError()));
-    return 5;
-  }
-  int sm_count = evtc_device_setup(device_id);
+  int sm_count = evtc_enter_device(guard, device_id);
   if (sm_count <= 0) {
     return 5;
   }
