@@ -97,3 +97,11 @@ def prebuilt_library(prebuilt: Path, tag: str) -> Path:
         if json.loads(meta.read_text())["name"] == tag:
             return meta.parent / "kernel.so"
     raise AssertionError(f"no prebuilt kernel {tag}")
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in /proc (``Z`` for a zombie), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return None

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cache_helpers import (REAL_NVCC, copy_prebuilt, copying_nvcc, fake_nvcc, loaded_tag, needs_nvcc,
-                           prebuilt_library, tiny_source)
+                           prebuilt_library, process_state, tiny_source)
 from evtc.compiler import BuildJob, CacheError, build, build_many, fingerprint, kernel_key, key_material, lookup, nvcc
 from evtc.compiler import store
 from evtc.compiler.progress import BuildProgress
@@ -237,13 +237,6 @@ def test_failed_build_keeps_source_and_log(cache_env):
     assert not (cache_env / "kernels" / key[:2] / key).exists()
 
 
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return None
-
-
 def test_nvcc_timeout_kills_the_process_group(cache_env, tmp_path, monkeypatch):
     pids = tmp_path / "pids"
     fake = fake_nvcc(tmp_path, f'sleep 300 & echo $! >> {pids}\nsh -c "sleep 300" & echo $! >> {pids}\n'
@@ -257,9 +250,9 @@ def test_nvcc_timeout_kills_the_process_group(cache_env, tmp_path, monkeypatch):
     children = [int(x) for x in pids.read_text().split()]
     assert len(children) == 3
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_state(p) not in (None, "Z") for p in children):
+    while time.monotonic() < deadline and any(process_state(p) not in (None, "Z") for p in children):
         time.sleep(0.1)
-    assert all(_state(p) in (None, "Z") for p in children), [(p, _state(p)) for p in children]
+    assert all(process_state(p) in (None, "Z") for p in children), [(p, process_state(p)) for p in children]
 
 
 def test_default_timeout_is_configurable(monkeypatch):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cache_helpers import fake_nvcc, needs_nvcc, tiny_source
+from cache_helpers import fake_nvcc, needs_nvcc, process_state, tiny_source
 from evtc.compiler import build, kernel_key, key_material, nvcc
 from evtc.errors import BuildError
 
@@ -123,18 +123,9 @@ def test_a_split_build_past_its_time_limit_kills_both_halves(cache_env, tmp_path
     children = [int(x) for x in pids.read_text().split()]
     assert len(children) == 4  # two halves, each nvcc and its sleep
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in children):
+    while time.monotonic() < deadline and any(process_state(p) not in (None, "Z") for p in children):
         time.sleep(0.1)
-    assert not any(_alive(p) for p in children)
-
-
-def _alive(pid: int) -> bool:
-    from pathlib import Path
-
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not any(process_state(p) not in (None, "Z") for p in children)
 
 
 @needs_nvcc
