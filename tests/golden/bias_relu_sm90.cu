@@ -757,8 +757,8 @@ EVTC_EXPORT int evtc_copy_rows(void* dst, int64_t ld_dst, int64_t bs_dst, void c
                                int64_t bs_src, int64_t L, int64_t M, int64_t N, int elem_bytes, void* stream,
                                int device_id) {
   DeviceGuard guard(device_id);
-  int sm_count = evtc_enter_device(guard, device_id);
-  if (sm_count <= 0) {
+  int sm_count = evtc_enter_device(guard, device_id);  // 0 after a failed setup: the copy guesses the SM count
+  if (!guard.ok) {
     return 5;
   }
   cudaError_t err = evtc::copy_rows(dst, ld_dst, bs_dst, src, ld_src, bs_src, L, M, N, elem_bytes, sm_count,
