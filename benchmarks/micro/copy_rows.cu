@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
 #include <cuda_runtime.h>
 
@@ -159,52 +160,43 @@ int main(int argc, char** argv) {
         if (p[r * NP + c] != h[r * N + c]) return false;
     return true;
   };
-  auto check_packed2 = [&]() {
-    std::vector<uint16_t> p(M * N);
-    CHECK(cudaMemcpy(p.data(), packed2, M * N * 2, cudaMemcpyDeviceToHost));
-    return p == h;
+  auto check_packed2 = [&](long count) {  // the first `count` elements
+    std::vector<uint16_t> p(count);
+    CHECK(cudaMemcpy(p.data(), packed2, count * 2, cudaMemcpyDeviceToHost));
+    return std::equal(p.begin(), p.end(), h.begin());
+  };
+  // each copy into a zeroed destination, timed, then checked against the host data
+  auto to_padded = [&](char const* what, auto copy) {
+    CHECK(cudaMemset(padded, 0, M * NP * 2));
+    float t = time_ms(copy);
+    report(what, t, check_padded());
+  };
+  auto to_packed = [&](char const* what, auto copy, long count) {
+    CHECK(cudaMemset(packed2, 0, M * N * 2));
+    float t = time_ms(copy);
+    report(what, t, check_packed2(count));
   };
   printf("M=%ld N=%ld NP=%ld, %d SMs, %.3f GB moved per copy\n", M, N, NP, sms, gb);
   report("contiguous cudaMemcpyAsync", time_ms([&] { cudaMemcpyAsync(flat, packed, M * N * 2, cudaMemcpyDeviceToDevice); }), true);
-  CHECK(cudaMemset(padded, 0, M * NP * 2));
-  float t = time_ms([&] { cudaMemcpy2DAsync(padded, NP * 2, packed, N * 2, N * 2, M, cudaMemcpyDeviceToDevice); });
-  report("pack->pad cudaMemcpy2DAsync", t, check_padded());
-  CHECK(cudaMemset(padded, 0, M * NP * 2));
-  t = time_ms([&] { pack_to_pad_vec_src<<<grid, block>>>(padded, packed, M, N, NP); });
-  report("pack->pad vec-src kernel", t, check_padded());
-  CHECK(cudaMemset(padded, 0, M * NP * 2));
-  t = time_ms([&] { pack_to_pad_vec_dst<<<grid, block>>>(padded, packed, M, N, NP); });
-  report("pack->pad vec-dst kernel", t, check_padded());
+  to_padded("pack->pad cudaMemcpy2DAsync",
+            [&] { cudaMemcpy2DAsync(padded, NP * 2, packed, N * 2, N * 2, M, cudaMemcpyDeviceToDevice); });
+  to_padded("pack->pad vec-src kernel", [&] { pack_to_pad_vec_src<<<grid, block>>>(padded, packed, M, N, NP); });
+  to_padded("pack->pad vec-dst kernel", [&] { pack_to_pad_vec_dst<<<grid, block>>>(padded, packed, M, N, NP); });
   // padded now holds the data: copy it back
-  CHECK(cudaMemset(packed2, 0, M * N * 2));
-  t = time_ms([&] { cudaMemcpy2DAsync(packed2, N * 2, padded, NP * 2, N * 2, M, cudaMemcpyDeviceToDevice); });
-  report("pad->pack cudaMemcpy2DAsync", t, check_packed2());
-  CHECK(cudaMemset(packed2, 0, M * N * 2));
-  t = time_ms([&] { pad_to_pack_vec_src<<<grid, block>>>(packed2, padded, M, N, NP); });
-  report("pad->pack vec-src kernel", t, check_packed2());
-  CHECK(cudaMemset(packed2, 0, M * N * 2));
-  t = time_ms([&] { pad_to_pack_vec_dst<<<grid, block>>>(packed2, padded, M, N, NP); });
-  report("pad->pack vec-dst kernel", t, check_packed2());
-  CHECK(cudaMemset(packed2, 0, M * N * 2));
-  t = time_ms([&] { pad_to_pack_vec_dst_select<<<grid, block>>>(packed2, padded, unsigned(M), unsigned(N), unsigned(NP)); });
-  report("pad->pack vec-dst select kernel", t, check_packed2());
+  to_packed("pad->pack cudaMemcpy2DAsync",
+            [&] { cudaMemcpy2DAsync(packed2, N * 2, padded, NP * 2, N * 2, M, cudaMemcpyDeviceToDevice); }, M * N);
+  to_packed("pad->pack vec-src kernel", [&] { pad_to_pack_vec_src<<<grid, block>>>(packed2, padded, M, N, NP); }, M * N);
+  to_packed("pad->pack vec-dst kernel", [&] { pad_to_pack_vec_dst<<<grid, block>>>(packed2, padded, M, N, NP); }, M * N);
+  to_packed("pad->pack vec-dst select kernel",
+            [&] { pad_to_pack_vec_dst_select<<<grid, block>>>(packed2, padded, unsigned(M), unsigned(N), unsigned(NP)); },
+            M * N);
   // evtc's kernels (codegen_templates/include/evtc/copy_rows.hpp), both ways
-  CHECK(cudaMemset(padded, 0, M * NP * 2));
-  t = time_ms([&] { evtc::copy_rows(padded, NP, 0, packed, N, 0, 1, M, N, 2, sms, 0); });
-  report("pack->pad evtc::copy_rows", t, check_padded());
-  CHECK(cudaMemset(packed2, 0, M * N * 2));
-  t = time_ms([&] { evtc::copy_rows(packed2, N, 0, padded, NP, 0, 1, M, N, 2, sms, 0); });
-  report("pad->pack evtc::copy_rows", t, check_packed2());
+  to_padded("pack->pad evtc::copy_rows", [&] { evtc::copy_rows(padded, NP, 0, packed, N, 0, 1, M, N, 2, sms, 0); });
+  to_packed("pad->pack evtc::copy_rows", [&] { evtc::copy_rows(packed2, N, 0, padded, NP, 0, 1, M, N, 2, sms, 0); },
+            M * N);
   // batched (L = 3 of M / 3 rows): rows wrap across batches
   long Lb = 3, Mb = M / 3;
-  CHECK(cudaMemset(packed2, 0, M * N * 2));
-  t = time_ms([&] { evtc::copy_rows(packed2, N, Mb * N, padded, NP, Mb * NP, Lb, Mb, N, 2, sms, 0); });
-  {
-    std::vector<uint16_t> p(Lb * Mb * N);
-    CHECK(cudaMemcpy(p.data(), packed2, Lb * Mb * N * 2, cudaMemcpyDeviceToHost));
-    bool ok = true;
-    for (long i = 0; i < Lb * Mb * N && ok; ++i) ok = p[i] == h[i];
-    report("pad->pack evtc::copy_rows, L=3", t, ok);
-  }
+  to_packed("pad->pack evtc::copy_rows, L=3",
+            [&] { evtc::copy_rows(packed2, N, Mb * N, padded, NP, Mb * NP, Lb, Mb, N, 2, sms, 0); }, Lb * Mb * N);
   return 0;
 }
