@@ -28,7 +28,7 @@ from evtc.errors import ArgumentError, ConfigError, MisalignedError, api_boundar
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
-from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS
+from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS, atomic_reduction
 from evtc.plan.config import validate as validate_config
 from evtc.plan import make_plan
 from evtc.plan.model import Plan
@@ -177,10 +177,8 @@ def _no_torch_op(gemm: "Gemm") -> str:
 def atomic_reductions(graph: Graph, config: GemmConfig) -> list[Reduction]:
     """The reduction outputs a kernel of ``config`` reduces with atomics on sm90: the scalar
     ones, and row/column max/min into f32 where the config makes them atomic
-    (:func:`evtc.plan.sm90.reduction_mode`)."""
-    from evtc.plan.sm90 import reduction_mode
-
-    return [o for o in graph.outputs if isinstance(o, Reduction) and reduction_mode(o, config)[0] == "atomic"]
+    (:func:`evtc.plan.config.atomic_reduction`; the planner's :func:`evtc.plan.sm90.reduction_mode`)."""
+    return [o for o in graph.outputs if isinstance(o, Reduction) and atomic_reduction(o, config)]
 
 
 def _scheduler_args(config: GemmConfig, arch: str, graph: Graph | None = None) -> dict[str, int]:

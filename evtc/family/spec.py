@@ -69,13 +69,11 @@ class EpilogueTraits:
     def of(cls, graph) -> EpilogueTraits:
         """The traits of an epilogue Graph (after passes)."""
         from evtc.ir.nodes import Reduction, Store
-        from evtc.plan.sm90 import atomic_capable
-
         outs = graph.outputs
         tile_reductions = [o for o in outs if isinstance(o, Reduction) and o.dim is not None]
         return cls(reductions=bool(tile_reductions),
                    aux_stores=sum(isinstance(o, Store) for o in outs) > 1,
-                   workspace_reductions=not all(atomic_capable(o) for o in tile_reductions))
+                   workspace_reductions=not all(o.atomic_capable for o in tile_reductions))
 
     @property
     def heavy(self) -> bool:
@@ -127,7 +125,7 @@ def for_epilogue(family, traits: EpilogueTraits) -> tuple[KernelSpec, ...]:
     """The default family adapted to an epilogue (its :class:`EpilogueTraits`).
 
     NOTE [Atomic reductions in the stream-K members]: where every row and column reduction of
-    the epilogue is an f32 max or min (:func:`evtc.plan.sm90.atomic_capable`), the stream-K-
+    the epilogue is an f32 max or min (:attr:`evtc.ir.nodes.Reduction.atomic_capable`), the stream-K-
     scheduler members (``streamk``, ``kheavy``) reduce them with atomics too
     (``GemmConfig.atomic_reductions=True``; NOTE [Atomic row and column max]) and so run
     data-parallel or split-K, never the stream-K decomposition (NOTE [Scalar reductions and

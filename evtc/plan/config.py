@@ -205,6 +205,20 @@ def default_config(arch: str, a: DType, b: DType) -> GemmConfig:
     raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
 
 
+
+def atomic_reduction(n, config: GemmConfig) -> bool:
+    """Whether an sm90 kernel of ``config`` reduces the Reduction output ``n`` across tiles with
+    atomics (else through the workspace): every scalar reduction, and a row or column max/min
+    into f32 (:attr:`evtc.ir.nodes.Reduction.atomic_capable`) unless ``config.atomic_reductions``
+    says otherwise (None: atomics except on the stream-K scheduler). The rule and its reasons:
+    NOTE [Atomic row and column max] at :func:`evtc.plan.sm90.reduction_mode`, which says why per
+    output; this one is cheap to import (a launch asks it, the planner need not be loaded)."""
+    if n.dim is None:
+        return True
+    if not n.atomic_capable:
+        return False
+    return config.scheduler != "streamk" if config.atomic_reductions is None else bool(config.atomic_reductions)
+
 def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     """Check ``config`` against the rules in the module docstring.
 

@@ -80,7 +80,7 @@ from evtc.ir.nodes import (AuxLoad, ColBroadcast, Leaf, ReduceOp, Reduction, Row
 from evtc.iterative import trampoline
 from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
-from evtc.plan.config import GemmConfig
+from evtc.plan.config import GemmConfig, atomic_reduction
 from evtc.plan.model import Buffer, Plan
 from evtc.plan.smem import EMPTY, CType, array_aligned, cute_tuple, round_up, struct, union, with_alignas
 from evtc.plan.target import Target
@@ -747,21 +747,15 @@ def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
     evtc/family/spec.py).
     """
     axis = ReduceAxis.of(n.dim)
-    if axis is ReduceAxis.SCALAR:
-        return "atomic", _REDUCTION_WHY[axis]
-    if atomic_capable(n):
-        atomic = config.atomic_reductions
-        if atomic is None:
-            atomic = config.scheduler != "streamk"
-        if atomic:
-            return "atomic", _ATOMIC_WHY[axis]
-    return "workspace", _REDUCTION_WHY[axis]
+    if not atomic_reduction(n, config):
+        return "workspace", _REDUCTION_WHY[axis]
+    return "atomic", _REDUCTION_WHY[axis] if axis is ReduceAxis.SCALAR else _ATOMIC_WHY[axis]
 
 
 def atomic_capable(n: Reduction) -> bool:
-    """A row or column max/min into f32: what :func:`reduction_mode` may reduce with atomics."""
-    return ReduceAxis.of(n.dim) is not ReduceAxis.SCALAR and n.op in (ReduceOp.MAX, ReduceOp.MIN) \
-        and n.dtype.name == "f32"
+    """A row or column max/min into f32: what :func:`reduction_mode` may reduce with atomics
+    (:attr:`evtc.ir.nodes.Reduction.atomic_capable`)."""
+    return n.atomic_capable
 
 
 def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = ()) -> Plan:
