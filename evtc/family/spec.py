@@ -22,8 +22,17 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   accumulators are reduced before the epilogue runs once per tile, so aux stores and reductions
   are exact;
 * ``small``: ping-pong 64x128x64, cluster 1x1: few tiles (768x768x3072, 1000^3) and M of 65-256;
-* ``swap``: swap-AB (``D^T = B A^T``) ping-pong 64x32x64: decode-sized M (<= 64), where the long
-  N goes on the tile's M.
+* ``swap16``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64: decode-sized M (<= 32), where the
+  long N goes on the tile's M and the call's M on a 16-wide tile N;
+* ``swap``: the same on a 64x32 tile: M of 33-64, and M <= 32 with a long K (K > 2N).
+
+The 16-wide swap tile (H100, 2026-11-26, CUDA graphs, / cuBLAS, beside the 64x32 one and eager
+unfused): at 1x4096x4096 bias_relu 1.080 against 1.358, the row max 1.245 against 1.530 (eager
+1.524), the aux-heavy epilogue 1.046 against 1.260; at 16x4096x4096 1.049 / 1.314 / 1.052
+against 1.303 / 1.537 / 1.343; at 32x28672x4096 1.006 / 1.035 / 1.031 against 1.019 / 1.090 /
+1.038 (the row max on ``small`` 1.036). It loses where the mainloop dominates: 16x4096x14336
+1.034 / 1.080 / 1.025 against 1.006 / 1.048 / 0.987, 64x8192x8192 1.112 / 1.200 / 1.137 against
+1.052 / 1.110 / 1.073 (docs/performance.md, "The 16-wide swap tile").
 
 Split-K over the stream-K scheduler's turnstile reduction paid only for K loops of about 100 K
 tiles per split or more (measured: 1x4096x4096 took 17.5 us data-parallel and 22.5 us with 4
@@ -153,6 +162,8 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("kheavy", GemmConfig(tile=(128, 64, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("small", GemmConfig(tile=(64, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("swap", GemmConfig(tile=(64, 32, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True), arch),
+        KernelSpec("swap16", GemmConfig(tile=(64, 16, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True),
+                   arch),
     )
 
 
@@ -276,7 +287,8 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     :class:`evtc.Gemm`.
 
     Rules, in order (NOTE [The default sm90 family]): rows that TMA can't read go to the
-    on-demand unaligned kernels; M <= 64 to swap-AB; 15 waves or more of ping-pong tiles to
+    on-demand unaligned kernels; M <= 32 to the 16-wide swap-AB tile ``swap16`` (unless K > 2N),
+    M <= 64 to ``swap``; 15 waves or more of ping-pong tiles to
     ping-pong; a wave or more of 128x256 tiles to the large kernel; long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
     128x128 tiles to ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
@@ -322,6 +334,9 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         return all(n in family for n in names)
 
     large = family["large"]
+    if p.M <= 64 and p.N >= 256 and has("swap16") and p.K <= 2 * p.N \
+            and p.M <= (16 if traits.workspace_reductions else 32):
+        return family["swap16"]
     if p.M <= 64 and p.N >= 256 and has("swap") and (not traits.reductions or p.M <= 16):
         return family["swap"]
     if p.M <= 64 and p.N >= 256 and has("small"):

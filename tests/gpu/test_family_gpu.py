@@ -32,8 +32,8 @@ def member_config(name: str, variant: str) -> evtc.GemmConfig:
         return fam["streamk"].config.replace(split_k=int(arg), decomposition="split_k")
     if kind == "streamk":
         return fam["streamk"].config.replace(decomposition="stream_k")
-    if kind == "swap" and not arg:
-        return fam["swap"].config  # the default member: ping-pong 64x32
+    if kind in ("swap", "swap16") and not arg:
+        return fam[kind].config  # the default members: ping-pong 64x32, 64x16
     if kind == "swap":  # swap-AB with split-K: a stream-K swap-AB configuration
         k = fam["large"].config.tile[2]
         return evtc.GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True,
@@ -54,6 +54,7 @@ VARIANTS = {
     "streamk": [(1000, 1000, 2048, 1), (777, 1031, 1024, 2)],
     "swap:4": [(16, 1031, 512, 2), (61, 777, 1024, 1)],
     "swap": [(1, 4096, 256, 1), (64, 1031, 512, 2)],
+    "swap16": [(1, 4096, 256, 1), (29, 1031, 512, 2)],
     "kheavy:4": [(200, 300, 16384, 1)],
     "small": [(77, 1031, 1024, 2), (1000, 1000, 1000, 1)],
     "unaligned": [(333, 517, 256, 2), (129, 1031, 80, 1)],
@@ -133,7 +134,8 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     g = family_gemm
-    cases = [((16, 4096, 1024, 1), "swap", False), ((4096, 2048, 1024, 1), "large", False),
+    cases = [((16, 4096, 1024, 1), "swap16", False), ((48, 4096, 1024, 1), "swap", False),
+             ((4096, 2048, 1024, 1), "large", False),
              ((2048, 2048, 4096, 1), "streamk", False),
              ((256, 256, 8192, 1), "kheavy", False), ((300, 515, 256, 1), "unaligned", True),
              ((300, 512, 1023, 1), "unaligned_k", True)]
@@ -205,6 +207,7 @@ ATOMIC_CASES = [
     ("streamk", dict(), [(1000, 1000, 2048, 1)]),  # "heuristic": data-parallel for atomic kernels
     ("large", dict(), [(333, 517, 256, 2)]),
     ("swap", dict(), [(16, 1031, 512, 2)]),
+    ("swap16", dict(), [(29, 1031, 512, 2)]),
 ]
 
 
