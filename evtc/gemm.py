@@ -35,7 +35,7 @@ from evtc.plan.model import Plan
 from evtc.ir.printer import print_graph
 from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue, on_demand
 from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
-from evtc.runtime import staging, tensors
+from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN, Binder
 from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
 
@@ -220,6 +220,14 @@ def check_decomposition(graph: Graph, config: GemmConfig) -> None:
                           epilogue=graph.name,
                           hint="use decomposition='split_k' (with split_k=S) or 'data_parallel'"
                                + ("" if scalar else ", or atomic_reductions=False (reduce through the workspace)"))
+
+
+def _staging():
+    """:mod:`evtc.runtime.staging`, imported by the calls that need it (rows TMA can't address):
+    not on an aligned cache hit's path."""
+    from evtc.runtime import staging
+
+    return staging
 
 
 def _aligned_rows(v: tensors.TensorView, eb: int) -> bool:
@@ -560,7 +568,7 @@ class Gemm:
         device = p.pop("device")
         spec = self.choose(**p, device=tensors.device_name(device) if device >= 0 else None)
         if (not p["aligned_mn"] and p["aligned_k"] and spec.config.unaligned and spec.arch == "sm90"
-                and "pinned" not in self.family and staging.mode(self.unaligned_staging) != "never"):
+                and "pinned" not in self.family and _staging().mode(self.unaligned_staging) != "never"):
             # NOTE [Padded staging for unaligned rows]: an aligned member on padded copies, where
             # the cost model says so (decided per call by the StagedLauncher)
             return self._staged_launcher(spec)
@@ -576,7 +584,7 @@ class Gemm:
         """Select the padded staging route (``auto``, ``always``, ``never``, or None for the
         environment's ``EVTC_UNALIGNED_STAGING``) for every later call."""
         if how is not None:
-            staging.mode(how)  # validate
+            _staging().mode(how)  # validate
         self.unaligned_staging = how
         self._forget_dispatch()
 
@@ -586,7 +594,7 @@ class Gemm:
         if launcher is None:
             checker = Binder(self.graph, self.a, self.b, ctypes_struct(abi_fields(self.graph, self.arch)),
                              arch=self.arch, mn_tma=False)
-            launcher = self._launchers[key] = staging.StagedLauncher(self, fallback, checker)
+            launcher = self._launchers[key] = _staging().StagedLauncher(self, fallback, checker)
         return launcher  # type: ignore[return-value]
 
     @api_boundary

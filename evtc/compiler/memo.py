@@ -15,7 +15,10 @@ passes, planner and templates again for a kernel whose build the cache already h
 keeps their results in the kernel cache directory (``EVTC_CACHE_DIR``)::
 
     <root>/construct/<key[:2]>/<key>.graph     the post-pass Graph of one arch (pickle)
-    <root>/construct/<key[:2]>/<key>.plan      one kernel's Plan and, under swap-AB, its graph (pickle)
+    <root>/construct/<key[:2]>/<key>.plan      one kernel's Plan and, under swap-AB, its graph (pickle;
+                                               the Plan's visitor tree as a nested pickle, read
+                                               when first used: a hit that emits nothing never
+                                               imports the lowering)
     <root>/construct/<key[:2]>/<key>.source    one kernel's emitted .cu (UTF-8)
     <root>/construct/<key[:2]>/<key>.trace     the traced Graph of a textual epilogue (pickle)
 
@@ -78,7 +81,7 @@ __all__ = ["DEPENDENCIES", "ENV", "SCHEMA", "Memo", "deps_text", "enabled", "gra
            "traced_text"]
 
 #: Version of the entry format and of what the pickles hold (bump to ignore every old entry).
-SCHEMA = 1
+SCHEMA = 2
 #: The environment variable that turns the memo off (``0``) or on (``1``, the default).
 ENV = "EVTC_CONSTRUCT_MEMO"
 #: The largest entry read, in bytes (a bigger file is not an entry of ours).
@@ -292,6 +295,49 @@ class _Unpickler(pickle.Unpickler):
         return self._base[pid[1]]
 
 
+def _tree_nodes(base: list, kernel_graph) -> list:
+    """What a Plan's visitor tree refers to by reference: the base graph's nodes and the kernel
+    graph's (itself under swap-AB: its transpose's nodes; else the base's again), in one order on
+    both sides."""
+    return base + _all_nodes(kernel_graph) + [kernel_graph]
+
+
+def _real_tree(tree: Any) -> Any:
+    return tree.load() if isinstance(tree, _LazyTree) else tree
+
+
+class _LazyTree:
+    """A Plan's visitor tree read from the memo when first used (NOTE [The construct memo]): a
+    cache hit reads the Plan for its buffers and configuration, and only an emission walks the
+    tree, so a hit need not import :mod:`evtc.lower`. Attribute access is forwarded to the tree;
+    pickling stores the tree itself. An entry whose tree can't be read raises the memo's
+    :class:`pickle.UnpicklingError` at that first use (the entry was verified when read)."""
+
+    __slots__ = ("_data", "_nodes", "_key", "_tree")
+
+    def __init__(self, data: bytes, nodes: list, key: str) -> None:
+        self._data, self._nodes, self._key, self._tree = data, nodes, key, None
+
+    def load(self) -> Any:
+        if self._tree is None:
+            self._tree = _loads(self._data, self._nodes)
+            self._data = self._nodes = None
+        return self._tree
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.load(), name)
+
+    def __reduce__(self):
+        return (_identity, (self.load(),))
+
+    def __repr__(self) -> str:
+        return repr(self.load())
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
 def _dumps(obj: Any, base: list | None) -> bytes:
     buf = io.BytesIO()
     p = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
@@ -489,14 +535,16 @@ class Memo:
             return None
         base = _all_nodes(base_graph) + [base_graph]
         try:
-            kernel_graph, plan = _loads(payload, base)
+            kernel_graph, plan, tree = _loads(payload, base)
         except Exception as e:
             log.debug("construct memo: ignored the plan entry %s: %s: %s", key, type(e).__name__, e)
             return None
-        if not isinstance(kernel_graph, Graph) or not isinstance(plan, Plan):
-            log.debug("construct memo: ignored the plan entry %s: holds %s, %s", key, type(kernel_graph).__name__,
-                      type(plan).__name__)
+        if not isinstance(kernel_graph, Graph) or not isinstance(plan, Plan) or not isinstance(tree, bytes):
+            log.debug("construct memo: ignored the plan entry %s: holds %s, %s, %s", key, type(kernel_graph).__name__,
+                      type(plan).__name__, type(tree).__name__)
             return None
+        nodes = _tree_nodes(base, kernel_graph)
+        object.__setattr__(plan, "tree", _LazyTree(tree, nodes, key))  # Plan is frozen; tree is compare=False
         return kernel_graph, plan
 
     def put_plan(self, base_graph, material: dict, kernel_graph, plan) -> None:
@@ -504,8 +552,10 @@ class Memo:
         key = self._key("plan", material)
         if key is None:
             return
+        base = _all_nodes(base_graph) + [base_graph]
         try:
-            payload = _dumps((kernel_graph, plan), _all_nodes(base_graph) + [base_graph])
+            tree = _dumps(_real_tree(plan.tree), _tree_nodes(base, kernel_graph))
+            payload = _dumps((kernel_graph, dataclasses.replace(plan, tree=None), tree), base)
         except (RecursionError, pickle.PicklingError, TypeError, AttributeError) as e:
             log.debug("construct memo: plan of %s not stored: %s", base_graph.name, e)
             return

@@ -32,6 +32,9 @@ PROBE = textwrap.dedent("""
     name, arch, a = sys.argv[1], sys.argv[2], sys.argv[3]
     kw = dict(a=a, b=a) if a == "e4m3" else dict(a=a, b=a, c=a, d=a)
     g = evtc.Gemm(E.REFERENCE.get(name, name), arch=arch, **kw)
+    # what a hit needn't import: the planner, the lowering (a Plan's tree is read when first used), staging
+    constructed_evtc = {{m: m in sys.modules for m in ("evtc.plan.sm90", "evtc.plan.sm80", "evtc.lower",
+                                                      "evtc.runtime.staging")}}
     out = {{"ir": str(g.graph), "repr": repr(g), "describe": g.describe(), "members": {{}}, "choose": []}}
     constructed = {{m: m in sys.modules for m in ("sympy", "jinja2", "networkx", "lark")}}
     for M, N, K in ((256, 256, 256), (1, 4096, 4096), (8192, 8192, 8192), (1024, 1024, 16384)):
@@ -46,6 +49,7 @@ PROBE = textwrap.dedent("""
         out["members"][m] = {{"plan": str(k.plan), "plan_json": k.plan.dumps(), "config": k.config.to_json(),
                               "graph": str(k.graph), "source": k.source, "key": key, "job": k.job_name}}
     out["imported"] = constructed
+    out["imported_evtc"] = constructed_evtc
     out["imported_after"] = {{m: m in sys.modules for m in ("sympy", "jinja2", "networkx", "lark")}}
     print(json.dumps(out))
 """)
@@ -98,6 +102,12 @@ def test_a_second_process_skips_sympy_and_sees_the_same_gemm(cache, name, arch, 
     # the construct of a warm process (and its first kernel) ran no parser, pass, planner or template
     nothing = {"sympy": False, "jinja2": False, "networkx": False, "lark": False}
     assert warm["imported"] == nothing and warm["imported_after"] == nothing
+    # nor the planner, the lowering or the staging route (NOTE [The construct memo]: a Plan's tree
+    # is read from its entry when an emission first walks it); an sm80 Plan names classes of
+    # evtc.plan.sm80, whose unpickling imports the planner and the lowering
+    lazy = {"evtc.plan.sm90", "evtc.runtime.staging"} | ({"evtc.lower", "evtc.plan.sm80"} if arch == "sm90" else set())
+    assert not any(warm["imported_evtc"][m] for m in lazy), warm["imported_evtc"]
+    assert cold["imported_evtc"]["evtc.lower"]
     assert cold["imported_after"]["sympy"] and off["imported_after"]["jinja2"]
 
 
@@ -150,6 +160,21 @@ def test_a_second_construct_recomputes_nothing(cache, spies):
     assert g.kernel_graph is g.graph
     tree_nodes = {id(v.node) for v in g.plan.tree.visitors()}
     assert tree_nodes <= {id(n) for n in g.graph.nodes}
+    # a memo hit's visitor tree is read when first used (no evtc.lower on a hit), with the same
+    # node identities, emits the same source, and pickles and copies as the tree itself
+    import copy
+    import pickle
+
+    from evtc.compiler import memo
+    from evtc.gemm import emit
+    from evtc.lower import VisitorTree
+
+    k = evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16).kernel("swap")
+    assert isinstance(k.plan.tree, memo._LazyTree)
+    assert {id(v.node) for v in k.plan.tree.visitors()} <= {id(n) for n in k.graph.nodes}
+    assert emit(k.graph, k.plan) == first["swap"]
+    assert isinstance(pickle.loads(pickle.dumps(k.plan)).tree, VisitorTree)
+    assert isinstance(copy.deepcopy(k.plan).tree, VisitorTree)
 
 
 def test_memo_off_computes_everything_and_writes_nothing(cache, spies, monkeypatch):
