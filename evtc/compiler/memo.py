@@ -319,10 +319,10 @@ class _LazyTree:
         self._data, self._nodes, self._key, self._tree = data, nodes, key, None
 
     def load(self) -> Any:
-        if self._tree is None:
-            self._tree = _loads(self._data, self._nodes)
-            self._data = self._nodes = None
-        return self._tree
+        tree = self._tree
+        if tree is None:  # two threads may both read it: equal trees over the same nodes
+            tree = self._tree = _loads(self._data, self._nodes)
+        return tree
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.load(), name)
