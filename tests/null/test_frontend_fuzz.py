@@ -231,14 +231,31 @@ def expressions(draw, n_params: int, depth: int = 0):
             draw(sub))
 
 
+def _int_valued(e) -> bool:
+    """Whether Python evaluates ``e`` to an int before evtc sees it (integer constants under
+    + - * // % and negation)."""
+    if e[0] == "const":
+        return e[1] in ("2", "7", "10**400")
+    if e[0] == "neg":
+        return _int_valued(e[1])
+    return e[0] == "op" and e[1] in ("+", "-", "*", "//", "%") and _int_valued(e[2]) and _int_valued(e[3])
+
+
 def to_python(e, params) -> str:
     kind = e[0]
     if kind == "param":
         return params[e[1]][0].split(":")[0]
     if kind == "const":
-        return {"inf": "float('inf')", "nan": "float('nan')"}.get(e[1], e[1])
+        return {"inf": "float('inf')", "nan": "float('nan')", "10**400": "(10**400)"}.get(e[1], e[1])
     if kind == "op":
-        return f"({to_python(e[2], params)} {e[1]} {to_python(e[3], params)})"
+        a, b = to_python(e[2], params), to_python(e[3], params)
+        if e[1] == "**" and _int_valued(e[3]):
+            # Python itself computes int ** int exactly and without bound (7 ** 10**400 runs
+            # until memory is gone) in the user's own function, before evtc is called: a float
+            # exponent keeps such a program's Python finite (float(10**400) raises OverflowError,
+            # which the tracer reports as a located TraceError)
+            b = f"float({b})"
+        return f"({a} {e[1]} {b})"
     if kind == "neg":
         return f"(-{to_python(e[1], params)})"
     if kind == "call":
