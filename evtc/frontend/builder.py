@@ -562,13 +562,14 @@ class IRBuilder:
         its errors become located errors.
 
         Raises:
-            EvtcError (``trace_error``): the evaluation fails (division by zero, overflow) or
-                gives a complex number.
+            EvtcError (``trace_error``): the evaluation fails (division by zero, overflow, an
+                operation the operands' types don't have, such as ``-`` of a comparison's numpy
+                bool) or gives a complex number.
         """
         try:
             with np.errstate(all="ignore"):
                 out = fn()
-        except (ArithmeticError, ValueError) as e:
+        except (ArithmeticError, ValueError, TypeError) as e:
             self.fail(self.dialect.trace_error, f"evaluating the constant expression ({what}) fails: {e}", loc)
         if isinstance(out, complex) or np.iscomplexobj(out):
             self.fail(self.dialect.trace_error, f"the constant expression ({what}) is complex: {short_repr(out)}",

@@ -358,6 +358,21 @@ def test_random_ir_text_raises_only_evtc_errors(program, data):
     _only_evtc_errors(lambda: parse_ir(text[:pos] + insert + text[pos + cut:]))
 
 
+def test_negating_a_folded_comparison_is_a_located_error():
+    """Found by test_random_epilogues_raise_only_evtc_errors: ``-(2 < relu(2))`` folds to numpy's
+    bool, which has no ``-``. Both frontends give a located TraceError (the text frontend had
+    called it an internal error)."""
+    from evtc.frontend.text import from_expr
+
+    with pytest.raises(TraceError) as text_err:
+        from_expr("D = (-(2 < relu(2)))", name="fuzz")
+    assert "internal error" not in text_err.value.message and "<expr>:1:6" in str(text_err.value)
+    ep, _ = _define("def ep():\n    return {'D': (-(2 < evtc.relu(2)))}\n")
+    with pytest.raises(TraceError) as py_err:
+        trace(ep, name="fuzz")
+    assert "internal error" not in py_err.value.message
+
+
 #: found by test_random_ir_text_raises_only_evtc_errors: '9' * 400 written over the '%' of
 #: 'store(%2)', so the operand is a 401-digit integer literal
 _HUGE_INT_IR = ("epilogue fuzz(acc: f32 accumulator, alpha: f32 scalar, bias: f32 row):\n"
