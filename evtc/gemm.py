@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from evtc import dtypes
 from evtc.compiler import cache, memo
@@ -38,6 +38,9 @@ from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN, Binder
 from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
+
+if TYPE_CHECKING:  # imported by the calls that need it (_staging): not on an aligned cache hit's path
+    from evtc.runtime import staging
 
 
 def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> Graph:
@@ -588,7 +591,7 @@ class Gemm:
         self.unaligned_staging = how
         self._forget_dispatch()
 
-    def _staged_launcher(self, fallback: KernelSpec) -> "staging.StagedLauncher":
+    def _staged_launcher(self, fallback: KernelSpec) -> staging.StagedLauncher:
         key = ("staged", self._kernel_key(fallback), json.dumps(fallback.config.to_json(), sort_keys=True))
         launcher = self._launchers.get(key)
         if launcher is None:

@@ -313,15 +313,15 @@ class _LazyTree:
     pickling stores the tree itself. An entry whose tree can't be read raises the memo's
     :class:`pickle.UnpicklingError` at that first use (the entry was verified when read)."""
 
-    __slots__ = ("_data", "_nodes", "_key", "_tree")
+    __slots__ = ("_data", "_base", "_kernel_graph", "_tree")
 
-    def __init__(self, data: bytes, nodes: list, key: str) -> None:
-        self._data, self._nodes, self._key, self._tree = data, nodes, key, None
+    def __init__(self, data: bytes, base: list, kernel_graph) -> None:
+        self._data, self._base, self._kernel_graph, self._tree = data, base, kernel_graph, None
 
     def load(self) -> Any:
         tree = self._tree
         if tree is None:  # two threads may both read it: equal trees over the same nodes
-            tree = self._tree = _loads(self._data, self._nodes)
+            tree = self._tree = _loads(self._data, _tree_nodes(self._base, self._kernel_graph))
         return tree
 
     def __getattr__(self, name: str) -> Any:
@@ -543,8 +543,7 @@ class Memo:
             log.debug("construct memo: ignored the plan entry %s: holds %s, %s, %s", key, type(kernel_graph).__name__,
                       type(plan).__name__, type(tree).__name__)
             return None
-        nodes = _tree_nodes(base, kernel_graph)
-        object.__setattr__(plan, "tree", _LazyTree(tree, nodes, key))  # Plan is frozen; tree is compare=False
+        object.__setattr__(plan, "tree", _LazyTree(tree, base, kernel_graph))  # Plan is frozen; tree is compare=False
         return kernel_graph, plan
 
     def put_plan(self, base_graph, material: dict, kernel_graph, plan) -> None:

@@ -78,6 +78,7 @@ class EpilogueTraits:
     def of(cls, graph) -> EpilogueTraits:
         """The traits of an epilogue Graph (after passes)."""
         from evtc.ir.nodes import Reduction, Store
+
         outs = graph.outputs
         tile_reductions = [o for o in outs if isinstance(o, Reduction) and o.dim is not None]
         return cls(reductions=bool(tile_reductions),
@@ -334,8 +335,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         return all(n in family for n in names)
 
     large = family["large"]
-    if p.M <= 64 and p.N >= 256 and has("swap16") and p.K <= 2 * p.N \
-            and p.M <= (16 if traits.workspace_reductions else 32):
+    if p.M <= (16 if traits.workspace_reductions else 32) and p.N >= 256 and p.K <= 2 * p.N and has("swap16"):
         return family["swap16"]
     if p.M <= 64 and p.N >= 256 and has("swap") and (not traits.reductions or p.M <= 16):
         return family["swap"]

@@ -205,7 +205,6 @@ def default_config(arch: str, a: DType, b: DType) -> GemmConfig:
     raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
 
 
-
 def atomic_reduction(n, config: GemmConfig) -> bool:
     """Whether an sm90 kernel of ``config`` reduces the Reduction output ``n`` across tiles with
     atomics (else through the workspace): every scalar reduction, and a row or column max/min
@@ -218,6 +217,7 @@ def atomic_reduction(n, config: GemmConfig) -> bool:
     if not n.atomic_capable:
         return False
     return config.scheduler != "streamk" if config.atomic_reductions is None else bool(config.atomic_reductions)
+
 
 def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     """Check ``config`` against the rules in the module docstring.

@@ -75,7 +75,7 @@ from evtc.dtypes import DType
 from evtc.errors import ConfigError, IRVerificationError, PlanError
 from evtc.ir.axes import ReduceAxis
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (AuxLoad, ColBroadcast, Leaf, ReduceOp, Reduction, RowBroadcast, ScalarBroadcast, Source,
+from evtc.ir.nodes import (AuxLoad, ColBroadcast, Leaf, Reduction, RowBroadcast, ScalarBroadcast, Source,
                             Store)
 from evtc.iterative import trampoline
 from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower
@@ -750,12 +750,6 @@ def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
     if not atomic_reduction(n, config):
         return "workspace", _REDUCTION_WHY[axis]
     return "atomic", _REDUCTION_WHY[axis] if axis is ReduceAxis.SCALAR else _ATOMIC_WHY[axis]
-
-
-def atomic_capable(n: Reduction) -> bool:
-    """A row or column max/min into f32: what :func:`reduction_mode` may reduce with atomics
-    (:attr:`evtc.ir.nodes.Reduction.atomic_capable`)."""
-    return n.atomic_capable
 
 
 def _make_plan(req: PlanRequest, best: _Scored, extra_notes: tuple[str, ...] = ()) -> Plan:
