@@ -34,6 +34,7 @@ a *column reduction*) or scalar (``dim=None``) output.
 from __future__ import annotations
 
 import dataclasses
+import math
 import enum
 from typing import Any, ClassVar
 
@@ -252,6 +253,20 @@ class Immediate(Node):
 
     def _derive_bcast(self) -> Bcast:
         return Bcast.SCALAR
+
+    def _derive_key(self) -> tuple:
+        # the value by what it computes: every NaN is one constant (float('nan') != itself, so two
+        # NaN literals would never merge), and 0.0 and -0.0 are two (they compare equal)
+        return (type(self).__name__, (self.dtype, const_identity(self.value)), ())
+
+
+def const_identity(value: float) -> tuple:
+    """A constant's identity for merging and ordering: ``(is NaN, value, sign)``, so that every
+    NaN is one constant and 0.0 and -0.0 are two; totally ordered (no NaN compares)."""
+    v = float(value)
+    if math.isnan(v):
+        return (1, 0.0, 1.0)
+    return (0, v, math.copysign(1.0, v))
 
 
 # ---- interior nodes ---------------------------------------------------------------------------

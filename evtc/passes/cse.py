@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from evtc import ops
 from evtc.ir.graph import Graph, GraphBuilder, with_inputs
-from evtc.ir.nodes import Compute, Immediate, Node
+from evtc.ir.nodes import Compute, Immediate, Node, const_identity
 from evtc.ir.verify import Violation
 from evtc.passes.manager import Pass, PassResult, rewrite
 
@@ -44,7 +44,7 @@ def cse(graph: Graph) -> PassResult:
 
     def key(n: Node) -> tuple:
         if isinstance(n, Immediate):
-            return (1, n.value)
+            return (1, const_identity(n.value))
         return (0, position.get(id(n), 1 << 30))
 
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node:

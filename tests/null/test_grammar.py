@@ -409,6 +409,20 @@ def test_expression_equals_tracer_random(program):
     assert _shape(got) == _shape(expected)
 
 
+def test_nan_constants_merge_and_signed_zeros_do_not():
+    """Found by the random comparison above: each ``nan`` literal of an expression is a new
+    float('nan'), which never equals itself, so ``max(C, nan)`` written twice stayed two nodes while
+    the tracer's (one Python constant) merged. Every NaN is one constant now; 0.0 and -0.0, which
+    compare equal, stay two (``x + 0.0`` and ``x + -0.0`` differ at x = -0.0)."""
+    g = from_expr("D = minimum(maximum(C, nan), minimum(maximum(C, nan), C))", c=f16, d=bf16, name="nans")
+    maxima = [n for n in g.nodes if isinstance(n, Compute) and n.op == "maximum"]
+    assert len(maxima) == 1, print_graph(g)
+    z = from_expr("D = (C + 0.0) * (C + -0.0)", c=f16, d=bf16, name="zeros")
+    adds = [n for n in z.nodes if isinstance(n, Compute) and n.op == "add"]
+    assert len(adds) == 2, print_graph(z)
+    assert sorted(math.copysign(1.0, n.value) for n in z.nodes if isinstance(n, Immediate)) == [-1.0, 1.0]
+
+
 # ---------------------------------------------------------------------------------------------
 # Expressions against the tracer
 # ---------------------------------------------------------------------------------------------
