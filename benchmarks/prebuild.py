@@ -186,14 +186,15 @@ def conv_gemms(which=None):
     import bench_conv
     import conv_cases
 
-    if which not in (None, "", "tests", "family", "bench", "explore"):
-        raise SystemExit(f"conv group '{which}': one of tests, family, bench, explore")
+    if which not in (None, "", "tests", "family", "persistent", "bench", "explore"):
+        raise SystemExit(f"conv group '{which}': one of tests, family, persistent, bench, explore")
     if which == "explore":
         import explore_conv
 
         return explore_conv.kernels()
     return (conv_cases.kernels(conv_cases.all_convs()) if which in (None, "", "tests") else []) + \
         (conv_cases.family_kernels() if which in (None, "", "family") else []) + \
+        (conv_cases.persistent_kernels() if which in (None, "", "persistent") else []) + \
         (bench_conv.kernels() if which in (None, "", "bench") else [])
 
 

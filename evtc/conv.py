@@ -11,8 +11,9 @@ mainloop and the problem mapping differ:
 
 * sm90: CUTLASS 3.x's ``ConvUniversal`` (TMA im2col mainloop, ``KernelImplicitTmaWarpSpecializedSm90``)
   with the collective epilogue and evtc's planned fusion callbacks, seen through the flattened
-  GEMM problem (NOTE [The conv epilogue sees a GEMM] in ``include/evtc/sm90_conv.hpp``);
-  :mod:`evtc.emit.conv_sm90`;
+  GEMM problem (NOTE [The conv epilogue sees a GEMM] in ``include/evtc/sm90_conv.hpp``); for
+  fprop also the same mainloop on CUTLASS's persistent cooperative GEMM kernel, persistent or
+  stream-K (NOTE [Persistent conv kernels]); :mod:`evtc.emit.conv_sm90`;
 * sm80: CUTLASS 2.x's implicit-GEMM convolution mainloop (``DefaultConv{2,3}d{Fprop,Dgrad,Wgrad}``)
   with evtc's register-only visitor epilogue (``include/evtc/sm80_conv.hpp``);
   :mod:`evtc.emit.conv_sm80`;
@@ -74,7 +75,7 @@ __all__ = ["Conv", "ConvPlan", "ConvProblem", "conv_config", "plan_conv"]
 #: The sm90 conv kernel's schedule and tile order, as the plan prints them: CUTLASS's
 #: ``KernelImplicitTmaWarpSpecializedSm90`` is ``KernelTmaWarpSpecialized`` (one consumer
 #: warpgroup, one output tile per CTA: ``conv/dispatch_policy.hpp`` static_asserts persistent
-#: schedules away for conv).
+#: schedules away for conv). The persistent fprop kernels are :data:`PERSISTENT_SCHEDULE`'s.
 SM90_SCHEDULE = "warpspecialized"
 NONPERSISTENT = "nonpersistent"
 #: sm80's implicit-GEMM mainloop (``ImplicitGemmMultistage``)
@@ -159,7 +160,11 @@ def _defaults(arch: str, a: DType, kind: str) -> GemmConfig:
 
 
 #: fields a conv config may set, per arch (the rest are the conv kernel's)
-CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile"), "sm80": ("tile", "stages", "warp_tile", "swizzle")}
+CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile", "schedule", "scheduler"),
+               "sm80": ("tile", "stages", "warp_tile", "swizzle")}
+#: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE [Persistent conv
+#: kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop only
+PERSISTENT_SCHEDULE = "cooperative"
 
 
 def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | None = None, *,
@@ -171,8 +176,10 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     or 128: one consumer warpgroup, whose ``TM*TN/128`` f32 accumulators per thread are at most
     128; N a multiple of 16 up to 256), ``cluster`` (1, 2 or 4 per mode, at most 4 CTAs: TMA
     multicast of the activation over N, of the filter over M), ``stages``, ``epilogue_tile`` (M
-    = 64, N of 16, 32 or 64 dividing the tile's); sm80 ``tile``, ``warp_tile``, ``stages``,
-    ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
+    = 64, N of 16, 32 or 64 dividing the tile's), and for fprop ``schedule="cooperative"`` with
+    ``scheduler`` ``"persistent"`` (default) or ``"streamk"``: the persistent cooperative kernel
+    (NOTE [Persistent conv kernels]; the GEMM's cooperative rules, tile 128x256 by default); sm80
+    ``tile``, ``warp_tile``, ``stages``, ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
     fit; sm80 128x128x32, warps 64x64x32, 4 stages.
 
     Raises:
@@ -202,6 +209,8 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
                                   "(CUTLASS conv/dispatch_policy.hpp)" if arch == "sm90" else ""),
                           anchor="conv-config")
     cfg = base.replace(**{k: v for k, v in given.items() if k in CONV_FIELDS[arch]})
+    if arch == "sm90" and (cfg.schedule != SM90_SCHEDULE or cfg.scheduler != NONPERSISTENT):
+        return _persistent_config(cfg, a, b, kind, given)
     if arch == "sm80":
         # the GEMM's sm80 rules (tile/warp divisibility, K, stages) hold for the conv mainloop
         validate_gemm_config(cfg.replace(schedule="multistage", scheduler="persistent"), "sm80", a, b)
@@ -234,6 +243,31 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
         if em != min(64, tm) or en not in (16, 32, 64) or tn % en:
             raise ConfigError(f"epilogue tile {cfg.epilogue_tile}: the one-warpgroup epilogue has M = {min(64, tm)} and N "
                               "of 16, 32 or 64 dividing tile N", anchor="conv-config")
+    return cfg
+
+
+def _persistent_config(cfg: GemmConfig, a: DType, b: DType, kind: str, given: Mapping) -> GemmConfig:
+    """A conv config on the persistent cooperative GEMM kernel (NOTE [Persistent conv kernels]):
+    ``schedule="cooperative"`` with ``scheduler`` ``"persistent"`` (the default when only the
+    schedule is given) or ``"streamk"``; the GEMM's sm90 rules for that schedule hold (tile M of 128
+    or 256, split over two consumer warpgroups)."""
+    if cfg.schedule == SM90_SCHEDULE:
+        raise ConfigError(f"scheduler '{cfg.scheduler}': the {SM90_SCHEDULE} conv kernel is non-persistent",
+                          hint="add schedule='cooperative' for the persistent cooperative kernel", anchor="conv-config")
+    if cfg.schedule != PERSISTENT_SCHEDULE:
+        raise ConfigError(f"sm90 conv schedule '{cfg.schedule}' is not one of ('{SM90_SCHEDULE}', "
+                          f"'{PERSISTENT_SCHEDULE}')", anchor="conv-config")
+    if kind != "fprop":
+        raise ConfigError(f"schedule='{PERSISTENT_SCHEDULE}': only fprop runs on the persistent cooperative kernel",
+                          hint="dgrad and wgrad take the non-persistent kernel's fields", anchor="conv-config")
+    if cfg.scheduler == NONPERSISTENT:
+        if "scheduler" in given:
+            raise ConfigError(f"scheduler '{NONPERSISTENT}' with schedule='{PERSISTENT_SCHEDULE}'",
+                              hint="use 'persistent' or 'streamk'", anchor="conv-config")
+        cfg = cfg.replace(scheduler="persistent")
+    if "tile" not in given:
+        cfg = cfg.replace(tile=(128, 256, cfg.tile[2]))
+    validate_gemm_config(cfg, "sm90", a, b)
     return cfg
 
 
@@ -275,6 +309,10 @@ class ConvPlan(Plan):
     def __str__(self) -> str:
         lines = format_plan(self).split("\n")
         cfg = self.config
+        if cfg.schedule == PERSISTENT_SCHEDULE:
+            lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
+                        f"{'x'.join(map(str, cfg.cluster[:2]))}, cooperative, {cfg.scheduler}")
+            return "\n".join(lines)
         lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
                     f"{'x'.join(map(str, cfg.cluster[:2]))}, non-persistent")
         # the budget line: the epilogue doesn't add to the mainloop here (a union)
@@ -297,6 +335,16 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
         PlanError: nothing fits.
     """
     target = get_target(arch)
+    if arch == "sm90" and config.schedule == PERSISTENT_SCHEDULE:
+        from evtc.plan.sm90 import plan_sm90
+
+        # the GEMM's kernel and its stage rule: the epilogue's buffers beside the mainloop's
+        plan = plan_sm90(graph, target, config, a=a, b=b, policy=policy, rank=rank, fixed=fixed)
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+        fields.update(notes=plan.notes + (f"conv on the persistent cooperative kernel ({config.scheduler} tile "
+                                          "scheduler), the epilogue's buffers beside the mainloop's",),
+                      kernel_smem_bound=target.smem_capacity)
+        return ConvPlan(**fields)
     if arch == "sm90":
         from evtc.plan.sm90 import plan_sm90
 
@@ -403,7 +451,8 @@ class _Kernel:
                 assert self.library is not None
                 binder = ConvBinder(self.graph, self.conv.a, self.conv.b, self.library.Args, kind=self.conv.kind,
                                     dims=self.conv.dims, layout=self.conv.layout, spec=spec, arch=self.arch,
-                                    strided_dgrad=self.strided, tile=self.config.tile)
+                                    strided_dgrad=self.strided, tile=self.config.tile,
+                                    persistent=self.config.schedule == PERSISTENT_SCHEDULE)
                 got = self.launchers[spec] = Launcher(binder, self.library, self.conv.name)
         return got
 
@@ -509,7 +558,12 @@ class Conv:
         # member per problem and sends 1x1 problems to a GEMM; everything else is one kernel
         self.pinned = config is not None
         if arch == "sm90" and kind == "fprop" and not self.pinned:
-            self.family: dict[str, ConvMember] = member_configs(self.a, conv_family.FAMILY)
+            from evtc.plan.sm90 import column_reduction_tile_ok
+
+            # members whose tile the epilogue can't take (a column reduction: tile N a multiple of 64)
+            self.family: dict[str, ConvMember] = {
+                n: m for n, m in member_configs(self.a, conv_family.FAMILY).items()
+                if column_reduction_tile_ok(self.graph, conv_config(arch, self.a, self.b, dict(m.fields), kind=kind))}
             self.gemm_route: GemmRoute | None = GemmRoute(self)
         else:
             self.family = {"pinned" if self.pinned else "base": ConvMember("pinned" if self.pinned else "base", {}, 1)}
@@ -569,13 +623,14 @@ class Conv:
             out += self.gemm_route.gemm.jobs()
         return out
 
-    def choose(self, M: int, N: int, K: int, *, sm_count: int | None = None) -> str:
-        """The family member (name) an implicit GEMM of (M, N, K) runs on
-        (:func:`evtc.family.conv.choose`; NOTE [The sm90 conv family])."""
+    def choose(self, M: int, N: int, K: int, *, sm_count: int | None = None, channels: int | None = None) -> str:
+        """The family member (name) an implicit GEMM of (M, N, K) with ``channels`` input
+        channels runs on (:func:`evtc.family.conv.choose`; NOTE [The sm90 conv family]; without
+        ``channels``, none of the persistent members)."""
         if len(self.family) == 1:
             return next(iter(self.family))
         members = {n: (self.member(n).config, m.ctas_per_sm) for n, m in self.family.items()}
-        return conv_family.choose(members, M, N, K, sm_count or get_target(self.arch).sm_count)
+        return conv_family.choose(members, M, N, K, sm_count or get_target(self.arch).sm_count, channels=channels)
 
     def kernel_for(self, a_shape: Sequence[int], b_shape: Sequence[int], problem: ConvProblem | None = None):
         """The kernel a call with packed, aligned operands of these NHWC (KRSC) shapes runs on, and
@@ -599,7 +654,7 @@ class Conv:
             return f"gemm:{member.name}", gemm.kernel(member)
         if self.kind == "dgrad" and not spec.unit_stride:
             return "strided", self._kernel("sm80", True)
-        name = self.choose(M, N, K)
+        name = self.choose(M, N, K, channels=g.c)
         return name, self.member(name)
 
     def _route(self, spec: ConvSpec, a: Any = None, b: Any = None, out: Any = None) -> _Kernel:
@@ -627,7 +682,7 @@ class Conv:
             g = geometry(self.kind, self.dims, tuple(va.shape), tuple(vb.shape), spec, None, self.name)
         except ArgumentError:
             return main  # its binder reports what is wrong
-        got = self.member(self.choose(*g.gemm))
+        got = self.member(self.choose(*g.gemm, channels=g.c))
         if key is not None:
             if len(self._choices) > 256:
                 self._choices.clear()

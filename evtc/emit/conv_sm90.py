@@ -68,6 +68,8 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
                                    extra_info={"conv": {"kind": kind, "dims": dims}}),
         kind=kind,
         dims=dims,
+        persistent=cfg.schedule == "cooperative",
+        stream_k=cfg.scheduler == "streamk",
         mapping=(MAPPING if dims == 2 else MAPPING_3D)[kind],
         output_layout=OUTPUT_LAYOUT[kind][dims - 2],
         operand_a=_operand_comment(an, dims),

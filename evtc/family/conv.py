@@ -11,14 +11,22 @@ CUTLASS's sm90 conv kernel is ``KernelImplicitTmaWarpSpecializedSm90`` only: one
 one consumer warpgroup (256 threads), one output tile per CTA, no persistent, cooperative or
 ping-pong schedule (``conv/dispatch_policy.hpp`` static_asserts the cooperative and ping-pong
 schedule tags away; ``conv/collective/builders/sm90_gmma_builder.inl`` maps every conv schedule
-to it). So a family varies what the kernel does take:
+to it). evtc runs the same conv mainloop on CUTLASS's persistent cooperative GEMM kernel too
+(NOTE [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp; fprop, input
+channels a multiple of the tile's K). So a family varies:
 
-* the CTA tile: M of 64 or 128 (one consumer warpgroup: WGMMA's M = 64 per instruction; the
+* the CTA tile of the non-persistent kernel: M of 64 or 128 (one consumer warpgroup: WGMMA's M = 64 per instruction; the
   non-persistent kernel has no ``setmaxnreg``, so every thread keeps at most 255 registers and
   the tile's ``TM*TN/128`` f32 accumulators per thread are capped at 128: 128x128, 64x256,
   128x64, 64x128; 128x256 would need 256 and spill) (evtc.conv.conv_config). Measured with
   cuobjdump ``--dump-resource-usage`` (nvcc 13.0): the 128x128 kernel of bench_conv's
   ``bias_silu`` takes 179 registers a thread and no stack;
+* the kernel: the persistent cooperative one (two consumer warpgroups, tiles of 128 or 256 rows)
+  over the persistent tile scheduler (``coop128``, ``coop160``: 128x160 covers 320, 640 and 1280
+  channels in whole tiles, where 128 or 256 pad 17-20 %) or the stream-K one (``streamk128``,
+  ``streamk160``: fewer tiles than SMs, a long K; CUTLASS's heuristic decomposition splits it).
+  On the UNet's layers they took evtc from 1.07-1.59x cuDNN + eager to 0.74-1.22x (2026-11-26,
+  docs/performance.md);
 * the cluster (1x1, 2x1, 1x2): the builder picks ``SM90_TMA_LOAD_IM2COL_MULTICAST`` for the
   activation when the cluster's N extent is above 1 and ``SM90_TMA_LOAD_MULTICAST`` for the filter
   when its M extent is (``sm90_gmma_builder.inl``, ``sm90_common.inl``); the grid is rounded up to
@@ -39,14 +47,17 @@ with two would need a derived kernel type that sets it to 2 (and the spills meas
 :data:`FAMILY` the ones the heuristic chooses between. The heuristic
 (:func:`choose`) knows only what needs no measurement: wave quantization. Each candidate's time
 is modelled as (waves of its CTAs over the SMs) x (its tile's work) / (its tile's relative MMA
-efficiency); the default 128x128 stays unless another member is modelled :data:`MARGIN` faster.
-:data:`EFFICIENCY` was measured on the H100 (2026-11-25, explore_conv.py; docs/performance.md):
-64x128 0.75, 128x64 0.67, 64x256 1.12 where N is a multiple of 256 and 0.7 otherwise.
-:data:`FAMILY` is base, n64, m64 and wide (64x256: the best or within 2 % of it on the 256- and
-512-channel ResNet layers and the UNet's 1280-channel layer at 16x16, 10-18 % faster than
-128x128 there). The cluster and epilogue-tile candidates are built and timed by the exploration
-only (c1x2 tied wide where both ran well; c2x1 and epi64 within 1-2 % of base), and pinned with
-``Conv(config=...)``.
+efficiency); a stream-K member's waves are its tiles' share of one wave plus
+:data:`STREAM_K_OVERHEAD`, and it is a candidate only with fewer tiles than SMs. The default
+(``coop128`` where the persistent members can run, else ``base``) stays unless another member is
+modelled :data:`MARGIN` faster. :data:`EFFICIENCY` was measured on the H100 (explore_conv.py;
+docs/performance.md): non-persistent 64x128 0.75, 128x64 0.67, 64x256 1.12 where N is a multiple
+of 256 and 0.7 otherwise (2026-11-25); persistent 128x128 1.06, 128x160 0.96 and 128x256 1.14,
+stream-K 0.985 and 0.99 (2026-11-26, the medians over the layers measured). On the 14 3x3 and strided layers of
+the UNet and ResNet-50 sets the pick is the fastest measured family member or within 5.6 % of it
+(ResNet's res4: ``wide`` 0.585 where the fastest, ``c1x2``, took 0.583). The cluster, 256x160
+and epilogue-tile candidates are built and timed by the exploration only (none beat the
+family's pick by more than 3 % on a layer), and pinned with ``Conv(config=...)``.
 
 # NOTE [1x1 convolutions as GEMMs]
 An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
@@ -85,19 +96,47 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "c2x1": ({"cluster": (2, 1, 1)}, 1),                         # filter multicast along M
     "c1x2": ({"cluster": (1, 2, 1)}, 1),                         # activation multicast along N
     "epi64": ({"epilogue_tile": (64, 64)}, 1),
+    # the persistent cooperative kernel (NOTE [Persistent conv kernels]): two consumer warpgroups
+    "coop": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 256)}, 1),
+    "coop128": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 128)}, 1),
+    "coop_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 256), "cluster": (2, 1, 1)}, 1),
+    "streamk": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 256)}, 1),
+    "streamk128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128)}, 1),
+    # N = 160 divides the UNet's 320, 640 and 1280 channels in whole tiles
+    "coop160": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 160)}, 1),
+    "coop160_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 160), "cluster": (2, 1, 1)}, 1),
+    "streamk160": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160)}, 1),
+    "coop256x160": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (256, 160)}, 1),
+    "streamk160_c2x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160), "cluster": (2, 1, 1)}, 1),
+    "streamk256x160": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 160)}, 1),
+    "streamk256x160_c2x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 160), "cluster": (2, 1, 1)}, 1),
 }
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
-FAMILY = ("base", "n64", "m64", "wide")
-#: relative throughput of one CTA tile (M, N) at equal waves, measured on the H100
-#: (2026-11-25, benchmarks/explore_conv.py, 19 fprop layers of the UNet and ResNet-50 sets: the
-#: median over layers of (modelled work / time) relative to 128x128). 64x256 depends on N: 1.0-1.2
-#: where N is a multiple of 256 (one tile spans 256 output channels: the im2col activation tile
-#: is gathered once for them), 0.53-0.79 where N pads (:func:`efficiency`).
-EFFICIENCY = {(128, 128): 1.0, (64, 256): 0.7, (64, 128): 0.75, (128, 64): 0.67, (64, 64): 0.5}
+FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160")
+#: the default member: the persistent 128x128 where it can run (channels a multiple of the tile's
+#: K), else ``base``
+PERSISTENT_DEFAULT = "coop128"
+#: relative throughput of one CTA tile (M, N) of each kernel (``nonpersistent``, ``persistent``,
+#: ``streamk``) at equal waves, measured on the H100: the median over layers of (modelled work /
+#: time) relative to the non-persistent 128x128 (benchmarks/explore_conv.py, the fprop layers of
+#: the UNet and ResNet-50 sets; non-persistent tiles 2026-11-25, persistent ones 2026-11-26).
+#: 64x256 depends on N: 1.0-1.2 where N is a multiple of 256 (one tile spans 256 output channels:
+#: the im2col activation tile is gathered once for them), 0.53-0.79 where N pads (:func:`efficiency`).
+EFFICIENCY = {
+    (128, 128, "nonpersistent"): 1.0, (64, 256, "nonpersistent"): 0.7, (64, 128, "nonpersistent"): 0.75,
+    (128, 64, "nonpersistent"): 0.67, (64, 64, "nonpersistent"): 0.5,
+    (128, 128, "persistent"): 1.06, (128, 160, "persistent"): 0.96, (128, 256, "persistent"): 1.14,
+    (128, 128, "streamk"): 0.985, (128, 160, "streamk"): 0.99,
+}
 #: 64x256's efficiency where N is a multiple of 256 (measured 1.0-1.2, median 1.12)
 WIDE_FULL_N = 1.12
+#: a stream-K member's cost beyond its share of the work, in waves (the partial tiles' fixup and
+#: the reduction; measured 0.21-0.28 on the UNet's 1280-channel layers, 0.35 fits every layer):
+#: it is a candidate only for problems of fewer tiles than SMs, where CUTLASS's heuristic
+#: decomposition (sm90_tile_scheduler_stream_k.hpp) splits K
+STREAM_K_OVERHEAD = 0.35
 #: another member replaces the default only when modelled at least this much faster
-MARGIN = 0.10
+MARGIN = 0.05
 #: shared memory of one H100 SM, bytes (228 KiB), and what the driver reserves per CTA (1 KiB)
 SM_SMEM_BYTES = 233472
 CTA_RESERVED_SMEM = 1024
@@ -137,39 +176,70 @@ def tiles(M: int, N: int, tile: Sequence[int]) -> int:
     return math.ceil(M / tile[0]) * math.ceil(N / tile[1])
 
 
-def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int) -> float:
+def kernel_kind(config: GemmConfig) -> str:
+    """``nonpersistent`` (CUTLASS's conv kernel), ``persistent`` or ``streamk`` (the persistent
+    cooperative GEMM kernel over that tile scheduler: NOTE [Persistent conv kernels])."""
+    if config.schedule != "cooperative":
+        return "nonpersistent"
+    return "streamk" if config.scheduler == "streamk" else "persistent"
+
+
+def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int) -> float | None:
     """A relative time (no unit; comparable between members for one problem): waves of CTA
     tiles over ``sm_count * ctas_per_sm`` slots, times each tile's padded MMA work (its M x N x
-    K rounded up to whole tiles) over its :data:`EFFICIENCY`, times the CTAs sharing an SM."""
+    K rounded up to whole tiles) over its :data:`EFFICIENCY`, times the CTAs sharing an SM. A
+    stream-K member spreads fewer tiles than SMs over every SM (their share of a wave, plus
+    :data:`STREAM_K_OVERHEAD`); None where it has a wave or more (then it is the persistent kernel)."""
     tm, tn, tk = config.tile
-    waves = math.ceil(tiles(M, N, config.tile) / (sm_count * ctas_per_sm))
+    kind = kernel_kind(config)
+    n_tiles = tiles(M, N, config.tile)
+    slots = sm_count * ctas_per_sm
+    if kind == "streamk":
+        if n_tiles >= slots:
+            return None
+        waves = n_tiles / slots + STREAM_K_OVERHEAD
+    else:
+        waves = math.ceil(n_tiles / slots)
     work = tm * tn * math.ceil(K / tk) * tk
-    return waves * work * ctas_per_sm / efficiency(tm, tn, N)
+    return waves * work * ctas_per_sm / efficiency(tm, tn, N, kind)
 
 
-def efficiency(tm: int, tn: int, N: int) -> float:
-    """:data:`EFFICIENCY` of a tm x tn tile on a problem of N output channels."""
-    if (tm, tn) == (64, 256) and N % 256 == 0:
+def efficiency(tm: int, tn: int, N: int, kind: str = "nonpersistent") -> float:
+    """:data:`EFFICIENCY` of a tm x tn tile of a ``kind`` kernel on a problem of N output channels."""
+    if (tm, tn, kind) == (64, 256, "nonpersistent") and N % 256 == 0:
         return WIDE_FULL_N
-    return EFFICIENCY.get((tm, tn), 0.5)
+    return EFFICIENCY.get((tm, tn, kind), 0.5)
 
 
-def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int, sm_count: int = 132) -> str:
+def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int, sm_count: int = 132,
+           channels: int | None = None) -> str:
     """The member a problem runs on (NOTE [The sm90 conv family]).
 
     Args:
         members: name -> (conv config, CTAs per SM) of the family; ``base`` is the default.
         M, N, K: the implicit GEMM's extents.
         sm_count: the device's multiprocessors.
+        channels: the input channels (fprop's C). The persistent members need a multiple of their
+            tile's K (NOTE [Persistent conv kernels]); None: not known, none of them runs.
 
     Returns:
-        ``base`` unless a member is modelled :data:`MARGIN` faster (the fastest such).
+        :data:`PERSISTENT_DEFAULT` (or ``base`` where the persistent members can't run) unless a
+        member is modelled :data:`MARGIN` faster (the fastest such).
     """
     if "base" not in members or len(members) == 1 or min(M, N, K) <= 0:
         return "base" if "base" in members else next(iter(members))
-    times = {n: modeled_time(c, ctas, M, N, K, sm_count) for n, (c, ctas) in members.items()}
-    best = min(times, key=lambda n: (times[n], n != "base"))
-    return best if times[best] <= (1 - MARGIN) * times["base"] else "base"
+
+    def runs(cfg: GemmConfig) -> bool:
+        return kernel_kind(cfg) == "nonpersistent" or (channels is not None and channels % cfg.tile[2] == 0)
+
+    times = {}
+    for n, (c, ctas) in members.items():
+        t = modeled_time(c, ctas, M, N, K, sm_count) if runs(c) else None
+        if t is not None:
+            times[n] = t
+    default = PERSISTENT_DEFAULT if PERSISTENT_DEFAULT in times else "base"
+    best = min(times, key=lambda n: (times[n], n != default))
+    return best if times[best] <= (1 - MARGIN) * times[default] else default
 
 
 def pointwise_problem(kind: str, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],

@@ -75,10 +75,9 @@ from evtc.dtypes import DType
 from evtc.errors import ConfigError, IRVerificationError, PlanError
 from evtc.ir.axes import ReduceAxis
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (AuxLoad, ColBroadcast, Leaf, Reduction, RowBroadcast, ScalarBroadcast, Source,
-                            Store)
+from evtc.ir.nodes import AuxLoad, Leaf, Reduction, RowBroadcast, ScalarBroadcast, Source, Store
 from evtc.iterative import trampoline
-from evtc.lower import Role, Topo, Tree, TreeLike, Visitor, VisitorTree, lower
+from evtc.lower import Role, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
 from evtc.plan.config import GemmConfig, atomic_reduction
 from evtc.plan.model import Buffer, Plan
@@ -125,6 +124,17 @@ def stock_stages(epi_tiles: int, reuse: bool) -> tuple[int, int]:
     stages_d = min(epi_tiles, 2)
     stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse else min(epi_tiles, 4)
     return stages_c, stages_d
+
+
+def column_reduction_tile_ok(graph: Graph, config: GemmConfig) -> bool:
+    """A column reduction (``Sm90RowReduction``) needs a tile N of at most 32 or a multiple of 64:
+    its cross-warp step divides each lane's share of the CTA row (two values per 32-column
+    epilogue subtile) by the subtiles along N (``logical_divide`` in
+    ``sm90_visitor_store_tma_warpspecialized.hpp``), which an odd count above one doesn't divide
+    ("Shape Divisibility Condition"; found building a 128x160 conv kernel with nvcc 13.0; the
+    GEMM family's 192-wide tile builds and runs)."""
+    tn = config.tile[1]
+    return tn <= 32 or tn % 64 == 0 or not any(isinstance(o, Reduction) and o.dim == 0 for o in graph.outputs)
 
 
 def column_reduction_fits(graph: Graph, config: GemmConfig, epilogue_tile: tuple[int, int], d_slot: Store) -> bool:
@@ -617,6 +627,11 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     if unknown:
         raise PlanError(f"unknown plan decision{'s' if len(unknown) > 1 else ''} {unknown}", epilogue=graph.name,
                         hint=f"fixable decisions: {', '.join(FIXABLE)}")
+    if not column_reduction_tile_ok(graph, config):
+        raise PlanError(f"tile N = {config.tile[1]}: a column reduction (over M, one value per column) needs a "
+                        "tile N of at most 32 or a multiple of 64 (CUTLASS's Sm90RowReduction divides each lane's "
+                        "share of the row evenly: sm90_visitor_store_tma_warpspecialized.hpp)", epilogue=graph.name,
+                        hint="use a tile N of 64, 128, 192 or 256")
     req = PlanRequest(graph, target, config, a, b, policy, fixed, rank)
     if config.unaligned:
         return _plan_unaligned(req)

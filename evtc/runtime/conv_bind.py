@@ -307,9 +307,10 @@ def geometry(kind: str, dims: int, a_shape: tuple[int, ...], b_shape: tuple[int,
 
 
 def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bool = False,
-                      tile: tuple[int, int, int] | None = None, epilogue: str | None = None) -> None:
-    """The limits of the kernel that runs ``g`` on ``arch`` (with CTA ``tile``), with where each
-    comes from.
+                      tile: tuple[int, int, int] | None = None, epilogue: str | None = None,
+                      persistent: bool = False) -> None:
+    """The limits of the kernel that runs ``g`` on ``arch`` (with CTA ``tile``; ``persistent``: on
+    the persistent cooperative kernel), with where each comes from.
 
     Raises:
         ArgumentError: (anchor ``conv-problem``) the first limit the problem breaks.
@@ -350,6 +351,13 @@ def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bo
                 raise _problem_error(f"the im2col box corners ({lower}, {upper}) of spatial dimension {i} are outside "
                                      f"[{-corner}, {corner - 1}] ({src})", epilogue,
                                      hint="use less padding or dilation, or arch='sm80'")
+        if persistent and tile is not None and g.c % tile[2]:
+            raise _problem_error(
+                f"C = {g.c} is not a multiple of {tile[2]}, the tile's K: the persistent conv kernel's tile scheduler "
+                "counts K tiles of the flat K = C x filter taps, the mainloop per filter tap (NOTE [Persistent conv "
+                "kernels] in evtc/sm90_conv.hpp)", epilogue,
+                hint="a Conv without config= runs such problems on the non-persistent kernel; or pin "
+                     "config={'tile': (128, 128, 64)}")
         if g.kind == "wgrad" and tile is not None and g.c % tile[1]:
             raise _problem_error(
                 f"C = {g.c} is not a multiple of the tile's N = {tile[1]}: the sm90 wgrad kernel tiles N = (C,S,R,T) "
@@ -450,12 +458,14 @@ class ConvBinder(Binder):
         arch: the arch of the kernel that runs the calls.
         strided_dgrad: the kernel is the strided-dgrad one.
         tile: the kernel's CTA tile (sm90 wgrad needs C a multiple of its N).
+        persistent: the kernel is the persistent cooperative one (C a multiple of the tile's K).
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure], *, kind: str, dims: int,
                  layout: str, spec: ConvSpec, arch: str, strided_dgrad: bool = False,
-                 tile: tuple[int, int, int] | None = None) -> None:
+                 tile: tuple[int, int, int] | None = None, persistent: bool = False) -> None:
         super().__init__(graph, a, b, Args, arch="sm80")
+        self.persistent = persistent
         self.arch = arch
         self.fields = conv_abi_fields(graph)
         self.kind = kind
@@ -527,7 +537,8 @@ class ConvBinder(Binder):
                              hint="a convolution over zero channels has no accumulator; skip the call")
         empty = M == 0 or N == 0
         if not empty:
-            check_arch_limits(geo, self.arch, self.a, strided_dgrad=self.strided_dgrad, tile=self.tile, epilogue=ename)
+            check_arch_limits(geo, self.arch, self.a, strided_dgrad=self.strided_dgrad, tile=self.tile, epilogue=ename,
+                              persistent=self.persistent)
 
         values: dict[str, int] = {"M": M, "N": N, "K": K, "L": 1, **geo.values(),
                                   "ld_A": 0, "bs_A": 0, "ld_B": 0, "bs_B": 0}

@@ -106,22 +106,31 @@ def test_sm90_conv_is_a_split_build(built):
 
 @pytest.fixture(scope="module")
 def member():
-    """The sm90 fprop family's ``m64`` member (64x128x64: one consumer warpgroup's 64-row WGMMA,
-    9 stages), with the aux load and the column reduction of ``dgelu_bgrad``."""
+    """The sm90 fprop family's ``streamk128`` member (NOTE [Persistent conv kernels]: the conv
+    mainloop on CUTLASS's persistent cooperative GEMM kernel over the stream-K tile scheduler,
+    128x128x64, two consumer warpgroups), with the aux load and the column reduction of
+    ``dgelu_bgrad`` (its partials in the workspace beside the scheduler's)."""
     conv = evtc.Conv(dgelu_bgrad, kind="fprop", a=f16, d=f16, arch="sm90")
-    kernel = conv.member("m64")
+    kernel = conv.member("streamk128")
     kernel.build()
     return conv, kernel
 
 
 def test_a_family_member_reports_its_plan(member):
-    """A conv config other than the default builds, and its library reports the planned epilogue
-    bytes (the kernel static_asserts sizeof == plan), the stages and the tile."""
+    """A conv config other than the default builds on the persistent kernel, and its library
+    reports the planned epilogue bytes (the kernel static_asserts sizeof == plan), the stages (the
+    GEMM's rule: the epilogue beside the mainloop) and the tile."""
     conv, kernel = member
     info = kernel.library.info
     plan = kernel.plan
-    assert plan.config.tile == (64, 128, 64) and kernel.source != conv.source
+    assert plan.config.tile == (128, 128, 64) and kernel.source != conv.source
+    assert plan.config.schedule == "cooperative" and plan.config.scheduler == "streamk"
+    assert "cutlass::gemm::StreamKScheduler>" in kernel.source and "evtc::Sm90ConvMainloopAsGemm<" in kernel.source
     assert info["epilogue_smem_bytes"] == plan.epilogue_smem_bytes
-    assert info["mainloop_stages"] == plan.mainloop_stages == 9
-    assert info["kernel_smem_bytes"] <= plan.kernel_smem_bound <= plan.smem_capacity
+    assert info["mainloop_stages"] == plan.mainloop_stages
+    assert plan.mainloop_stages * plan.mainloop_stage_bytes + plan.epilogue_smem_bytes <= plan.smem_capacity
+    # the kernel holds both: the epilogue's buffers and every stage's A and B tiles (f16)
+    tm, tn, tk = plan.config.tile
+    assert info["epilogue_smem_bytes"] + plan.mainloop_stages * (tm + tn) * tk * 2 <= info["kernel_smem_bytes"] \
+        <= plan.smem_capacity
     assert info["static"]["conv"]["kind"] == "fprop"

@@ -332,3 +332,54 @@ def test_family_member(family, name, case, record_errors):
     assert k.member == CC.MEMBER and k.config.tile[:2] == (64, 128)
     run_and_check(conv, case, zlib.crc32(f"member{name}{case}".encode()), record_errors)
     assert k.launchers, "the call did not run on the member"
+
+
+# ---- the persistent cooperative members (NOTE [Persistent conv kernels]) -------------------------------
+
+
+@pytest.fixture(scope="module")
+def persistent():
+    """Every persistent member's Conv of PERSISTENT_EPILOGUES, built up front
+    (``python benchmarks/prebuild.py conv:persistent``)."""
+    import os
+
+    from evtc.compiler import build_many
+
+    convs = CC.persistent_convs()
+    res = build_many([c._kernels[("sm90", False)].job() for c in convs.values()],
+                     workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
+    for c, r in zip(convs.values(), res):
+        if isinstance(r, Exception):
+            raise r
+        c._kernels[("sm90", False)].load(r)
+    return convs
+
+
+PERSISTENT_PARAMS = [pytest.param(n, m, case, id=f"sm90-fprop2d-{n}-{m}-{case.name}")
+                     for n, m in CC.persistent_pairs() for case in CC.CASES_PERSISTENT]
+
+
+@pytest.mark.parametrize("name, member, case", PERSISTENT_PARAMS)
+def test_persistent_member(persistent, name, member, case, record_errors):
+    """An fprop pinned to a member on CUTLASS's persistent cooperative GEMM kernel (persistent or
+    stream-K tile scheduler) gives the float64 reference's outputs: stores, row and column
+    reductions (their partials reduced across stream-K units before the epilogue), aux loads."""
+    conv = persistent[(name, member)]
+    assert conv.config.schedule == "cooperative"
+    run_and_check(conv, case, zlib.crc32(f"persistent{name}{member}{case}".encode()), record_errors)
+    # a second call on fresh data (the stream-K flags and the reductions' workspace re-initialised)
+    run_and_check(conv, case, zlib.crc32(f"persistent2{name}{member}{case}".encode()), record_errors)
+
+
+def test_persistent_member_refuses_channels_off_the_k_tile(persistent):
+    """The persistent kernel's tile scheduler counts K tiles of the flat K; channels that are not a
+    multiple of the tile's K would make its count disagree with the mainloop's: refused before the
+    launch, never a wrong result."""
+    import torch
+
+    conv = persistent[("bias_relu", "coop")]
+    x = torch.randn(2, 8, 8, 40, device="cuda").to(torch.bfloat16)
+    w = torch.randn(72, 3, 3, 40, device="cuda").to(torch.bfloat16)
+    with pytest.raises(evtc.EvtcError, match="multiple of 64"):
+        conv(x, w, C=torch.randn(2, 8, 8, 72, device="cuda").to(torch.bfloat16), alpha=1.0, beta=1.0,
+             bias=torch.randn(72, device="cuda"), problem=evtc.ConvProblem(padding=1))

@@ -213,17 +213,30 @@ def test_family_members_and_candidates_plan():
     for name, (fields, ctas) in CF.CANDIDATES.items():
         k = conv.member(name)
         cfg = k.config
-        assert cfg.tile[2] == 64 and cfg.schedule == "warpspecialized"
+        persistent = fields.get("schedule") == "cooperative"
+        assert cfg.tile[2] == 64 and cfg.schedule == ("cooperative" if persistent else "warpspecialized")
         for f, v in fields.items():
             got = getattr(cfg, f)
             assert (tuple(got)[:len(v)] == tuple(v)) if isinstance(v, tuple) else got == v, (name, f)
         plan = k.plan
         assert plan.mainloop_stages >= 2 and plan.kernel_smem_bound <= plan.smem_capacity
+        src = k.source
+        if persistent:
+            # the GEMM's persistent cooperative kernel with the conv mainloop; the GEMM's stage rule
+            assert "evtc::Sm90ConvMainloopAsGemm<" in src and "cutlass::gemm::KernelTmaWarpSpecializedCooperative" in src
+            sched = "StreamKScheduler" if fields["scheduler"] == "streamk" else "PersistentScheduler"
+            assert f"CollectiveEpilogue,\n{' ' * 56}cutlass::gemm::{sched}>" in src
+            assert "cutlass::conv::kernel::ConvUniversal" not in src and "cooperative" in str(plan)
+            assert plan.epilogue_tile[0] == 128
+            assert plan.mainloop_stages * plan.mainloop_stage_bytes + plan.epilogue_smem_bytes <= plan.smem_capacity
+            assert src not in seen
+            seen.add(src)
+            continue
+        assert "Sm90ConvMainloopAsGemm" not in src and "cutlass::conv::kernel::ConvUniversal<" in src
         # the shared memory of `ctas` CTAs (and what the driver reserves for each) fits one SM
         assert ctas * (plan.kernel_smem_bound + CF.CTA_RESERVED_SMEM) <= CF.SM_SMEM_BYTES, name
         if ctas == 1 and name != "epi64" and "cluster" not in fields:
             assert 2 * (plan.kernel_smem_bound + CF.CTA_RESERVED_SMEM) > CF.SM_SMEM_BYTES, name
-        src = k.source
         assert src not in seen
         seen.add(src)
         assert f"cute::Shape<cute::_{cfg.tile[0]}, cute::_{cfg.tile[1]}, cute::_{cfg.tile[2]}>" in src
@@ -267,25 +280,34 @@ def test_members_a_conv_cannot_have():
 #: bench_conv's UNet and ResNet-50 3x3 layers: (M, N, K) of the implicit GEMM -> the heuristic's
 #: pick, with what each member measured on the H100 (2026-11-25, explore_conv.py: time / cuDNN +
 #: eager in CUDA graphs; docs/performance.md)
+# (implicit GEMM, input channels) -> the pick; measured on the H100 (docs/performance.md, 2026-11-26,
+# time / (cuDNN + eager) of the pick and of others)
 UNET_PICKS = [
-    ((8 * 64 * 64, 320, 320 * 9), "base"),     # base 1.30 (best of the family), wide 2.21 (N pads)
-    ((8 * 32 * 32, 640, 640 * 9), "base"),     # base 1.07, m64 1.12, wide 1.36
-    ((8 * 16 * 16, 1280, 1280 * 9), "wide"),   # wide 1.31, base 1.57, m64 1.60
-    ((8 * 8 * 8, 1280, 1280 * 9), "m64"),      # m64 1.60, base 1.57, n64 1.28: the model misses n64
-    ((8 * 32 * 32, 640, 320 * 9), "base"),     # base 0.95
-    ((8 * 32 * 32, 320, 320 * 9), "base"),     # the stride-2 downsampler: base 1.26, m64 1.25
-    ((8 * 16 * 16, 640, 640 * 9), "base"),     # base 0.83
-    ((32 * 14 * 14, 256, 256 * 9), "wide"),    # ResNet-50 res4 3x3: wide 0.59, base 0.69
-    ((32 * 28 * 28, 128, 128 * 9), "base"),    # res3 3x3: base 0.64, m64 0.71
-    ((32 * 7 * 7, 512, 512 * 9), "m64"),       # res5 3x3: m64 0.95, wide 1.09, base 1.19
-    ((32 * 56 * 56, 64, 64 * 9), "n64"),       # res2 3x3: n64 0.71, base 1.06
+    ((8 * 64 * 64, 320, 320 * 9), 320, "coop160"),     # coop160 0.91, base 1.31 (N = 320: two 160 tiles)
+    ((8 * 32 * 32, 640, 640 * 9), 640, "coop160"),     # coop160 0.93, base 1.06
+    ((8 * 16 * 16, 1280, 1280 * 9), 1280, "coop160"),  # coop160 1.08 (128 tiles), wide 1.31, base 1.59
+    ((8 * 8 * 8, 1280, 1280 * 9), 1280, "streamk128"),  # streamk128 1.22, streamk160 1.21, m64 1.62
+    ((8 * 32 * 32, 640, 320 * 9), 320, "coop160"),     # coop160 0.78, base 0.96
+    ((8 * 32 * 32, 320, 320 * 9), 320, "coop160"),     # the stride-2 downsampler: coop160 0.74, base 1.26
+    ((8 * 16 * 16, 640, 640 * 9), 640, "coop128"),     # coop128 0.77 (80 tiles), coop160 1.26 (64), base 0.83
+    ((32 * 14 * 14, 256, 256 * 9), 256, "wide"),       # ResNet-50 res4 3x3: wide 0.59, coop128 0.62, base 0.70
+    ((32 * 28 * 28, 128, 128 * 9), 128, "coop128"),    # res3 3x3: coop128 0.61, base 0.65
+    ((32 * 7 * 7, 512, 512 * 9), 512, "m64"),          # res5 3x3: m64 0.99, coop128 1.10, base 1.13
+    ((32 * 56 * 56, 64, 64 * 9), 64, "n64"),           # res2 3x3: n64 0.70, coop128 0.92, base 1.05
+    ((32 * 28 * 28, 512, 256), 256, "coop"),           # res3's strided 1x1 shortcut: coop 0.27, wide 0.38
+    # channels off the persistent kernel's K tile (64): the non-persistent members only
+    ((8 * 64 * 64, 320, 40 * 9), 40, "base"),
+    ((8 * 16 * 16, 1280, 1000 * 9), 1000, "wide"),
+    ((8 * 8 * 8, 1280, 1000 * 9), 1000, "m64"),
 ]
 
 
-@pytest.mark.parametrize("mnk, want", UNET_PICKS)
-def test_heuristic_picks(mnk, want):
+@pytest.mark.parametrize("mnk, channels, want", UNET_PICKS)
+def test_heuristic_picks(mnk, channels, want):
     conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
-    assert conv.choose(*mnk) == want
+    assert conv.choose(*mnk, channels=channels) == want
+    # without the channels, no persistent member
+    assert CF.kernel_kind(conv.member(conv.choose(*mnk)).config) == "nonpersistent"
 
 
 def test_heuristic_model():
@@ -306,8 +328,10 @@ def test_route_picks_the_member_of_the_call(monkeypatch):
     conv = evtc.Conv(bias_silu, kind="fprop", a=f16, d=f16, arch="sm90")
     sp = evtc.ConvProblem(padding=1).normalize(2)
     k = conv._route(sp, packed((8, 8, 8, 1280)), packed((1280, 3, 3, 1280)))
-    assert k.member == "m64" and k.config.tile == (64, 128, 64)
-    assert conv._route(sp, packed((8, 64, 64, 320)), packed((320, 3, 3, 320))).member == "base"
+    assert k.member == "streamk128" and k.config.tile == (128, 128, 64) and k.config.scheduler == "streamk"
+    assert conv._route(sp, packed((8, 64, 64, 320)), packed((320, 3, 3, 320))).member == "coop160"
+    # 40 input channels: not a multiple of the persistent kernel's K tile
+    assert conv._route(sp, packed((8, 64, 64, 40)), packed((320, 3, 3, 40))).member == "base"
     assert conv._route(sp) is conv._kernels[("sm90", False)]
     # a malformed call goes to the main kernel, whose binder names the problem
     assert conv._route(sp, packed((8, 8, 8, 16)), packed((32, 3, 3, 24))).member == "base"
@@ -325,8 +349,11 @@ def test_route_picks_the_member_of_the_call(monkeypatch):
     ({"cluster": (3, 1, 1)}, "cluster (3, 1, 1)"),
     ({"epilogue_tile": (64, 48)}, "epilogue tile (64, 48)"),
     ({"epilogue_tile": (128, 32)}, "the one-warpgroup epilogue has M = 64"),
-    ({"schedule": "pingpong"}, "has no schedule to choose"),
-    ({"scheduler": "streamk"}, "has no scheduler to choose"),
+    ({"schedule": "pingpong"}, "sm90 conv schedule 'pingpong' is not one of"),
+    ({"scheduler": "streamk"}, "the warpspecialized conv kernel is non-persistent"),
+    ({"schedule": "cooperative", "scheduler": "nonpersistent"}, "use 'persistent' or 'streamk'"),
+    ({"schedule": "cooperative", "tile": (64, 256, 64)}, "the cooperative schedule needs a multiple of 128"),
+    ({"schedule": "cooperative", "split_k": 2}, "has no split_k to choose"),
 ])
 def test_bad_configs_name_the_limit(config, needle):
     with pytest.raises(evtc.ConfigError) as ei:
@@ -358,7 +385,7 @@ def test_kernel_for_names_the_route_or_the_member():
     assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}"
     assert k.job().source in {j.source for j in gemm.jobs()}
     label, k = conv.kernel_for((8, 8, 8, 1280), (1280, 3, 3, 1280), evtc.ConvProblem(padding=1))
-    assert (label, k.member) == ("m64", "m64")
+    assert (label, k.member) == ("streamk128", "streamk128")
     # 1x1 with stride 2 (ResNet's downsampling shortcut) stays on a conv kernel
     label, _ = conv.kernel_for((32, 56, 56, 256), (512, 1, 1, 256), evtc.ConvProblem(stride=2))
     assert not label.startswith("gemm")
@@ -409,3 +436,24 @@ def test_the_gemm_sees_the_conv_kernels_problem():
     assert gsig.values["ld_D"] == csig.values["ld_D"] == 32
     assert [(a.name, a.shape) for a in gsig.allocs] == [(a.name, a.shape) for a in csig.allocs] == \
         [("row_max", (128,)), ("csum", (32,)), ("amax", ())]
+
+
+def test_a_column_reduction_keeps_tile_n_a_multiple_of_64():
+    """CUTLASS's column reduction (Sm90RowReduction) can't divide a 160-wide tile's row among its
+    lanes (a static_assert deep in a template): a Conv pinned to such a tile is a PlanError naming
+    the rule, and a family Conv of such an epilogue leaves those members out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import epilogues as E
+
+    with pytest.raises(evtc.PlanError, match="tile N = 160: a column reduction"):
+        evtc.Conv(E.REFERENCE["dgelu_bgrad"], kind="fprop", a=bf16, d=bf16, arch="sm90",
+                  config={"schedule": "cooperative", "tile": (128, 160, 64)})
+    fam = evtc.Conv(E.REFERENCE["dgelu_bgrad"], kind="fprop", a=bf16, d=bf16, arch="sm90")
+    assert "coop160" not in fam.family and "streamk160" not in fam.family and "coop128" in fam.family
+    assert fam.choose(8 * 64 * 64, 320, 320 * 9, channels=320) == "coop128"
+    # a row reduction (per row, over N) takes the 160-wide tile
+    rows = evtc.Conv(E.REFERENCE["row_stats"], kind="fprop", a=bf16, d=bf16, arch="sm90")
+    assert "coop160" in rows.family

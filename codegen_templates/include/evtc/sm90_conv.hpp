@@ -127,6 +127,98 @@ struct Sm90ConvEpilogue : Base {
   }
 };
 
+// NOTE [Persistent conv kernels]
+// CUTLASS's sm90 conv kernel is the non-persistent one-consumer-warpgroup GemmUniversal
+// (KernelTmaWarpSpecialized): one output tile per CTA, no tile scheduler, so a layer whose tiles
+// don't fill whole waves of SMs, or whose K loop is long over few tiles, has no remedy there
+// (conv/dispatch_policy.hpp static_asserts the conv schedules Cooperative and Pingpong away). The
+// conv collective mainloop itself (conv/collective/sm90_implicit_gemm_gmma_ss_warpspecialized.hpp)
+// has the GEMM collective's interface (load_init, load, load_tail, mma, mma_tail over a K-tile
+// iterator and count, any TiledMma), so Sm90ConvMainloopAsGemm adapts it to CUTLASS's GEMM
+// kernels: the persistent cooperative kernel (two consumer warpgroups, a 128x256 tile) over the
+// persistent or the stream-K tile scheduler (split-K and stream-K with the reduction before the
+// epilogue), which the GEMMs use. What it adapts:
+//  * the kernel's problem shape is the flat GEMM (M, N, K, 1) (the tile scheduler counts tiles and
+//    K tiles in it); the mainloop's Arguments carry the ConvProblemShape, from which its TMA
+//    im2col descriptors and the linearized (M, N, nested K, L) shape of its tile views are made
+//    (Params keeps the latter for load_init);
+//  * the GEMM kernel indexes a batch mode L of B's tile view (shape<4>(gB_nkl)): load_init appends
+//    a mode of extent 1 to B's view (fprop's filter, a plain tiled TMA view; A's im2col view has a
+//    composed layout, which the kernel only tiles along m and k) and load drops it again;
+//  * the kernel static_asserts rank-3 StrideA/StrideB, which only the collective uses: the adapter
+//    names GEMM strides for the kernel, the collective keeps its own;
+//  * the kernel counts producer arrivals by NumProducerThreadEvents (1: one elected thread issues
+//    the TMA loads, as in the GEMM collective).
+// The K tiles must agree: the scheduler's ceil(K / BLK_K) of the flat K and the mainloop's nested
+// K-tile grid (channels / BLK_K x filter taps) are equal when the channels are a multiple of BLK_K,
+// which can_implement checks (evtc's heuristic sends other problems to the non-persistent kernel).
+// The epilogue is the same collective epilogue, which sees the flat GEMM either way (NOTE [The
+// conv epilogue sees a GEMM]).
+template <class Conv>
+struct Sm90ConvMainloopAsGemm : Conv {
+  using ConvProblemShape = typename Conv::ProblemShape;
+  using ConvShapeMNKL = decltype(Conv::get_problem_shape_MNKL(ConvProblemShape{}));
+  // the kernel's static_asserts only (the collective's own strides stay Conv::StrideA/StrideB)
+  using StrideA = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideB = cute::Stride<int64_t, cute::_1, int64_t>;
+  static constexpr int NumProducerThreadEvents = 1;
+
+  struct Arguments : Conv::Arguments {
+    ConvProblemShape problem{};
+  };
+  struct Params : Conv::Params {
+    ConvShapeMNKL problem_mnkl{};
+  };
+
+  // The flat GEMM problem (M, N, K, 1) of a convolution, for the kernel's Arguments.
+  static cute::Shape<int, int, int, int> gemm_problem_shape(ConvProblemShape const& problem) {
+    return flat_problem_shape(Conv::get_problem_shape_MNKL(problem));
+  }
+
+  template <class GemmShape>
+  static Params to_underlying_arguments(GemmShape const&, Arguments const& args, void* workspace) {
+    Params params;
+    static_cast<typename Conv::Params&>(params) = Conv::to_underlying_arguments(args.problem, args, workspace);
+    params.problem_mnkl = Conv::get_problem_shape_MNKL(args.problem);
+    return params;
+  }
+
+  template <class GemmShape>
+  static bool can_implement(GemmShape const& gemm_shape, Arguments const& args) {
+    auto mnkl = Conv::get_problem_shape_MNKL(args.problem);
+    constexpr int BlkK = cute::size<2>(typename Conv::TileShape{});
+    // the mainloop's K-tile grid (the innermost, channel, mode divided by BLK_K, times the other
+    // modes) is the scheduler's ceil(K / BLK_K) when the channels are a multiple of BLK_K
+    bool same_k_tiles = static_cast<int>(cute::front(cute::get<2>(mnkl))) % BlkK == 0 &&
+                        cute::get<2>(gemm_shape) == static_cast<int>(cute::product(cute::get<2>(mnkl)));
+    bool same_mn = cute::get<0>(gemm_shape) == static_cast<int>(cute::product(cute::get<0>(mnkl))) &&
+                   cute::get<1>(gemm_shape) == static_cast<int>(cute::product(cute::get<1>(mnkl)));
+    return same_k_tiles && same_mn && Conv::can_implement(args.problem, args);
+  }
+
+  template <class ProblemShapeMNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const&, Params const& params) {
+    auto views = Conv::load_init(params.problem_mnkl, params);
+    // B (fprop: the filter, a tiled TMA view) gets the batch mode the kernel indexes; A (the
+    // im2col view, a composed layout) is only tiled along m and k by the kernel
+    auto const& gB = cute::get<1>(views);
+    auto gB_l = cute::make_tensor(gB.data(), cute::make_layout(cute::append(gB.shape(), cute::_1{}),
+                                                                cute::append(gB.stride(), cute::_0{})));
+    return cute::make_tuple(cute::get<0>(views), gB_l);
+  }
+
+  template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(typename Conv::Params const& params, typename Conv::MainloopPipeline pipeline,
+                           typename Conv::PipelineState state, cute::tuple<TensorA, TensorB> const& views,
+                           BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count, int thread_idx,
+                           uint32_t block_rank_in_cluster, typename Conv::TensorStorage& shared_tensors) {
+    using cute::_;
+    auto gB = cute::get<1>(views)(_, _, _, _, 0);
+    Conv::load(params, pipeline, state, cute::make_tuple(cute::get<0>(views), gB), blk_coord, k_tile_iter, k_tile_count, thread_idx,
+               block_rank_in_cluster, shared_tensors);
+  }
+};
+
 }  // namespace evtc
 
 // The im2col TMA descriptors of the conv mainloop (cute/atom/copy_traits_sm90_im2col.hpp) call
