@@ -160,7 +160,8 @@ def _defaults(arch: str, a: DType, kind: str) -> GemmConfig:
 
 
 #: fields a conv config may set, per arch (the rest are the conv kernel's)
-CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile", "schedule", "scheduler"),
+CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile", "schedule", "scheduler", "split_k",
+                        "decomposition"),
                "sm80": ("tile", "stages", "warp_tile", "swizzle")}
 #: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE [Persistent conv
 #: kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop only
@@ -178,7 +179,9 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     multicast of the activation over N, of the filter over M), ``stages``, ``epilogue_tile`` (M
     = 64, N of 16, 32 or 64 dividing the tile's), and for fprop ``schedule="cooperative"`` with
     ``scheduler`` ``"persistent"`` (default) or ``"streamk"``: the persistent cooperative kernel
-    (NOTE [Persistent conv kernels]; the GEMM's cooperative rules, tile 128x256 by default); sm80
+    (NOTE [Persistent conv kernels]; the GEMM's cooperative rules, tile 128x256 by default), and
+    with ``"streamk"`` ``split_k`` and ``decomposition`` (compile-time here: the conv kernels take no
+    scheduler arguments at run time); sm80
     ``tile``, ``warp_tile``, ``stages``, ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
     fit; sm80 128x128x32, warps 64x64x32, 4 stages.
 
@@ -211,6 +214,10 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     cfg = base.replace(**{k: v for k, v in given.items() if k in CONV_FIELDS[arch]})
     if arch == "sm90" and (cfg.schedule != SM90_SCHEDULE or cfg.scheduler != NONPERSISTENT):
         return _persistent_config(cfg, a, b, kind, given)
+    if arch == "sm90" and (cfg.split_k != 1 or cfg.decomposition != "heuristic"):
+        raise ConfigError(f"split_k = {cfg.split_k}, decomposition '{cfg.decomposition}': decompositions of the "
+                          "persistent kernel's stream-K tile scheduler",
+                          hint="add schedule='cooperative', scheduler='streamk' (fprop)", anchor="conv-config")
     if arch == "sm80":
         # the GEMM's sm80 rules (tile/warp divisibility, K, stages) hold for the conv mainloop
         validate_gemm_config(cfg.replace(schedule="multistage", scheduler="persistent"), "sm80", a, b)

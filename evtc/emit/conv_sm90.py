@@ -19,6 +19,7 @@ from __future__ import annotations
 from evtc.emit import common
 from evtc.emit.sm90 import collective_epilogue_args, cxx_shape, mn_stride_args
 from evtc.ir.graph import Graph
+from evtc.plan.config import DECOMPOSITIONS
 from evtc.plan.model import Plan
 from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
@@ -70,6 +71,9 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
         dims=dims,
         persistent=cfg.schedule == "cooperative",
         stream_k=cfg.scheduler == "streamk",
+        split_k=cfg.split_k,
+        decomposition=cfg.decomposition,
+        decomposition_index=DECOMPOSITIONS.index(cfg.decomposition),
         mapping=(MAPPING if dims == 2 else MAPPING_3D)[kind],
         output_layout=OUTPUT_LAYOUT[kind][dims - 2],
         operand_a=_operand_comment(an, dims),

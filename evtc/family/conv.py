@@ -110,6 +110,13 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "streamk160_c2x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160), "cluster": (2, 1, 1)}, 1),
     "streamk256x160": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 160)}, 1),
     "streamk256x160_c2x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 160), "cluster": (2, 1, 1)}, 1),
+    "coop160_c1x2": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 160), "cluster": (1, 2, 1)}, 1),
+    "splitk2_160": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160), "split_k": 2,
+                     "decomposition": "split_k"}, 1),
+    "splitk4_160": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160), "split_k": 4,
+                     "decomposition": "split_k"}, 1),
+    "splitk4_128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "split_k": 4,
+                     "decomposition": "split_k"}, 1),
 }
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
 FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160")

@@ -184,7 +184,8 @@ def test_conv_config_defaults_and_fields():
 
 @pytest.mark.parametrize("arch, config, needle", [
     ("sm90", {"schedule": "pingpong"}, "sm90 conv schedule 'pingpong' is not one of"),
-    ("sm90", {"split_k": 2}, "has no split_k to choose"),
+    ("sm90", {"split_k": 2}, "decompositions of the persistent kernel's stream-K tile scheduler"),
+    ("sm90", {"raster": "along_m"}, "has no raster to choose"),
     ("sm90", {"tile": (256, 128, 64)}, "tile M = 256"),
     ("sm90", {"tile": (128, 256, 64)}, "256 f32 accumulators per thread"),
     ("sm90", {"epilogue_tile": (128, 32)}, "the one-warpgroup epilogue has M = 64"),

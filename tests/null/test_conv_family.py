@@ -353,7 +353,8 @@ def test_route_picks_the_member_of_the_call(monkeypatch):
     ({"scheduler": "streamk"}, "the warpspecialized conv kernel is non-persistent"),
     ({"schedule": "cooperative", "scheduler": "nonpersistent"}, "use 'persistent' or 'streamk'"),
     ({"schedule": "cooperative", "tile": (64, 256, 64)}, "the cooperative schedule needs a multiple of 128"),
-    ({"schedule": "cooperative", "split_k": 2}, "has no split_k to choose"),
+    ({"schedule": "cooperative", "split_k": 2}, "split-K and stream-K are decompositions of the stream-K tile scheduler"),
+    ({"split_k": 2}, "decompositions of the persistent kernel's stream-K tile scheduler"),
 ])
 def test_bad_configs_name_the_limit(config, needle):
     with pytest.raises(evtc.ConfigError) as ei:
@@ -457,3 +458,20 @@ def test_a_column_reduction_keeps_tile_n_a_multiple_of_64():
     # a row reduction (per row, over N) takes the 160-wide tile
     rows = evtc.Conv(E.REFERENCE["row_stats"], kind="fprop", a=bf16, d=bf16, arch="sm90")
     assert "coop160" in rows.family
+
+
+def test_stream_k_decomposition_is_fixed_in_the_source():
+    """A stream-K conv member's decomposition and splits are compile-time (the conv ABI has no
+    scheduler arguments): the source sets them; the heuristic member sets CUTLASS's defaults."""
+    split = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90",
+                      config={"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160, 64), "split_k": 4,
+                              "decomposition": "split_k"})
+    assert "arguments.scheduler.splits = 4;" in split.source
+    assert "decomposition_mode)>(2);" in split.source  # DecompositionMode::SplitK
+    sk = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90",
+                   config=dict(CF.member_configs(bf16, ["streamk128"])["streamk128"].fields))
+    assert "arguments.scheduler.splits = 1;" in sk.source and "decomposition_mode)>(0);" in sk.source
+    coop = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90", config={"schedule": "cooperative"})
+    assert "arguments.scheduler.splits" not in coop.source and coop.config.tile == (128, 256, 64)
+    with pytest.raises(evtc.ConfigError, match="decompositions of the stream-K tile scheduler"):
+        conv_config("sm90", bf16, bf16, {"schedule": "cooperative", "split_k": 2, "decomposition": "split_k"})
