@@ -185,7 +185,7 @@ MEMBER_EPILOGUES = ("bias_relu", "row_stats", "many_aux")
 #: problems they are checked on: channels multiples of the tile's K (64), ragged output channels
 #: (N below, between and above the 128- and 256-wide tiles), M not a multiple of the tile, batch >
 #: 1, stride, dilation, and a long K over two output tiles (the stream-K members split it)
-PERSISTENT_MEMBERS = ("coop", "coop128", "coop160", "coop_c2x1", "streamk", "streamk128", "streamk160")
+PERSISTENT_MEMBERS = ("coop", "coop128", "coop160", "coop_c2x1", "streamk", "streamk128", "streamk160", "splitk4_160")
 PERSISTENT_EPILOGUES = ("bias_relu", "row_stats", "many_aux", "dgelu_bgrad")
 CASES_PERSISTENT = [
     Case("p_3x3_pad1", 2, (13, 11), 64, 72, (3, 3), padding=1),
@@ -205,7 +205,7 @@ def persistent_conv(name: str, member: str) -> evtc.Conv:
 
 
 #: pairs a Conv refuses (a PlanError: dgelu_bgrad's column reduction needs a tile N that is a multiple of 64)
-PERSISTENT_REFUSED = {("dgelu_bgrad", "coop160"), ("dgelu_bgrad", "streamk160")}
+PERSISTENT_REFUSED = {("dgelu_bgrad", "coop160"), ("dgelu_bgrad", "streamk160"), ("dgelu_bgrad", "splitk4_160")}
 
 
 def persistent_pairs() -> list[tuple[str, str]]:
