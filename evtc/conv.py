@@ -264,9 +264,11 @@ def _persistent_config(cfg: GemmConfig, a: DType, b: DType, kind: str, given: Ma
     if cfg.schedule != PERSISTENT_SCHEDULE:
         raise ConfigError(f"sm90 conv schedule '{cfg.schedule}' is not one of ('{SM90_SCHEDULE}', "
                           f"'{PERSISTENT_SCHEDULE}')", anchor="conv-config")
-    if kind != "fprop":
-        raise ConfigError(f"schedule='{PERSISTENT_SCHEDULE}': only fprop runs on the persistent cooperative kernel",
-                          hint="dgrad and wgrad take the non-persistent kernel's fields", anchor="conv-config")
+    if kind not in ("fprop", "dgrad"):
+        raise ConfigError(f"schedule='{PERSISTENT_SCHEDULE}': fprop and (unit-stride) dgrad run on the persistent "
+                          "cooperative kernel, not wgrad (its B is the im2col operand, whose view has no batch mode "
+                          "to give the GEMM kernel)", hint="wgrad takes the non-persistent kernel's fields",
+                          anchor="conv-config")
     if cfg.scheduler == NONPERSISTENT:
         if "scheduler" in given:
             raise ConfigError(f"scheduler '{NONPERSISTENT}' with schedule='{PERSISTENT_SCHEDULE}'",

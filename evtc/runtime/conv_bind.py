@@ -351,11 +351,13 @@ def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bo
                 raise _problem_error(f"the im2col box corners ({lower}, {upper}) of spatial dimension {i} are outside "
                                      f"[{-corner}, {corner - 1}] ({src})", epilogue,
                                      hint="use less padding or dilation, or arch='sm80'")
-        if persistent and tile is not None and g.c % tile[2]:
+        # the GEMM's K: fprop's C x filter taps, dgrad's K x filter taps (channels innermost)
+        k_channels, k_name = (g.k, "K") if g.kind == "dgrad" else (g.c, "C")
+        if persistent and tile is not None and k_channels % tile[2]:
             raise _problem_error(
-                f"C = {g.c} is not a multiple of {tile[2]}, the tile's K: the persistent conv kernel's tile scheduler "
-                "counts K tiles of the flat K = C x filter taps, the mainloop per filter tap (NOTE [Persistent conv "
-                "kernels] in evtc/sm90_conv.hpp)", epilogue,
+                f"{k_name} = {k_channels} is not a multiple of {tile[2]}, the tile's K: the persistent conv kernel's "
+                f"tile scheduler counts K tiles of the flat K = {k_name} x filter taps, the mainloop per filter tap "
+                "(NOTE [Persistent conv kernels] in evtc/sm90_conv.hpp)", epilogue,
                 hint="a Conv without config= runs such problems on the non-persistent kernel; or pin "
                      "config={'tile': (128, 128, 64)}")
         if g.kind == "wgrad" and tile is not None and g.c % tile[1]:

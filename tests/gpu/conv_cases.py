@@ -182,9 +182,10 @@ MEMBER_EPILOGUES = ("bias_relu", "row_stats", "many_aux")
 
 
 #: the members on the persistent cooperative kernel (NOTE [Persistent conv kernels]) and the
-#: problems they are checked on: channels multiples of the tile's K (64), ragged output channels
-#: (N below, between and above the 128- and 256-wide tiles), M not a multiple of the tile, batch >
-#: 1, stride, dilation, and a long K over two output tiles (the stream-K members split it)
+#: problems they are checked on: the channels of the GEMM's K (fprop's C, dgrad's K) multiples of
+#: the tile's K (64), ragged GEMM N (fprop's K, dgrad's C: below, between and above the 128- and
+#: 256-wide tiles), M not a multiple of the tile, batch > 1, stride (fprop), dilation, and a long
+#: K over two output tiles (the stream-K members split it)
 PERSISTENT_MEMBERS = ("coop", "coop128", "coop160", "coop_c2x1", "streamk", "streamk128", "streamk160", "splitk4_160")
 PERSISTENT_EPILOGUES = ("bias_relu", "row_stats", "many_aux", "dgelu_bgrad")
 CASES_PERSISTENT = [
@@ -193,31 +194,41 @@ CASES_PERSISTENT = [
     Case("p_3x3_dil2", 2, (12, 13), 64, 264, (3, 3), padding=2, dilation=2),
     Case("p_long_k", 2, (8, 8), 512, 200, (3, 3), padding=1),
 ]
+#: unit-stride dgrad on the persistent kernel (pinned only: the dgrad family is not built yet)
+PERSISTENT_DGRAD_MEMBERS = ("coop128", "coop160", "streamk128")
+CASES_PERSISTENT_DGRAD = [
+    Case("pd_3x3_pad1", 2, (13, 11), 72, 64, (3, 3), padding=1),
+    Case("pd_3x3_dil2", 2, (12, 13), 264, 128, (3, 3), padding=2, dilation=2),
+    Case("pd_long_k", 2, (8, 8), 200, 512, (3, 3), padding=1),
+]
 
 
-def persistent_conv(name: str, member: str) -> evtc.Conv:
+def persistent_conv(name: str, member: str, kind: str = "fprop") -> evtc.Conv:
     """A Conv of reference epilogue ``name`` pinned to the persistent member ``member``."""
     from evtc.family import conv as CF
 
     fields = dict(CF.member_configs(bf16, [member])[member].fields)
     d = evtc.e4m3 if name == "fp8_out" else bf16
-    return evtc.Conv(E.REFERENCE[name], kind="fprop", a=bf16, b=bf16, c=bf16, d=d, arch="sm90", config=fields)
+    return evtc.Conv(E.REFERENCE[name], kind=kind, a=bf16, b=bf16, c=bf16, d=d, arch="sm90", config=fields)
 
 
 #: pairs a Conv refuses (a PlanError: dgelu_bgrad's column reduction needs a tile N that is a multiple of 64)
 PERSISTENT_REFUSED = {("dgelu_bgrad", "coop160"), ("dgelu_bgrad", "streamk160"), ("dgelu_bgrad", "splitk4_160")}
 
 
-def persistent_pairs() -> list[tuple[str, str]]:
-    return [(n, m) for n in PERSISTENT_EPILOGUES for m in PERSISTENT_MEMBERS if (n, m) not in PERSISTENT_REFUSED]
+def persistent_pairs() -> list[tuple[str, str, str]]:
+    """(epilogue, member, kind) of the persistent tests."""
+    return ([(n, m, "fprop") for n in PERSISTENT_EPILOGUES for m in PERSISTENT_MEMBERS if (n, m) not in PERSISTENT_REFUSED]
+            + [(n, m, "dgrad") for n in PERSISTENT_EPILOGUES for m in PERSISTENT_DGRAD_MEMBERS
+               if (n, m) not in PERSISTENT_REFUSED])
 
 
 def persistent_convs() -> dict:
-    return {(n, m): persistent_conv(n, m) for n, m in persistent_pairs()}
+    return {(n, m, k): persistent_conv(n, m, k) for n, m, k in persistent_pairs()}
 
 
 def persistent_kernels() -> list[BuildJob]:
-    return [BuildJob(c.source, "sm90", f"{c.name}[{m}]") for (_, m), c in persistent_convs().items()]
+    return [BuildJob(c.source, "sm90", f"{c.name}[{m}]") for (_, m, _), c in persistent_convs().items()]
 
 
 def route_cases(dims: int) -> list[Case]:

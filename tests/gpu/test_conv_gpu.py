@@ -345,20 +345,22 @@ def persistent():
     return CC.persistent_convs()
 
 
-PERSISTENT_PARAMS = [pytest.param(n, m, case, id=f"sm90-fprop2d-{n}-{m}-{case.name}")
-                     for n, m in CC.persistent_pairs() for case in CC.CASES_PERSISTENT]
+PERSISTENT_PARAMS = [pytest.param(n, m, kind, case, id=f"sm90-{kind}2d-{n}-{m}-{case.name}")
+                     for n, m, kind in CC.persistent_pairs()
+                     for case in (CC.CASES_PERSISTENT if kind == "fprop" else CC.CASES_PERSISTENT_DGRAD)]
 
 
-@pytest.mark.parametrize("name, member, case", PERSISTENT_PARAMS)
-def test_persistent_member(persistent, name, member, case, record_errors):
-    """An fprop pinned to a member on CUTLASS's persistent cooperative GEMM kernel (persistent or
-    stream-K tile scheduler) gives the float64 reference's outputs: stores, row and column
-    reductions (their partials reduced across stream-K units before the epilogue), aux loads."""
-    conv = persistent[(name, member)]
+@pytest.mark.parametrize("name, member, kind, case", PERSISTENT_PARAMS)
+def test_persistent_member(persistent, name, member, kind, case, record_errors):
+    """An fprop or unit-stride dgrad pinned to a member on CUTLASS's persistent cooperative GEMM
+    kernel (persistent, stream-K or split-K tile scheduler) gives the float64 reference's outputs:
+    stores, row and column reductions (their partials reduced across stream-K units before the
+    epilogue), aux loads."""
+    conv = persistent[(name, member, kind)]
     assert conv.config.schedule == "cooperative"
-    run_and_check(conv, case, zlib.crc32(f"persistent{name}{member}{case}".encode()), record_errors)
+    run_and_check(conv, case, zlib.crc32(f"persistent{name}{member}{kind}{case}".encode()), record_errors)
     # a second call on fresh data (the stream-K flags and the reductions' workspace re-initialised)
-    run_and_check(conv, case, zlib.crc32(f"persistent2{name}{member}{case}".encode()), record_errors)
+    run_and_check(conv, case, zlib.crc32(f"persistent2{name}{member}{kind}{case}".encode()), record_errors)
 
 
 def test_persistent_member_refuses_channels_off_the_k_tile(persistent):
@@ -367,7 +369,7 @@ def test_persistent_member_refuses_channels_off_the_k_tile(persistent):
     launch, never a wrong result."""
     import torch
 
-    conv = persistent[("bias_relu", "coop")]
+    conv = persistent[("bias_relu", "coop", "fprop")]
     x = torch.randn(2, 8, 8, 40, device="cuda").to(torch.bfloat16)
     w = torch.randn(72, 3, 3, 40, device="cuda").to(torch.bfloat16)
     with pytest.raises(evtc.EvtcError, match="multiple of 64"):

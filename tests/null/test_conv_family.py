@@ -475,3 +475,22 @@ def test_stream_k_decomposition_is_fixed_in_the_source():
     assert "arguments.scheduler.splits" not in coop.source and coop.config.tile == (128, 256, 64)
     with pytest.raises(evtc.ConfigError, match="decompositions of the stream-K tile scheduler"):
         conv_config("sm90", bf16, bf16, {"schedule": "cooperative", "split_k": 2, "decomposition": "split_k"})
+
+
+def test_unit_stride_dgrad_runs_on_the_persistent_kernel_when_pinned():
+    """dgrad pinned to the persistent kernel: the GEMM's K is dy's channels x filter taps, so the
+    channel rule is on K (dy's channels); wgrad is refused (its B is the im2col operand)."""
+    from evtc.runtime.conv_bind import check_arch_limits, geometry
+
+    conv = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90",
+                     config={"schedule": "cooperative", "tile": (128, 160, 64)})
+    assert "evtc::Sm90ConvMainloopAsGemm<" in conv.source and "cutlass::conv::Operator::kDgrad" in conv.source
+    assert conv.family == {"pinned": CF.ConvMember("pinned", {}, 1)}
+    spec = evtc.ConvProblem(padding=1, input_size=(8, 8)).normalize(2)
+    g = geometry("dgrad", 2, (2, 8, 8, 128), (128, 3, 3, 72), spec, None, "t")  # dy, w: K = 128, C = 72
+    check_arch_limits(g, "sm90", bf16, tile=(128, 160, 64), persistent=True)
+    g = geometry("dgrad", 2, (2, 8, 8, 72), (72, 3, 3, 128), spec, None, "t")   # K = 72
+    with pytest.raises(evtc.ArgumentError, match="K = 72 is not a multiple of 64, the tile's K"):
+        check_arch_limits(g, "sm90", bf16, tile=(128, 160, 64), persistent=True)
+    with pytest.raises(evtc.ConfigError, match="not wgrad"):
+        conv_config("sm90", bf16, bf16, {"schedule": "cooperative"}, kind="wgrad")

@@ -1,0 +1,111 @@
+"""Unit-stride dgrad + dReLU of bench_conv.py's UNet layers on the non-persistent conv kernel and
+the persistent cooperative members (NOTE [Persistent conv kernels]), beside cuDNN's input
+gradient followed by the eager mask, in one run: the evidence for a dgrad family.
+
+On the GPU machine (the five kernels are built first, in parallel):
+
+    python benchmarks/explore_conv_dgrad.py --json $OUT/explore_conv_dgrad.json
+
+Per layer (bf16, channels-last, ``dx = conv2d_input(dy, w) * (F > 0)``): each member runs as a
+dgrad Conv pinned to its configuration; each output is first checked against cuDNN's (max |evtc
+- cuDNN| / max |cuDNN| below 2 %: a wrong kernel is recorded, not timed); times are device times
+in CUDA graphs (evtc.bench.time_graphs), the candidates of a layer in alternation, median; printed
+and written as time / (cuDNN + eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import common  # noqa: F401 - puts the repository on sys.path
+
+import evtc
+from evtc import bf16
+
+import bench_conv as BC
+
+#: name -> the dgrad Conv's configuration (``{}``: the non-persistent default)
+MEMBERS = {"base": {}, "coop128": {"schedule": "cooperative", "tile": (128, 128, 64)},
+           "coop160": {"schedule": "cooperative", "tile": (128, 160, 64)},
+           "coop": {"schedule": "cooperative", "tile": (128, 256, 64)},
+           "streamk128": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64)}}
+TOLERANCE = 2e-2
+
+
+def convs() -> dict:
+    return {m: evtc.Conv(BC.drelu, kind="dgrad", a=bf16, c=bf16, d=bf16, arch="sm90", layout="nchw", config=cfg)
+            for m, cfg in MEMBERS.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+    from torch.nn.grad import conv2d_input
+
+    from evtc.bench import time_graphs
+    from evtc.compiler import build_many
+
+    table = convs()
+    t0 = time.time()
+    res = build_many([c._kernels[("sm90", False)].job() for c in table.values()])
+    broken = {m: str(r)[:300] for m, r in zip(table, res) if isinstance(r, Exception)}
+    print(f"built {len(res)} kernels in {time.time() - t0:.0f} s; failed: {sorted(broken)}")
+    for c, r in zip(table.values(), res):
+        if not isinstance(r, Exception):
+            c._kernels[("sm90", False)].load(r)
+    cl = torch.channels_last
+    rows = []
+    for layer in BC.LAYERS["unet"]:
+        if layer.stride != 1:
+            continue
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(0)
+
+        def rand(*shape):
+            return torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16).contiguous(memory_format=cl)
+
+        p, q = layer.out
+        w = rand(layer.k, layer.c, layer.r, layer.s) * (layer.c * layer.r * layer.s) ** -0.5
+        dy = rand(layer.n, layer.k, p, q)
+        Fpre = rand(layer.n, layer.c, layer.h, layer.w)
+        xshape = (layer.n, layer.c, layer.h, layer.w)
+        problem = evtc.ConvProblem(stride=1, padding=layer.pad, input_size=(layer.h, layer.w))
+
+        def eager():
+            return conv2d_input(xshape, w, dy, 1, layer.pad) * (Fpre > 0)
+
+        ref = eager().float()
+        fns, errs = {"cudnn_eager": eager}, {}
+        for m, conv in table.items():
+            if m in broken:
+                continue
+            dx = torch.empty(xshape, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl)
+            try:
+                conv(dy, w, problem=problem, out=dx, F=Fpre)
+                torch.cuda.synchronize()
+            except evtc.EvtcError as e:
+                errs[m] = str(e)[:200]
+                continue
+            errs[m] = float((dx.float() - ref).abs().max() / ref.abs().max())
+            if errs[m] < TOLERANCE:
+                fns[m] = (lambda conv=conv, dx=dx: conv(dy, w, problem=problem, out=dx, F=Fpre))
+        t = time_graphs(fns, args.iters)
+        row = {"layer": layer.name, "gemm": [layer.n * layer.h * layer.w, layer.c, layer.k * layer.r * layer.s],
+               "cudnn_eager_ms": t["cudnn_eager"],
+               "ratio": {m: t[m] / t["cudnn_eager"] for m in t if m != "cudnn_eager"}, "rel_err": errs}
+        rows.append(row)
+        print(f"{layer.name:22s} cuDNN+eager {t['cudnn_eager'] * 1e3:7.1f} us  "
+              + "  ".join(f"{m} {v:.3f}" for m, v in row["ratio"].items()), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "members": MEMBERS, "rows": rows}, f, indent=1)
+        print("wrote", args.json)
+
+
+if __name__ == "__main__":
+    main()
