@@ -143,15 +143,17 @@ struct Sm90ConvEpilogue : Base {
 //    im2col descriptors and the linearized (M, N, nested K, L) shape of its tile views are made
 //    (Params keeps the latter for load_init);
 //  * the GEMM kernel indexes a batch mode L of B's tile view (shape<4>(gB_nkl)): load_init appends
-//    a mode of extent 1 to B's view (fprop's filter, a plain tiled TMA view; A's im2col view has a
-//    composed layout, which the kernel only tiles along m and k) and load drops it again;
+//    a mode of extent 1 to B's view (fprop's and dgrad's filter, a plain tiled TMA view; A's im2col
+//    view has a composed layout, which the kernel only tiles along m and k) and load drops it
+//    again (wgrad, whose B is the im2col operand, stays on the conv kernel);
 //  * the kernel static_asserts rank-3 StrideA/StrideB, which only the collective uses: the adapter
 //    names GEMM strides for the kernel, the collective keeps its own;
 //  * the kernel counts producer arrivals by NumProducerThreadEvents (1: one elected thread issues
 //    the TMA loads, as in the GEMM collective).
 // The K tiles must agree: the scheduler's ceil(K / BLK_K) of the flat K and the mainloop's nested
 // K-tile grid (channels / BLK_K x filter taps) are equal when the channels are a multiple of BLK_K,
-// which can_implement checks (evtc's heuristic sends other problems to the non-persistent kernel).
+// which can_implement checks (evtc's heuristic sends other problems to the non-persistent kernel),
+// with dgrad's stride phases L = 1 (unit stride).
 // The epilogue is the same collective epilogue, which sees the flat GEMM either way (NOTE [The
 // conv epilogue sees a GEMM]).
 template <class Conv>
@@ -193,13 +195,15 @@ struct Sm90ConvMainloopAsGemm : Conv {
                         cute::get<2>(gemm_shape) == static_cast<int>(cute::product(cute::get<2>(mnkl)));
     bool same_mn = cute::get<0>(gemm_shape) == static_cast<int>(cute::product(cute::get<0>(mnkl))) &&
                    cute::get<1>(gemm_shape) == static_cast<int>(cute::product(cute::get<1>(mnkl)));
-    return same_k_tiles && same_mn && Conv::can_implement(args.problem, args);
+    // one GEMM: dgrad's L (its stride phases) must be 1 (strided dgrad runs on evtc's sm80 kernel)
+    bool one_batch = cute::product(cute::get<3>(mnkl)) == 1;
+    return same_k_tiles && same_mn && one_batch && Conv::can_implement(args.problem, args);
   }
 
   template <class ProblemShapeMNKL>
   CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const&, Params const& params) {
     auto views = Conv::load_init(params.problem_mnkl, params);
-    // B (fprop: the filter, a tiled TMA view) gets the batch mode the kernel indexes; A (the
+    // B (the filter, a tiled TMA view) gets the batch mode the kernel indexes; A (the
     // im2col view, a composed layout) is only tiled along m and k by the kernel
     auto const& gB = cute::get<1>(views);
     auto gB_l = cute::make_tensor(gB.data(), cute::make_layout(cute::append(gB.shape(), cute::_1{}),
