@@ -129,6 +129,28 @@ class GemmRequest:
                 changes[key] = getattr(self, key)
         return cfg.replace(**changes) if changes else cfg
 
+    def conv(self, kind: str, dims: int):
+        """``evtc.Conv`` of ``kind`` for this request, pinned to the configuration options given
+        (every one goes to :func:`evtc.conv.conv_config`, which refuses what a conv kernel doesn't
+        take, e.g. ``--schedule pingpong`` or an sm80 ``--cluster``), or a family Conv without any.
+
+        Raises:
+            EvtcError: the epilogue or the configuration is wrong.
+        """
+        import evtc
+
+        cfg: dict[str, Any] = {}
+        if self.tile:
+            cfg["tile"] = self.tile
+        if self.cluster:
+            cfg["cluster"] = (*self.cluster, 1)
+        for key in ("schedule", "stages", "epilogue_tile", "scheduler"):
+            if getattr(self, key) is not None:
+                cfg[key] = getattr(self, key)
+        plan = self.plan if isinstance(self.plan, str) else dict(self.plan)
+        return evtc.Conv(self.epilogue(), kind=kind, dims=dims, a=self.a, b=self.b or self.a, c=self.c, d=self.d,
+                         arch=self.arch, config=cfg or None, plan=plan)
+
     def gemm(self):
         """``evtc.Gemm`` for this request (traced, planned and emitted; not built).
 
@@ -391,12 +413,8 @@ def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_
         from evtc.plugin.cli import emit_fragment
 
         return emit_fragment(request, output, fragment_name, namespace, _write)
-    if conv_kind:  # the conv kernels take only a tile and stages of the GEMM options
-        import evtc
-
-        cfg = {k: v for k, v in (("tile", request.tile), ("stages", request.stages)) if v}
-        g = evtc.Conv(request.epilogue(), kind=conv_kind, dims=dims, a=request.a, b=request.b or request.a,
-                      c=request.c, d=request.d, arch=request.arch, config=cfg or None)
+    if conv_kind:
+        g = request.conv(conv_kind, dims)
     else:
         g = request.gemm()
     if output:

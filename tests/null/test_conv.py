@@ -471,3 +471,25 @@ def test_cli_emits_a_conv():
                                   "--arch", "sm80"])
     assert r.exit_code == 0, r.output
     assert "cutlass::conv::kernel::DefaultConv3dDgrad<" in r.output and "Operator::kDgrad" in r.output
+
+
+def test_cli_conv_takes_every_config_option_or_refuses_it():
+    """`evtc emit --conv` passes the tile, cluster, schedule, scheduler, stages, epilogue tile and
+    plan to the Conv (they were dropped silently before, except tile and stages), and a value the
+    conv kernel doesn't take is a ConfigError, not ignored."""
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    base = ["emit", "examples/epilogues.py:bias_relu", "--conv", "fprop", "--arch", "sm90"]
+    r = CliRunner().invoke(main, base + ["--schedule", "cooperative", "--scheduler", "streamk", "--tile", "128x128x64"])
+    assert r.exit_code == 0, r.output
+    assert "cutlass::gemm::StreamKScheduler>" in r.output and "evtc::Sm90ConvMainloopAsGemm<" in r.output
+    r = CliRunner().invoke(main, base + ["--cluster", "2x1", "--epilogue-tile", "64x64"])
+    assert r.exit_code == 0, r.output
+    assert "using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;" in r.output
+    assert "using EpilogueTile = cute::Shape<cute::_64, cute::_64>;" in r.output
+    r = CliRunner().invoke(main, base + ["--schedule", "pingpong"])
+    assert r.exit_code != 0 and "sm90 conv schedule 'pingpong' is not one of" in r.output
+    r = CliRunner().invoke(main, base[:-1] + ["sm80", "--cluster", "2x1"])
+    assert r.exit_code != 0 and "the sm80 conv kernel has no cluster to choose" in r.output
