@@ -391,7 +391,9 @@ def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path | No
               help="with --fragment: the C++ name of the fragment struct")
 @click.option("--namespace", default="evtc_fragment", show_default=True, help="with --fragment: its C++ namespace")
 @click.option("--conv", "conv_kind", type=click.Choice(["fprop", "dgrad", "wgrad"]), default=None,
-              help="fuse the epilogue into an implicit-GEMM convolution of this kind instead (docs/conv.md)")
+              help="fuse the epilogue into an implicit-GEMM convolution of this kind instead (docs/conv.md); "
+                   "--tile, --cluster, --schedule cooperative, --scheduler, --stages and --epilogue-tile pin its "
+                   "kernel (without them: the default non-persistent 128x128 kernel)")
 @click.option("--dims", type=click.IntRange(2, 3), default=2, show_default=True, help="with --conv: 2-D or 3-D")
 def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_nvcc: bool, fragment: bool,
          fragment_name: str, namespace: str, conv_kind: str | None = None, dims: int = 2):
