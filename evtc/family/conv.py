@@ -54,10 +54,10 @@ modelled :data:`MARGIN` faster. :data:`EFFICIENCY` was measured on the H100 (exp
 docs/performance.md): non-persistent 64x128 0.75, 128x64 0.67, 64x256 1.12 where N is a multiple
 of 256 and 0.7 otherwise (2026-11-25); persistent 128x128 1.06, 128x160 0.96 and 128x256 1.14,
 stream-K 0.985 and 0.99 (2026-11-26, the medians over the layers measured). On the 14 3x3 and strided layers of
-the UNet and ResNet-50 sets the pick is the fastest measured family member or within 5.6 % of it
-(ResNet's res4: ``wide`` 0.585 where the fastest, ``c1x2``, took 0.583). The cluster, 256x160
-and epilogue-tile candidates are built and timed by the exploration only (none beat the
-family's pick by more than 3 % on a layer), and pinned with ``Conv(config=...)``.
+the UNet and ResNet-50 sets the pick is the fastest measured family member on 13 and within
+0.6 % of it on the other (the UNet's 1280 x 8x8: ``streamk128`` 1.220, ``streamk160`` 1.214), and
+within 2 % of every candidate explored. The cluster, 256x160, split-K and epilogue-tile
+candidates are built and timed by the exploration only, and pinned with ``Conv(config=...)``.
 
 # NOTE [1x1 convolutions as GEMMs]
 An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
