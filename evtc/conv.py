@@ -638,7 +638,11 @@ class Conv:
         ``channels``, none of the persistent members)."""
         if len(self.family) == 1:
             return next(iter(self.family))
-        members = {n: (self.member(n).config, m.ctas_per_sm) for n, m in self.family.items()}
+        members = self.__dict__.get("_member_configs")
+        if members is None:  # the members' configurations only: a member is planned when it runs
+            members = self._member_configs = {
+                n: (conv_config(self.arch, self.a, self.b, dict(m.fields), kind=self.kind), m.ctas_per_sm)
+                for n, m in self.family.items()}
         return conv_family.choose(members, M, N, K, sm_count or get_target(self.arch).sm_count, channels=channels)
 
     def kernel_for(self, a_shape: Sequence[int], b_shape: Sequence[int], problem: ConvProblem | None = None):
