@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-import common  # noqa: F401 - puts the repository on sys.path
+import common
 
 import evtc
 from evtc import bf16
@@ -48,16 +47,10 @@ def main() -> None:
     from torch.nn.grad import conv2d_input
 
     from evtc.bench import time_graphs
-    from evtc.compiler import build_many
 
     table = convs()
-    t0 = time.time()
-    res = build_many([c._kernels[("sm90", False)].job() for c in table.values()])
-    broken = {m: str(r)[:300] for m, r in zip(table, res) if isinstance(r, Exception)}
-    print(f"built {len(res)} kernels in {time.time() - t0:.0f} s; failed: {sorted(broken)}")
-    for c, r in zip(table.values(), res):
-        if not isinstance(r, Exception):
-            c._kernels[("sm90", False)].load(r)
+    built = {id(c) for c in common.build_all(list(table.values()), "explore_conv_dgrad")}
+    broken = {m for m, c in table.items() if id(c) not in built}
     cl = torch.channels_last
     rows = []
     for layer in BC.LAYERS["unet"]:

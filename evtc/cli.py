@@ -113,20 +113,30 @@ class GemmRequest:
             raise click.UsageError("give an epilogue as PATH.py:FUNC or with --expr (see --help)")
         return load_epilogue(self.spec)
 
+    def config_fields(self) -> dict[str, Any]:
+        """The configuration options given on the command line, as GemmConfig fields."""
+        fields: dict[str, Any] = {}
+        if self.tile:
+            fields["tile"] = self.tile
+        if self.cluster:
+            fields["cluster"] = (*self.cluster, 1)
+        for key in ("schedule", "stages", "epilogue_tile", "scheduler"):
+            if getattr(self, key) is not None:
+                fields[key] = getattr(self, key)
+        return fields
+
+    @property
+    def plan_arg(self) -> str | dict[str, Any]:
+        """``plan=`` of evtc.Gemm and evtc.Conv: the policy name or the fixed decisions."""
+        return self.plan if isinstance(self.plan, str) else dict(self.plan)
+
     def config(self):
         """The GemmConfig: the arch's default with the options given (validated by Gemm)."""
         from evtc import dtypes
         from evtc.plan.config import default_config
 
         cfg = default_config(self.arch, dtypes.by_name(self.a), dtypes.by_name(self.b or self.a))
-        changes: dict[str, Any] = {}
-        if self.tile:
-            changes["tile"] = self.tile
-        if self.cluster:
-            changes["cluster"] = (*self.cluster, 1)
-        for key in ("schedule", "stages", "epilogue_tile", "scheduler"):
-            if getattr(self, key) is not None:
-                changes[key] = getattr(self, key)
+        changes = self.config_fields()
         return cfg.replace(**changes) if changes else cfg
 
     def conv(self, kind: str, dims: int):
@@ -139,17 +149,8 @@ class GemmRequest:
         """
         import evtc
 
-        cfg: dict[str, Any] = {}
-        if self.tile:
-            cfg["tile"] = self.tile
-        if self.cluster:
-            cfg["cluster"] = (*self.cluster, 1)
-        for key in ("schedule", "stages", "epilogue_tile", "scheduler"):
-            if getattr(self, key) is not None:
-                cfg[key] = getattr(self, key)
-        plan = self.plan if isinstance(self.plan, str) else dict(self.plan)
         return evtc.Conv(self.epilogue(), kind=kind, dims=dims, a=self.a, b=self.b or self.a, c=self.c, d=self.d,
-                         arch=self.arch, config=cfg or None, plan=plan)
+                         arch=self.arch, config=self.config_fields() or None, plan=self.plan_arg)
 
     def gemm(self):
         """``evtc.Gemm`` for this request (traced, planned and emitted; not built).
@@ -159,9 +160,8 @@ class GemmRequest:
         """
         import evtc
 
-        plan = self.plan if isinstance(self.plan, str) else dict(self.plan)
         return evtc.Gemm(self.epilogue(), a=self.a, b=self.b or self.a, c=self.c, d=self.d, arch=self.arch,
-                         config=self.config(), plan=plan)
+                         config=self.config(), plan=self.plan_arg)
 
 
 def load_epilogue(spec: str):

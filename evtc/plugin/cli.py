@@ -26,10 +26,9 @@ def fragment_for(request, *, name: str, namespace: str) -> EpilogueFragment:
         EvtcError: as :func:`evtc.plugin.lower`.
     """
     cfg = request.config()
-    plan = request.plan if isinstance(request.plan, str) else dict(request.plan)
     return lower(request.epilogue(), arch=request.arch, tile=cfg.tile, epilogue_tile=cfg.epilogue_tile,
                  schedule=cfg.schedule, cluster=cfg.cluster, a=request.a, b=request.b or request.a, c=request.c,
-                 d=request.d, stages=cfg.stages, plan=plan, name=name, namespace=namespace)
+                 d=request.d, stages=cfg.stages, plan=request.plan_arg, name=name, namespace=namespace)
 
 
 def emit_fragment(request, output: Path | None, name: str, namespace: str, write: Callable[[Path, str], None]) -> None:
