@@ -12,8 +12,8 @@ mainloop and the problem mapping differ:
 * sm90: CUTLASS 3.x's ``ConvUniversal`` (TMA im2col mainloop, ``KernelImplicitTmaWarpSpecializedSm90``)
   with the collective epilogue and evtc's planned fusion callbacks, seen through the flattened
   GEMM problem (NOTE [The conv epilogue sees a GEMM] in ``include/evtc/sm90_conv.hpp``); for
-  fprop also the same mainloop on CUTLASS's persistent cooperative GEMM kernel, persistent or
-  stream-K (NOTE [Persistent conv kernels]); :mod:`evtc.emit.conv_sm90`;
+  fprop and unit-stride dgrad also the same mainloop on CUTLASS's persistent cooperative GEMM
+  kernel, persistent or stream-K (NOTE [Persistent conv kernels]); :mod:`evtc.emit.conv_sm90`;
 * sm80: CUTLASS 2.x's implicit-GEMM convolution mainloop (``DefaultConv{2,3}d{Fprop,Dgrad,Wgrad}``)
   with evtc's register-only visitor epilogue (``include/evtc/sm80_conv.hpp``);
   :mod:`evtc.emit.conv_sm80`;
@@ -164,7 +164,7 @@ CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile", "schedule"
                         "decomposition"),
                "sm80": ("tile", "stages", "warp_tile", "swizzle")}
 #: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE [Persistent conv
-#: kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop only
+#: kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop and unit-stride dgrad
 PERSISTENT_SCHEDULE = "cooperative"
 
 
@@ -177,13 +177,13 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     or 128: one consumer warpgroup, whose ``TM*TN/128`` f32 accumulators per thread are at most
     128; N a multiple of 16 up to 256), ``cluster`` (1, 2 or 4 per mode, at most 4 CTAs: TMA
     multicast of the activation over N, of the filter over M), ``stages``, ``epilogue_tile`` (M
-    = 64, N of 16, 32 or 64 dividing the tile's), and for fprop ``schedule="cooperative"`` with
-    ``scheduler`` ``"persistent"`` (default) or ``"streamk"``: the persistent cooperative kernel
-    (NOTE [Persistent conv kernels]; the GEMM's cooperative rules, tile 128x256 by default), and
-    with ``"streamk"`` ``split_k`` and ``decomposition`` (compile-time here: the conv kernels take no
-    scheduler arguments at run time); sm80
-    ``tile``, ``warp_tile``, ``stages``, ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64), cluster 1x1, stages as many as
-    fit; sm80 128x128x32, warps 64x64x32, 4 stages.
+    = 64, N of 16, 32 or 64 dividing the tile's), and for fprop and dgrad
+    ``schedule="cooperative"`` with ``scheduler`` ``"persistent"`` (default) or ``"streamk"``: the
+    persistent cooperative kernel (NOTE [Persistent conv kernels]; the GEMM's cooperative rules,
+    tile 128x256 by default), and with ``"streamk"`` ``split_k`` and ``decomposition``
+    (compile-time here: the conv kernels take no scheduler arguments at run time); sm80 ``tile``,
+    ``warp_tile``, ``stages``, ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64),
+    cluster 1x1, stages as many as fit; sm80 128x128x32, warps 64x64x32, 4 stages.
 
     Raises:
         ConfigError: an illegal value or a field the conv kernels don't have.
@@ -318,12 +318,12 @@ class ConvPlan(Plan):
     def __str__(self) -> str:
         lines = format_plan(self).split("\n")
         cfg = self.config
-        if cfg.schedule == PERSISTENT_SCHEDULE:
-            lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
-                        f"{'x'.join(map(str, cfg.cluster[:2]))}, cooperative, {cfg.scheduler}")
-            return "\n".join(lines)
+        persistent = cfg.schedule == PERSISTENT_SCHEDULE
         lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
-                    f"{'x'.join(map(str, cfg.cluster[:2]))}, non-persistent")
+                    f"{'x'.join(map(str, cfg.cluster[:2]))}, "
+                    + (f"cooperative, {cfg.scheduler}" if persistent else "non-persistent"))
+        if persistent:  # the GEMM's kernel: the plan's own budget line holds
+            return "\n".join(lines)
         # the budget line: the epilogue doesn't add to the mainloop here (a union)
         lines[2] = (f"epilogue smem: {self.epilogue_smem_bytes} B, shared with {self.mainloop_stages} stages x "
                     f"{self.mainloop_stage_bytes} B: {self.kernel_smem_bound} of {self.smem_capacity} B")
@@ -569,13 +569,18 @@ class Conv:
         if arch == "sm90" and kind == "fprop" and not self.pinned:
             from evtc.plan.sm90 import column_reduction_tile_ok
 
-            # members whose tile the epilogue can't take (a column reduction: tile N a multiple of 64)
-            self.family: dict[str, ConvMember] = {
-                n: m for n, m in member_configs(self.a, conv_family.FAMILY).items()
-                if column_reduction_tile_ok(self.graph, conv_config(arch, self.a, self.b, dict(m.fields), kind=kind))}
+            # each member's configuration (the heuristic's input; a member is planned when it
+            # runs), without members whose tile the epilogue can't take (a column reduction: tile
+            # N a multiple of 64)
+            members = {n: (m, conv_config(arch, self.a, self.b, dict(m.fields), kind=kind))
+                       for n, m in member_configs(self.a, conv_family.FAMILY).items()}
+            members = {n: mc for n, mc in members.items() if column_reduction_tile_ok(self.graph, mc[1])}
+            self.family: dict[str, ConvMember] = {n: m for n, (m, _) in members.items()}
+            self._member_configs = {n: (cfg, m.ctas_per_sm) for n, (m, cfg) in members.items()}
             self.gemm_route: GemmRoute | None = GemmRoute(self)
         else:
             self.family = {"pinned" if self.pinned else "base": ConvMember("pinned" if self.pinned else "base", {}, 1)}
+            self._member_configs = {}
             self.gemm_route = None
         # the main kernel: planned and emitted now, so epilogue errors surface at construction
         strided_main = False
@@ -638,12 +643,8 @@ class Conv:
         ``channels``, none of the persistent members)."""
         if len(self.family) == 1:
             return next(iter(self.family))
-        members = self.__dict__.get("_member_configs")
-        if members is None:  # the members' configurations only: a member is planned when it runs
-            members = self._member_configs = {
-                n: (conv_config(self.arch, self.a, self.b, dict(m.fields), kind=self.kind), m.ctas_per_sm)
-                for n, m in self.family.items()}
-        return conv_family.choose(members, M, N, K, sm_count or get_target(self.arch).sm_count, channels=channels)
+        return conv_family.choose(self._member_configs, M, N, K, sm_count or get_target(self.arch).sm_count,
+                                  channels=channels)
 
     def kernel_for(self, a_shape: Sequence[int], b_shape: Sequence[int], problem: ConvProblem | None = None):
         """The kernel a call with packed, aligned operands of these NHWC (KRSC) shapes runs on, and
