@@ -15,8 +15,8 @@ layer, three modes:
   ``torch.compile`` of that function (Inductor: cuDNN's conv, the epilogue as one Triton kernel;
   ``--no-compile`` leaves it out);
 * ``dgrad``: ``dx = conv_input(dy, w) * (F > 0)``, the input gradient through a ReLU whose
-  pre-activation F was saved (dReLU); unit-stride layers on the Conv's arch, stride-2 layers on
-  the sm80 strided-dgrad kernel; against ``torch.nn.grad.conv2d_input`` (cuDNN's dgrad) and the
+  pre-activation F was saved (dReLU); unit-stride layers on the Conv's arch (on sm90 the dgrad
+  family's member its heuristic picks), stride-2 layers on the sm80 strided-dgrad kernel; against ``torch.nn.grad.conv2d_input`` (cuDNN's dgrad) and the
   eager mask, and its torch.compile;
 * ``strided dgrad``, additionally on the stride-2 layers: the four compile-time choices of the
   row map's arithmetic (cutlass::FastDivmod or plain division, for the aux loads and for the
@@ -138,15 +138,24 @@ def fprop_kernel(conv, layer: Layer):
                            evtc.ConvProblem(stride=layer.stride, padding=layer.pad))
 
 
+def dgrad_kernel(conv, layer: Layer):
+    """(label, kernel) a family Conv runs ``layer``'s dgrad on (``strided`` for stride 2)."""
+    p, q = layer.out
+    return conv.kernel_for((layer.n, p, q, layer.k), (layer.k, layer.r, layer.s, layer.c),
+                           evtc.ConvProblem(stride=layer.stride, padding=layer.pad, input_size=(layer.h, layer.w)))
+
+
 def kernels(arch: str = "sm90") -> list:
     """Build jobs of every kernel the benchmark runs (benchmarks/prebuild.py conv:bench): the fprop
-    kernel each layer runs on, dgrad's, and the strided-dgrad variants."""
+    and the unit-stride dgrad kernel each layer runs on, and the strided-dgrad variants."""
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
     import conv_cases
 
     table = convs(arch)
     jobs = [fprop_kernel(table[f"fprop_{ACTIVATION[net]}"], layer)[1].job()
             for net, layers in LAYERS.items() for layer in layers]
+    jobs += [dgrad_kernel(table["dgrad"], layer)[1].job()
+             for layers in LAYERS.values() for layer in layers if layer.stride == 1]
     pairs = [(table["dgrad"], False)] + [(table[divmod_name(f)], True) for f in DIVMODS]
     return list({j.source: j for j in jobs + conv_cases.kernels(pairs)}.values())
 
@@ -208,7 +217,7 @@ def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict, act: str 
             fns[divmod_name(fast)] = (lambda conv=conv: conv(dy, w, problem=dproblem, out=dx, F=Fpre))
     t = timer(fns, iters)
     row = _row(layer, "strided_dgrad" if layer.stride > 1 else "dgrad", t)
-    row["evtc_kernel"] = "strided" if layer.stride > 1 else "base"
+    row["evtc_kernel"] = dgrad_kernel(table["dgrad"], layer)[0]
     if layer.stride > 1:
         base = t[divmod_name((False, False))]
         for fast in DIVMODS:

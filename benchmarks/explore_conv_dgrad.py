@@ -1,10 +1,13 @@
 """Unit-stride dgrad + dReLU of bench_conv.py's UNet layers on the non-persistent conv kernel and
 the persistent cooperative members (NOTE [Persistent conv kernels]), beside cuDNN's input
-gradient followed by the eager mask, in one run: the evidence for a dgrad family.
+gradient followed by the eager mask, in one run: the evidence for the dgrad family. With
+``--strided``: the stride-2 layers of both sets on configurations of the strided-dgrad kernel
+(CUTLASS 2.x's, NOTE [Strided dgrad rows]).
 
-On the GPU machine (the five kernels are built first, in parallel):
+On the GPU machine (the kernels are built first, in parallel):
 
     python benchmarks/explore_conv_dgrad.py --json $OUT/explore_conv_dgrad.json
+    python benchmarks/explore_conv_dgrad.py --strided --json $OUT/explore_strided_dgrad.json
 
 Per layer (bf16, channels-last, ``dx = conv2d_input(dy, w) * (F > 0)``): each member runs as a
 dgrad Conv pinned to its configuration; each output is first checked against cuDNN's (max |evtc
@@ -30,17 +33,32 @@ MEMBERS = {"base": {}, "coop128": {"schedule": "cooperative", "tile": (128, 128,
            "coop160": {"schedule": "cooperative", "tile": (128, 160, 64)},
            "coop": {"schedule": "cooperative", "tile": (128, 256, 64)},
            "streamk128": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64)}}
+#: name -> the strided-dgrad kernel's configuration (sm80 tile, warp tile, stages; ``{}``: the
+#: default 128x128x32, warps 64x64x32, 4 stages)
+STRIDED = {"default": {},
+           "t128x128x64_s3": {"tile": (128, 128, 64), "warp_tile": (64, 64, 64), "stages": 3},
+           "t128x128x64_s4": {"tile": (128, 128, 64), "warp_tile": (64, 64, 64), "stages": 4},
+           "t128x128x32_s6": {"tile": (128, 128, 32), "warp_tile": (64, 64, 32), "stages": 6},
+           "t128x256x32_s3": {"tile": (128, 256, 32), "warp_tile": (64, 64, 32), "stages": 3},
+           "t256x128x32_s3": {"tile": (256, 128, 32), "warp_tile": (64, 64, 32), "stages": 3},
+           "t256x128x64_s3": {"tile": (256, 128, 64), "warp_tile": (64, 64, 64), "stages": 3},
+           "t128x64x32_s4": {"tile": (128, 64, 32), "warp_tile": (64, 32, 32), "stages": 4},
+           "t64x128x32_s4": {"tile": (64, 128, 32), "warp_tile": (32, 64, 32), "stages": 4}}
 TOLERANCE = 2e-2
 
 
-def convs() -> dict:
-    return {m: evtc.Conv(BC.drelu, kind="dgrad", a=bf16, c=bf16, d=bf16, arch="sm90", layout="nchw", config=cfg)
-            for m, cfg in MEMBERS.items()}
+def convs(strided: bool = False) -> dict:
+    """name -> a dgrad Conv pinned to that configuration (``strided``: sm80 Convs, whose stride-2
+    problems run on the strided-dgrad kernel)."""
+    arch, members = ("sm80", STRIDED) if strided else ("sm90", MEMBERS)
+    return {m: evtc.Conv(BC.drelu, kind="dgrad", a=bf16, c=bf16, d=bf16, arch=arch, layout="nchw", config=cfg)
+            for m, cfg in members.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--strided", action="store_true", help="the stride-2 layers on strided-dgrad configurations")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -48,14 +66,20 @@ def main() -> None:
 
     from evtc.bench import time_graphs
 
-    table = convs()
-    built = {id(c) for c in common.build_all(list(table.values()), "explore_conv_dgrad")}
-    broken = {m for m, c in table.items() if id(c) not in built}
+    table = convs(args.strided)
+    if args.strided:
+        from evtc.compiler import build_many
+
+        res = build_many([c._kernel("sm80", True).job() for c in table.values()])
+        broken = {m for m, r in zip(table, res) if isinstance(r, Exception)}
+    else:
+        built = {id(c) for c in common.build_all(list(table.values()), "explore_conv_dgrad")}
+        broken = {m for m, c in table.items() if id(c) not in built}
     cl = torch.channels_last
     rows = []
-    for layer in BC.LAYERS["unet"]:
-        if layer.stride != 1:
-            continue
+    layers = ([l for ls in BC.LAYERS.values() for l in ls if l.stride == 2] if args.strided
+              else [l for l in BC.LAYERS["unet"] if l.stride == 1])
+    for layer in layers:
         gen = torch.Generator(device="cuda")
         gen.manual_seed(0)
 
@@ -67,10 +91,10 @@ def main() -> None:
         dy = rand(layer.n, layer.k, p, q)
         Fpre = rand(layer.n, layer.c, layer.h, layer.w)
         xshape = (layer.n, layer.c, layer.h, layer.w)
-        problem = evtc.ConvProblem(stride=1, padding=layer.pad, input_size=(layer.h, layer.w))
+        problem = evtc.ConvProblem(stride=layer.stride, padding=layer.pad, input_size=(layer.h, layer.w))
 
         def eager():
-            return conv2d_input(xshape, w, dy, 1, layer.pad) * (Fpre > 0)
+            return conv2d_input(xshape, w, dy, layer.stride, layer.pad) * (Fpre > 0)
 
         ref = eager().float()
         fns, errs = {"cudnn_eager": eager}, {}
@@ -96,7 +120,8 @@ def main() -> None:
               + "  ".join(f"{m} {v:.3f}" for m, v in row["ratio"].items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "members": MEMBERS, "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "members": STRIDED if args.strided else MEMBERS,
+                       "rows": rows}, f, indent=1)
         print("wrote", args.json)
 
 

@@ -178,7 +178,7 @@ def reductions_gemms():
 
 def conv_gemms(which=None):
     """The conv kernels: tests/gpu/test_conv_gpu.py's matrix (``conv:tests``), its sm90 fprop family
-    tests' (the 1x1 GEMM route and a non-default member: ``conv:family``), bench_conv.py's
+    tests' and the dgrad family's (the 1x1 GEMM route, a non-default member, dgrad's members: ``conv:family``), bench_conv.py's
     (``conv:bench``: the kernel each layer runs on), and explore_conv.py's (``conv:explore``: every
     candidate configuration per network epilogue and the 1x1 layers' Gemm members; not in the
     plain ``conv`` group)."""
@@ -193,7 +193,7 @@ def conv_gemms(which=None):
 
         return explore_conv.kernels()
     return (conv_cases.kernels(conv_cases.all_convs()) if which in (None, "", "tests") else []) + \
-        (conv_cases.family_kernels() if which in (None, "", "family") else []) + \
+        (conv_cases.family_kernels() + conv_cases.dgrad_family_kernels() if which in (None, "", "family") else []) + \
         (conv_cases.persistent_kernels() if which in (None, "", "persistent") else []) + \
         (bench_conv.kernels() if which in (None, "", "bench") else [])
 

@@ -22,8 +22,9 @@ mainloop and the problem mapping differ:
   sm80 kernel, JIT-compiled from PTX on Hopper): CUTLASS 3.x's sm90 kernels compute unit-stride
   dgrad only.
 
-An sm90 fprop Conv is a kernel family (:mod:`evtc.family.conv`): conv kernels of several tiles,
-one picked per problem, and a GEMM for 1x1 problems (:mod:`evtc.runtime.conv_gemm`).
+An sm90 fprop or dgrad Conv is a kernel family (:mod:`evtc.family.conv`): conv kernels of several
+tiles and kernels, one picked per problem, and for fprop a GEMM for 1x1 problems
+(:mod:`evtc.runtime.conv_gemm`).
 
 Example::
 
@@ -394,6 +395,25 @@ def _as_graph(epilogue: Any, *, c: DType | None, d: DType) -> Graph:
 
 # ---- kernels -----------------------------------------------------------------------------------------
 
+# NOTE [The strided-dgrad kernel's tile]
+# The strided-dgrad kernel (CUTLASS 2.x's, NOTE [Strided dgrad rows] in
+# include/evtc/sm80_conv.hpp) runs with a 128x128 tile of K = 128 bytes (64 16-bit channels),
+# warps of 64x64, 3 stages, unless the Conv was given a configuration of its own arch. On the
+# five stride-2 layers of benchmarks/bench_conv.py (H100, 2026-11-26,
+# benchmarks/explore_conv_dgrad.py --strided; time / cuDNN's dgrad + the eager dReLU in CUDA
+# graphs) it took 0.461 / 0.224 / 0.519 / 0.635 / 0.848 against the sm80 default's (128x128x32,
+# 4 stages) 0.486 / 0.238 / 0.565 / 0.679 / 1.006: the fastest of nine configurations on three
+# layers and within 8 % of the fastest (128x256x32, which is slower on the UNet's) on the other
+# two.
+
+
+def strided_dgrad_fields(a: DType) -> dict:
+    """The configuration fields of the strided-dgrad kernel for operand dtype ``a`` (NOTE [The
+    strided-dgrad kernel's tile])."""
+    k = 128 // a.bytes
+    return {"tile": (128, 128, k), "warp_tile": (64, 64, k), "stages": 3}
+
+
 
 class _Kernel:
     """One emitted conv kernel of a Conv: its arch, plan, source and (once built) library, and
@@ -406,7 +426,11 @@ class _Kernel:
         self.member = member or "base"
         a, b = conv.a, conv.b
         self.graph = conv.graph if arch == conv.arch else passes.run(conv.traced, arch)
-        if member is None:  # the main kernel (or another arch's default)
+        if strided and not (arch == conv.arch and conv._config_given):
+            # NOTE [The strided-dgrad kernel's tile]
+            self.config = conv_config(arch, a, b, strided_dgrad_fields(a), kind=conv.kind)
+            plan_args = {}
+        elif member is None:  # the main kernel (or another arch's default)
             self.config = conv.config if arch == conv.arch else conv_config(arch, a, b, None, kind=conv.kind)
             plan_args = conv._plan_args if arch == conv.arch else {}
         else:  # a family member: the main kernel's plan policy, not its rank or fixed decisions
@@ -483,11 +507,12 @@ class Conv:
         arch: ``"sm90"`` (Hopper: TMA im2col, warp-specialized) or ``"sm80"`` (Ampere, also runs
             on Hopper).
         config: a dict of GemmConfig fields or a GemmConfig (see :func:`conv_config`): pins
-            one kernel for every problem. None (default): sm90 fprop is a kernel family
+            one kernel for every problem. None (default): sm90 fprop and dgrad are kernel families
             (NOTE [The sm90 conv family] in :mod:`evtc.family.conv`): each call runs the member
-            :meth:`choose` picks for its implicit GEMM, and 1x1 problems (stride 1, no padding,
-            dilation 1) run on an :class:`evtc.Gemm` of the same epilogue (NOTE [1x1
-            convolutions as GEMMs]); other kinds and archs are one kernel.
+            :meth:`choose` picks for its implicit GEMM (strided dgrad: the strided-dgrad kernel),
+            and fprop's 1x1 problems (stride 1, no padding, dilation 1) run on an
+            :class:`evtc.Gemm` of the same epilogue (NOTE [1x1 convolutions as GEMMs]); wgrad and
+            sm80 are one kernel.
         plan: ``"evtc"`` or ``"cutlass"`` (sm90: stock CUTLASS's epilogue rule), or a dict of
             fixed plan decisions (as :class:`evtc.Gemm`).
         plan_rank: sm90: take the n-th best plan of the cost model.
@@ -505,7 +530,7 @@ class Conv:
         source: the main kernel's ``.cu`` text. config: its configuration (the family's
         ``base`` member, or the pinned one).
         family: member name -> :class:`~evtc.family.conv.ConvMember` (one entry, ``base`` or
-            ``pinned``, unless sm90 fprop without ``config``).
+            ``pinned``, unless sm90 fprop or dgrad without ``config``).
         gemm_route: the :class:`~evtc.runtime.conv_gemm.GemmRoute` of 1x1 problems, or None
             (its ``.gemm`` is the :class:`evtc.Gemm`, made on first use).
 
@@ -563,21 +588,23 @@ class Conv:
         if arch == "sm80" and (policy != "evtc" or fixed or plan_rank):
             raise ConfigError("plan policies, ranks and fixed decisions are sm90's", anchor="conv-config")
         self._kernels: dict[tuple, _Kernel] = {}
-        # the family (NOTE [The sm90 conv family]): sm90 fprop without a pinned config chooses a
-        # member per problem and sends 1x1 problems to a GEMM; everything else is one kernel
+        # the family (NOTE [The sm90 conv family]): sm90 fprop and dgrad without a pinned config
+        # choose a member per problem, fprop sends 1x1 problems to a GEMM; everything else is
+        # one kernel
         self.pinned = config is not None
-        if arch == "sm90" and kind == "fprop" and not self.pinned:
+        self._config_given = bool(config)  # a configuration with fields (not None or {})
+        if arch == "sm90" and kind in conv_family.FAMILIES and not self.pinned:
             from evtc.plan.sm90 import column_reduction_tile_ok
 
             # each member's configuration (the heuristic's input; a member is planned when it
             # runs), without members whose tile the epilogue can't take (a column reduction: tile
             # N a multiple of 64)
             members = {n: (m, conv_config(arch, self.a, self.b, dict(m.fields), kind=kind))
-                       for n, m in member_configs(self.a, conv_family.FAMILY).items()}
+                       for n, m in member_configs(self.a, conv_family.FAMILIES[kind]).items()}
             members = {n: mc for n, mc in members.items() if column_reduction_tile_ok(self.graph, mc[1])}
             self.family: dict[str, ConvMember] = {n: m for n, (m, _) in members.items()}
             self._member_configs = {n: (cfg, m.ctas_per_sm) for n, (m, cfg) in members.items()}
-            self.gemm_route: GemmRoute | None = GemmRoute(self)
+            self.gemm_route: GemmRoute | None = GemmRoute(self) if kind == "fprop" else None
         else:
             self.family = {"pinned" if self.pinned else "base": ConvMember("pinned" if self.pinned else "base", {}, 1)}
             self._member_configs = {}
@@ -615,12 +642,13 @@ class Conv:
 
         Raises:
             ConfigError: an unknown name, or a member this Conv's kind or arch can't take (only
-                sm90 fprop Convs without a pinned config have members besides their one kernel).
+                sm90 fprop and dgrad Convs without a pinned config have members besides their one
+                kernel).
         """
         if name in ("base", "pinned") or name in self.family and len(self.family) == 1:
             return self._kernels[(self.arch, False)]
-        if self.arch != "sm90" or self.kind != "fprop" or self.pinned:
-            raise ConfigError(f"member '{name}': only sm90 fprop Convs without config= have a kernel family",
+        if self.arch != "sm90" or self.kind not in conv_family.FAMILIES or self.pinned:
+            raise ConfigError(f"member '{name}': only sm90 fprop and dgrad Convs without config= have a kernel family",
                               hint="pin a configuration with Conv(..., config={...}) instead", anchor="conv-config")
         self._member_spec(name)
         return self._kernel(self.arch, False, name)
@@ -638,9 +666,10 @@ class Conv:
         return out
 
     def choose(self, M: int, N: int, K: int, *, sm_count: int | None = None, channels: int | None = None) -> str:
-        """The family member (name) an implicit GEMM of (M, N, K) with ``channels`` input
-        channels runs on (:func:`evtc.family.conv.choose`; NOTE [The sm90 conv family]; without
-        ``channels``, none of the persistent members)."""
+        """The family member (name) an implicit GEMM of (M, N, K) runs on
+        (:func:`evtc.family.conv.choose`; NOTE [The sm90 conv family]). ``channels``: the
+        channels the implicit GEMM's K runs over, fprop's input channels C and dgrad's output
+        channels K (:meth:`channels_of`); without it, none of the persistent members."""
         if len(self.family) == 1:
             return next(iter(self.family))
         return conv_family.choose(self._member_configs, M, N, K, sm_count or get_target(self.arch).sm_count,
@@ -668,12 +697,17 @@ class Conv:
             return f"gemm:{member.name}", gemm.kernel(member)
         if self.kind == "dgrad" and not spec.unit_stride:
             return "strided", self._kernel("sm80", True)
-        name = self.choose(M, N, K, channels=g.c)
+        name = self.choose(M, N, K, channels=self.channels_of(g))
         return name, self.member(name)
+
+    def channels_of(self, g: Any) -> int:
+        """The channels a problem's implicit-GEMM K runs over (the persistent members' rule, NOTE
+        [Persistent conv kernels]): fprop's input channels C, dgrad's output channels K."""
+        return g.k if self.kind == "dgrad" else g.c
 
     def _route(self, spec: ConvSpec, a: Any = None, b: Any = None, out: Any = None) -> _Kernel:
         """The kernel of a problem: strided dgrad runs on the sm80 strided-dgrad kernel (on either
-        arch); an sm90 fprop family's member by :meth:`choose` (given the operands ``a`` and
+        arch); an sm90 fprop or dgrad family's member by :meth:`choose` (given the operands ``a`` and
         ``b``); everything else on the main kernel."""
         if self.kind == "dgrad" and not spec.unit_stride:
             return self._kernel("sm80", True)
@@ -696,7 +730,7 @@ class Conv:
             g = geometry(self.kind, self.dims, tuple(va.shape), tuple(vb.shape), spec, None, self.name)
         except ArgumentError:
             return main  # its binder reports what is wrong
-        got = self.member(self.choose(*g.gemm, channels=g.c))
+        got = self.member(self.choose(*g.gemm, channels=self.channels_of(g)))
         if key is not None:
             if len(self._choices) > 256:
                 self._choices.clear()

@@ -12,8 +12,8 @@ one consumer warpgroup (256 threads), one output tile per CTA, no persistent, co
 ping-pong schedule (``conv/dispatch_policy.hpp`` static_asserts the cooperative and ping-pong
 schedule tags away; ``conv/collective/builders/sm90_gmma_builder.inl`` maps every conv schedule
 to it). evtc runs the same conv mainloop on CUTLASS's persistent cooperative GEMM kernel too
-(NOTE [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp; fprop, input
-channels a multiple of the tile's K). So a family varies:
+(NOTE [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp; fprop and
+unit-stride dgrad, the channels K runs over a multiple of the tile's K). So a family varies:
 
 * the CTA tile of the non-persistent kernel: M of 64 or 128 (one consumer warpgroup: WGMMA's M = 64 per instruction; the
   non-persistent kernel has no ``setmaxnreg``, so every thread keeps at most 255 registers and
@@ -59,6 +59,15 @@ the UNet and ResNet-50 sets the pick is the fastest measured family member on 13
 within 2 % of every candidate explored. The cluster, 256x160, split-K and epilogue-tile
 candidates are built and timed by the exploration only, and pinned with ``Conv(config=...)``.
 
+Unit-stride dgrad is a family too (:data:`DGRAD_FAMILY`: fprop's members but ``coop128``),
+chosen by the same model over its implicit GEMM (M = N*H*W, N = C, K = K*R*S; the persistent
+members' channel rule on dy's K). On the UNet's five unit-stride dgrad layers
+(benchmarks/explore_conv_dgrad.py, H100, 2026-11-26) the model picks ``coop160`` on four and
+``streamk128`` on the 1280 x 8x8, the fastest measured kernel of each (0.39-0.81x cuDNN's dgrad
++ the eager dReLU, against ``base``'s 0.50-1.08x), and ``base`` (its default) where no member
+is modelled faster: ``coop128`` took 1.01-1.14x ``base``'s time on dgrad, where on fprop it
+took 0.93-1.0x. Strided dgrad runs on the strided-dgrad kernel.
+
 # NOTE [1x1 convolutions as GEMMs]
 An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
 y[n, h, w, k] = sum_c x[n, h, w, c] * w[k, c]. With x packed NHWC, A is x viewed as
@@ -83,7 +92,7 @@ from collections.abc import Mapping, Sequence
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig
 
-__all__ = ["CANDIDATES", "EFFICIENCY", "FAMILY", "MARGIN", "ConvMember", "choose", "member_configs",
+__all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "ConvMember", "choose", "member_configs",
            "modeled_time", "pointwise_problem", "tiles"]
 
 #: name -> (the conv config's fields over the default, CTAs one SM holds); the tile's K is the
@@ -117,9 +126,27 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
                      "decomposition": "split_k"}, 1),
     "splitk4_128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "split_k": 4,
                      "decomposition": "split_k"}, 1),
+    # stream-K forced (decomposition "stream_k"): CUTLASS's heuristic decomposition
+    # (tile_scheduler_params.h, get_num_sk_tiles) is data-parallel whenever the last wave is at
+    # least half full, e.g. 80 tiles on 132 SMs
+    "sk128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "decomposition": "stream_k"}, 1),
+    "sk160": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160), "decomposition": "stream_k"}, 1),
+    "sk256": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 256), "decomposition": "stream_k"}, 1),
+    # 1280 channels in 6.7 tiles of 192 (4 % padding); 256x128: each consumer warpgroup 128x128
+    "coop192": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 192)}, 1),
+    "streamk192": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 192)}, 1),
+    "coop256x128": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (256, 128)}, 1),
+    "streamk256x128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 128)}, 1),
 }
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
 FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160")
+#: unit-stride dgrad's members: fprop's without ``coop128``, which took 1.01-1.14x ``base``'s time
+#: on the UNet's dgrad layers (H100, 2026-11-26, benchmarks/explore_conv_dgrad.py), so ``base``
+#: stays dgrad's default (NOTE [The sm90 conv family])
+DGRAD_FAMILY = tuple(n for n in FAMILY if n != "coop128")
+#: the conv kinds that are a family on sm90 (wgrad is one kernel: the persistent kernels don't
+#: run it, NOTE [Persistent conv kernels])
+FAMILIES = {"fprop": FAMILY, "dgrad": DGRAD_FAMILY}
 #: the default member: the persistent 128x128 where it can run (channels a multiple of the tile's
 #: K), else ``base``
 PERSISTENT_DEFAULT = "coop128"
@@ -196,7 +223,9 @@ def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, s
     tiles over ``sm_count * ctas_per_sm`` slots, times each tile's padded MMA work (its M x N x
     K rounded up to whole tiles) over its :data:`EFFICIENCY`, times the CTAs sharing an SM. A
     stream-K member spreads fewer tiles than SMs over every SM (their share of a wave, plus
-    :data:`STREAM_K_OVERHEAD`); None where it has a wave or more (then it is the persistent kernel)."""
+    :data:`STREAM_K_OVERHEAD`), or one wave where CUTLASS's heuristic decomposition runs them
+    data-parallel (at least half a wave of tiles); None where it has a wave or more (then it is
+    the persistent kernel)."""
     tm, tn, tk = config.tile
     kind = kernel_kind(config)
     n_tiles = tiles(M, N, config.tile)
@@ -204,7 +233,13 @@ def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, s
     if kind == "streamk":
         if n_tiles >= slots:
             return None
-        waves = n_tiles / slots + STREAM_K_OVERHEAD
+        if config.decomposition == "heuristic" and 2 * n_tiles >= slots and config.split_k == 1:
+            # CUTLASS's heuristic decomposition is data-parallel when the last wave is at least
+            # half full (tile_scheduler_params.h, get_num_sk_tiles): one wave of whole tiles, as
+            # the persistent kernel runs them
+            waves, kind = 1.0, "persistent"
+        else:
+            waves = n_tiles / slots + STREAM_K_OVERHEAD
     else:
         waves = math.ceil(n_tiles / slots)
     work = tm * tn * math.ceil(K / tk) * tk
@@ -226,12 +261,14 @@ def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int
         members: name -> (conv config, CTAs per SM) of the family; ``base`` is the default.
         M, N, K: the implicit GEMM's extents.
         sm_count: the device's multiprocessors.
-        channels: the input channels (fprop's C). The persistent members need a multiple of their
-            tile's K (NOTE [Persistent conv kernels]); None: not known, none of them runs.
+        channels: the channels K runs over (fprop's input channels C, dgrad's output channels K).
+            The persistent members need a multiple of their tile's K (NOTE [Persistent conv
+            kernels]); None: not known, none of them runs.
 
     Returns:
-        :data:`PERSISTENT_DEFAULT` (or ``base`` where the persistent members can't run) unless a
-        member is modelled :data:`MARGIN` faster (the fastest such).
+        :data:`PERSISTENT_DEFAULT` (or ``base`` where the persistent members can't run or, as
+        in :data:`DGRAD_FAMILY`, aren't members) unless a member is modelled :data:`MARGIN`
+        faster (the fastest such).
     """
     if "base" not in members or len(members) == 1 or min(M, N, K) <= 0:
         return "base" if "base" in members else next(iter(members))

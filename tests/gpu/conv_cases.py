@@ -15,6 +15,7 @@ from pathlib import Path
 import evtc
 from evtc import bf16, f16
 from evtc.compiler import BuildJob
+from evtc.family import conv as CF
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "examples") not in sys.path:
@@ -194,8 +195,10 @@ CASES_PERSISTENT = [
     Case("p_3x3_dil2", 2, (12, 13), 64, 264, (3, 3), padding=2, dilation=2),
     Case("p_long_k", 2, (8, 8), 512, 200, (3, 3), padding=1),
 ]
-#: unit-stride dgrad on the persistent kernel (pinned only: the dgrad family is not built yet)
-PERSISTENT_DGRAD_MEMBERS = ("coop128", "coop160", "streamk128")
+#: unit-stride dgrad: every member of its family (NOTE [The sm90 conv family]) but ``base`` (the
+#: matrix's dgrad kernel), pinned, on the epilogues with reductions and aux tensors
+PERSISTENT_DGRAD_MEMBERS = tuple(m for m in CF.DGRAD_FAMILY if m != "base")
+PERSISTENT_DGRAD_EPILOGUES = ("row_stats", "many_aux", "dgelu_bgrad")
 CASES_PERSISTENT_DGRAD = [
     Case("pd_3x3_pad1", 2, (13, 11), 72, 64, (3, 3), padding=1),
     Case("pd_3x3_dil2", 2, (12, 13), 264, 128, (3, 3), padding=2, dilation=2),
@@ -204,9 +207,7 @@ CASES_PERSISTENT_DGRAD = [
 
 
 def persistent_conv(name: str, member: str, kind: str = "fprop") -> evtc.Conv:
-    """A Conv of reference epilogue ``name`` pinned to the persistent member ``member``."""
-    from evtc.family import conv as CF
-
+    """A Conv of reference epilogue ``name`` pinned to the family member ``member``."""
     fields = dict(CF.member_configs(bf16, [member])[member].fields)
     d = evtc.e4m3 if name == "fp8_out" else bf16
     return evtc.Conv(E.REFERENCE[name], kind=kind, a=bf16, b=bf16, c=bf16, d=d, arch="sm90", config=fields)
@@ -219,7 +220,7 @@ PERSISTENT_REFUSED = {("dgelu_bgrad", "coop160"), ("dgelu_bgrad", "streamk160"),
 def persistent_pairs() -> list[tuple[str, str, str]]:
     """(epilogue, member, kind) of the persistent tests."""
     return ([(n, m, "fprop") for n in PERSISTENT_EPILOGUES for m in PERSISTENT_MEMBERS if (n, m) not in PERSISTENT_REFUSED]
-            + [(n, m, "dgrad") for n in PERSISTENT_EPILOGUES for m in PERSISTENT_DGRAD_MEMBERS
+            + [(n, m, "dgrad") for n in PERSISTENT_DGRAD_EPILOGUES for m in PERSISTENT_DGRAD_MEMBERS
                if (n, m) not in PERSISTENT_REFUSED])
 
 
@@ -248,6 +249,26 @@ def family_convs() -> list[tuple[evtc.Conv, list[Case]]]:
            for n, dims, layout in ROUTE]
     out += [(conv_for(n, "fprop", 2, "sm90", family=True), CASES_2D) for n in MEMBER_EPILOGUES]
     return out
+
+
+#: the dgrad family's GPU test: a user's dgrad Conv (no config) on cases its heuristic sends to a
+#: stream-K member, the 64x128 tile and (stride 2) the strided-dgrad kernel
+DGRAD_FAMILY_EPILOGUES = ("row_stats", "many_aux")
+CASES_DGRAD_FAMILY = CASES_PERSISTENT_DGRAD + CASES_2D
+
+
+def dgrad_family_convs() -> dict[str, evtc.Conv]:
+    return {n: conv_for(n, "dgrad", 2, "sm90", family=True) for n in DGRAD_FAMILY_EPILOGUES}
+
+
+def dgrad_family_kernels() -> list[BuildJob]:
+    """Every kernel the dgrad family's test runs (one job per distinct source)."""
+    jobs = {}
+    for conv in dgrad_family_convs().values():
+        for case in CASES_DGRAD_FAMILY:
+            j = chosen_job(conv, case)
+            jobs.setdefault(j.source, j)
+    return list(jobs.values())
 
 
 def family_kernels() -> list[BuildJob]:

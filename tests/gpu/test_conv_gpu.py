@@ -334,6 +334,40 @@ def test_family_member(family, name, case, record_errors):
     assert k.launchers, "the call did not run on the member"
 
 
+@pytest.fixture(scope="module")
+def dgrad_family():
+    """The dgrad family Convs of DGRAD_FAMILY_EPILOGUES, every kernel their cases run built up front."""
+    import os
+
+    from evtc.compiler import build_many
+
+    res = build_many(CC.dgrad_family_kernels(), workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
+    for r in res:
+        if isinstance(r, Exception):
+            raise r
+    return CC.dgrad_family_convs()
+
+
+DGRAD_FAMILY_PARAMS = [pytest.param(n, case, id=f"sm90-dgrad2d-family-{n}-{case.name}")
+                       for n in CC.DGRAD_FAMILY_EPILOGUES for case in CC.CASES_DGRAD_FAMILY]
+
+
+@pytest.mark.parametrize("name, case", DGRAD_FAMILY_PARAMS)
+def test_dgrad_family_member(dgrad_family, name, case, record_errors):
+    """A dgrad Conv without config= runs each case on the kernel its heuristic picks (a stream-K
+    member, the 64x128 tile, the strided-dgrad kernel), against the float64 reference."""
+    import torch
+
+    conv = dgrad_family[name]
+    a_shape, b_shape, g = CC.operand_shapes("dgrad", case)
+    label, want = conv.kernel_for(a_shape, b_shape, case.problem("dgrad"))
+    dy = torch.empty(a_shape, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(b_shape, device="cuda", dtype=torch.bfloat16)
+    assert conv._route(case.problem("dgrad").normalize(2), dy, w) is want
+    run_and_check(conv, case, zlib.crc32(f"dgradfamily{name}{case}".encode()), record_errors)
+    assert want.launchers, f"the call did not run on {label}"
+
+
 # ---- the persistent cooperative members (NOTE [Persistent conv kernels]) -------------------------------
 
 
@@ -353,11 +387,15 @@ PERSISTENT_PARAMS = [pytest.param(n, m, kind, case, id=f"sm90-{kind}2d-{n}-{m}-{
 @pytest.mark.parametrize("name, member, kind, case", PERSISTENT_PARAMS)
 def test_persistent_member(persistent, name, member, kind, case, record_errors):
     """An fprop or unit-stride dgrad pinned to a member on CUTLASS's persistent cooperative GEMM
-    kernel (persistent, stream-K or split-K tile scheduler) gives the float64 reference's outputs:
-    stores, row and column reductions (their partials reduced across stream-K units before the
-    epilogue), aux loads."""
+    kernel (persistent, stream-K or split-K tile scheduler), or (dgrad) to a member of the dgrad
+    family on the non-persistent kernel, gives the float64 reference's outputs: stores, row and
+    column reductions (their partials reduced across stream-K units before the epilogue), aux
+    loads."""
+    from evtc.family import conv as CF
+
     conv = persistent[(name, member, kind)]
-    assert conv.config.schedule == "cooperative"
+    assert conv.config.tile[:2] == CF.member_configs(evtc.bf16, [member])[member].fields["tile"][:2]
+    assert (conv.config.schedule == "cooperative") == (CF.kernel_kind(conv.config) != "nonpersistent")
     run_and_check(conv, case, zlib.crc32(f"persistent{name}{member}{kind}{case}".encode()), record_errors)
     # a second call on fresh data (the stream-K flags and the reductions' workspace re-initialised)
     run_and_check(conv, case, zlib.crc32(f"persistent2{name}{member}{kind}{case}".encode()), record_errors)

@@ -266,13 +266,19 @@ def test_jobs_cover_the_family_and_the_gemm_family():
     assert len(jobs) == len(CF.FAMILY) + len(gemm_jobs) and len({j.source for j in jobs}) == len(jobs)
     assert [j.name for j in jobs[:3]] == ["bias_silu", "bias_silu[n64]", "bias_silu[m64]"]
     assert len(conv.jobs(gemm=False)) == len(CF.FAMILY)
-    one = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    assert [j.name for j in dgrad.jobs()] == ["bias_silu"] + [f"bias_silu[{n}]" for n in CF.DGRAD_FAMILY[1:]]
+    one = evtc.Conv(bias_silu, kind="wgrad", a=bf16, d=bf16, arch="sm90")
     assert len(one.jobs()) == 1 and one.choose(4096, 256, 2304) == "base"
 
 
 def test_members_a_conv_cannot_have():
-    with pytest.raises(evtc.ConfigError, match="only sm90 fprop Convs without config= have a kernel family"):
-        evtc.Conv(bias_silu, kind="dgrad", a=bf16, arch="sm90").member("m64")
+    with pytest.raises(evtc.ConfigError, match="only sm90 fprop and dgrad Convs without config= have a kernel family"):
+        evtc.Conv(bias_silu, kind="wgrad", a=bf16, arch="sm90").member("m64")
+    with pytest.raises(evtc.ConfigError, match="only sm90 fprop and dgrad Convs without config= have a kernel family"):
+        evtc.Conv(bias_silu, kind="dgrad", a=bf16, arch="sm90", config={"tile": (128, 64, 64)}).member("m64")
+    with pytest.raises(evtc.ConfigError, match="only sm90 fprop and dgrad Convs without config= have a kernel family"):
+        evtc.Conv(bias_silu, kind="dgrad", a=bf16, arch="sm80").member("m64")
     with pytest.raises(evtc.ConfigError, match="no conv family member 'huge'"):
         evtc.Conv(bias_silu, kind="fprop", a=bf16, arch="sm90").member("huge")
 
@@ -395,6 +401,37 @@ def test_kernel_for_names_the_route_or_the_member():
     assert dgrad.kernel_for((2, 8, 8, 32), (32, 3, 3, 16), problem)[0] == "strided"
 
 
+#: the UNet's unit-stride dgrad layers (dy N x P x Q x K, w K x 3 x 3 x C) -> the pick, with what
+#: the kernels measured on the H100 (2026-11-26, benchmarks/explore_conv_dgrad.py: time / cuDNN's
+#: dgrad + the eager dReLU in CUDA graphs; docs/performance.md)
+UNET_DGRAD_PICKS = [
+    ((8, 64, 64, 320), 320, "coop160"),     # coop160 0.418, base 0.497, coop128 0.565
+    ((8, 32, 32, 640), 640, "coop160"),     # coop160 0.585, base 0.598
+    ((8, 16, 16, 1280), 1280, "coop160"),   # coop160 0.767, coop 0.773, base 1.033
+    ((8, 8, 8, 1280), 1280, "streamk128"),  # streamk128 0.810, base 1.081, coop160 1.914
+    ((8, 32, 32, 640), 320, "coop160"),     # coop160 0.391, base 0.558
+]
+
+
+@pytest.mark.parametrize("dy,c,want", UNET_DGRAD_PICKS)
+def test_unit_stride_dgrad_is_a_family(dy, c, want):
+    """Unit-stride dgrad chooses among DGRAD_FAMILY (no coop128: slower than base on dgrad) with
+    dy's channels as the persistent members' channel rule; strided dgrad and dy channels off the
+    tile's K keep to the kernels that run them."""
+    dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    assert tuple(dgrad.family) == CF.DGRAD_FAMILY and "coop128" not in dgrad.family
+    assert dgrad.gemm_route is None
+    label, k = dgrad.kernel_for(dy, (dy[-1], 3, 3, c), evtc.ConvProblem(padding=1))
+    assert (label, k.member) == (want, want)
+    assert "evtc::Sm90ConvMainloopAsGemm<" in k.source and "cutlass::conv::Operator::kDgrad" in k.source
+    # dy's channels off the tile's K (72): no persistent member, whatever the GEMM's shape
+    label, _ = dgrad.kernel_for((8, 16, 16, 72), (72, 3, 3, 1280), evtc.ConvProblem(padding=1))
+    assert CF.kernel_kind(dgrad.member(label).config) == "nonpersistent"
+    # a 1x1 dgrad stays on a conv kernel (B would be N-major for the GEMM)
+    label, _ = dgrad.kernel_for((8, 32, 32, 256), (256, 1, 1, 64), evtc.ConvProblem())
+    assert not label.startswith("gemm")
+
+
 def test_explore_and_bench_prebuild_lists():
     import sys
     from pathlib import Path
@@ -494,3 +531,36 @@ def test_unit_stride_dgrad_runs_on_the_persistent_kernel_when_pinned():
         check_arch_limits(g, "sm90", bf16, tile=(128, 160, 64), persistent=True)
     with pytest.raises(evtc.ConfigError, match="not wgrad"):
         conv_config("sm90", bf16, bf16, {"schedule": "cooperative"}, kind="wgrad")
+
+
+def test_the_strided_dgrad_kernel_takes_its_measured_tile_unless_configured():
+    """NOTE [The strided-dgrad kernel's tile]: 128x128 of 128-byte K, 3 stages, on either arch's
+    Conv, unless an sm80 Conv was given a configuration (then that one)."""
+    from evtc.conv import strided_dgrad_fields
+
+    for arch in ("sm90", "sm80"):
+        for config in (None, {}):
+            conv = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch=arch, config=config)
+            k = conv._kernel("sm80", True)
+            assert (k.config.tile, k.config.warp_tile, k.config.stages) == ((128, 128, 64), (64, 64, 64), 3)
+            assert "cutlass::gemm::GemmShape<128, 128, 64>" in k.source
+    assert strided_dgrad_fields(f16)["tile"] == (128, 128, 64)
+    pinned = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm80",
+                       config={"tile": (128, 64, 32), "warp_tile": (64, 32, 32), "stages": 4})
+    k = pinned._kernel("sm80", True)
+    assert (k.config.tile, k.config.stages) == ((128, 64, 32), 4) and "GemmShape<128, 64, 32>" in k.source
+
+
+def test_stream_k_members_are_modelled_data_parallel_where_cutlass_runs_them_so():
+    """CUTLASS's heuristic decomposition is data-parallel when the last wave is at least half full
+    (tile_scheduler_params.h, get_num_sk_tiles): a stream-K member is then modelled as the
+    persistent kernel of its tile; below half a wave, or with stream-K forced, as stream-K."""
+    cfg = conv_config("sm90", bf16, bf16, {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160, 64)})
+    coop = conv_config("sm90", bf16, bf16, {"schedule": "cooperative", "tile": (128, 160, 64)})
+    forced = conv_config("sm90", bf16, bf16, {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 160, 64),
+                                                "decomposition": "stream_k"})
+    M, N, K = 2048, 1280, 11520                      # 128 tiles of 128x160: DP on 132 SMs
+    assert CF.modeled_time(cfg, 1, M, N, K, 132) == CF.modeled_time(coop, 1, M, N, K, 132)
+    assert CF.modeled_time(forced, 1, M, N, K, 132) > CF.modeled_time(coop, 1, M, N, K, 132)  # 0.97 + 0.35 waves
+    M = 512                                          # 32 tiles: stream-K
+    assert CF.modeled_time(cfg, 1, M, N, K, 132) < CF.modeled_time(coop, 1, M, N, K, 132)
