@@ -24,7 +24,9 @@ unit-stride dgrad, the channels K runs over a multiple of the tile's K). So a fa
 * the kernel: the persistent cooperative one (two consumer warpgroups, tiles of 128 or 256 rows)
   over the persistent tile scheduler (``coop128``, ``coop160``: 128x160 covers 320, 640 and 1280
   channels in whole tiles, where 128 or 256 pad 17-20 %) or the stream-K one (``streamk128``,
-  ``streamk160``: fewer tiles than SMs, a long K; CUTLASS's heuristic decomposition splits it).
+  ``streamk160``: fewer tiles than SMs, a long K; CUTLASS's heuristic decomposition splits it
+  below half a wave of tiles and runs it data-parallel from there, ``get_num_sk_tiles`` in
+  ``gemm/kernel/tile_scheduler_params.h``; ``sk*`` force stream-K, exploration only).
   On the UNet's layers they took evtc from 1.07-1.59x cuDNN + eager to 0.74-1.22x (2026-11-26,
   docs/performance.md);
 * the cluster (1x1, 2x1, 1x2): the builder picks ``SM90_TMA_LOAD_IM2COL_MULTICAST`` for the
