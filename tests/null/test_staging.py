@@ -316,3 +316,47 @@ def test_pitched_copy_declines_what_it_can_not_copy():
     a = torch.zeros(4, 7)
     assert copy_rows(a, torch.ones(4, 7)) is False  # CPU tensors: copy_ does it
     assert float(a.sum()) == 0.0
+
+
+def test_chunk_bounds_pipeline_large_copies_on_whole_tiles():
+    """NOTE [Overlapped staging copies]: 2-4 chunks of at least 1024 rows, boundaries on 128-row
+    tiles, and one chunk where the copies are too cheap to hide or M is small."""
+    assert staging.chunk_bounds(4096, 3e-4) == [(0, 1024), (1024, 2048), (2048, 3072), (3072, 4096)]
+    assert staging.chunk_bounds(2048, 3e-4) == [(0, 1024), (1024, 2048)]
+    assert staging.chunk_bounds(3000, 3e-4) == [(0, 1408), (1408, 3000)]
+    assert staging.chunk_bounds(1500, 3e-4) == [(0, 1500)]
+    assert staging.chunk_bounds(8192, 5e-5) == [(0, 8192)]
+    assert len(staging.chunk_bounds(1 << 20, 1.0)) == staging.MAX_CHUNKS
+    for bounds in (staging.chunk_bounds(m, 1.0) for m in (2048, 3001, 5000, 65537)):
+        assert bounds[0][0] == 0 and all(a % 128 == 0 and a < b for a, b in bounds)
+        assert all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
+
+
+@evtc.epilogue
+def col_red(acc, C):
+    return {"D": acc + C, "colsum": evtc.sum(acc, dim=0)}
+
+
+@evtc.epilogue
+def row_red(acc, C, s: evtc.ColVector[f32]):
+    return {"D": acc * s + C, "rowmax": evtc.max(acc, dim=1)}
+
+
+def test_only_per_row_epilogues_are_chunkable(monkeypatch):
+    """Chunks of rows can't split a reduction over M (column or scalar reductions)."""
+    for ep, want in ((aux_epi, True), (lin, True), (row_red, True), (col_red, False)):
+        h = Harness(monkeypatch, ep=ep)
+        sl = staging.StagedLauncher(h.g, None, None)
+        assert sl.chunkable is want, ep.name
+    sl = staging.StagedLauncher(Harness(monkeypatch, ep=row_red).g, None, None)
+    assert sl.cols == {"s"} and set(sl.row_reductions) == {"rowmax"}
+
+
+def test_fake_tensors_keep_the_one_kernel_route(monkeypatch):
+    """The overlapped chunks need torch's streams: other frameworks' calls stay one kernel."""
+    monkeypatch.setattr(staging, "CHUNK_MIN_COPY_S", 0.0)
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(4096, 50257)
+    D, F = Fake((4096, 50257)), Fake((4096, 50257))
+    h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert len(h.launched("aligned")) == 1
