@@ -59,23 +59,6 @@ launches and one more pass through the dispatch (83 against 7.8 us per call with
 fakes' own allocations included), small against the
 milliseconds of the problems it is chosen for.
 
-# NOTE [Overlapped staging copies]
-The copies cost about a memory pass each (C in, D back: 0.31 and 0.37 ms at 4096 x 50257 bf16,
-against a 2.35 ms GEMM), and run before and after the kernel. The GEMM is compute-bound and the
-copies memory-bound, so for torch tensors of one batch (L = 1) the route splits M into
-:func:`chunk_bounds` (2-4 chunks of whole 128-row tiles) and pipelines them over a side stream:
-the first chunk's inputs are staged on the call's stream, the others' on the side stream while
-the first chunks compute; each chunk's kernel is one call of the same Gemm on row slices (A, the
-staged and the aligned M x N inputs, column vectors, the caller's aligned outputs and row
-reductions: every per-row tensor), and each chunk's staged outputs are copied back on the side
-stream while the next chunk computes. The side stream forks from the call's stream (it sees
-everything queued before the call) and joins it before the call returns, so the route stays
-stream-ordered and capturable in a CUDA graph. Only what is exposed stays: the first chunk's
-input copies and the last chunk's copy-backs. Epilogues that reduce over M (column or scalar
-reductions) or whose M x N outputs evtc would allocate (the chunks' outputs would be separate
-tensors) keep the one-kernel route. Every element is computed as in one call (the same kernel
-members may differ per chunk: a chunk's M picks its family member).
-
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
 kernels). The route needs torch or cupy tensors (to allocate and copy), an sm90 family Gemm
@@ -92,7 +75,7 @@ from typing import Any, Mapping
 
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
-from evtc.ir.nodes import AuxLoad, ColBroadcast, Reduction, Source, Store
+from evtc.ir.nodes import AuxLoad, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.tensors import TensorView
 
@@ -111,13 +94,6 @@ COPY_OVERHEAD_S = 10e-6
 FRAMEWORKS = ("torch", "cupy")
 #: stage only when it costs less than this fraction of the unaligned kernel's penalty
 MARGIN = 0.8
-#: NOTE [Overlapped staging copies]: chunks of at least this many rows, at most MAX_CHUNKS of
-#: them, boundaries on whole tiles of TILE_ROWS, and only where the copies cost at least
-#: CHUNK_MIN_COPY_S (seconds, the cost model's estimate)
-CHUNK_MIN_ROWS = 1024
-MAX_CHUNKS = 4
-TILE_ROWS = 128
-CHUNK_MIN_COPY_S = 100e-6
 
 
 def mode(value: str | None = None) -> str:
@@ -195,30 +171,6 @@ def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[s
     return Decision(stage, tuple(staged_inputs), tuple(staged_outputs), cost, penalty)
 
 
-def chunk_bounds(M: int, copy_s: float) -> list[tuple[int, int]]:
-    """The row ranges [r0, r1) the staging route pipelines (NOTE [Overlapped staging copies]):
-    ``min(MAX_CHUNKS, M // CHUNK_MIN_ROWS)`` chunks whose boundaries are multiples of
-    :data:`TILE_ROWS` (so each chunk's rows start 16-byte aligned in a packed tensor too), or
-    one chunk where the copies (``copy_s`` seconds) are too cheap to hide."""
-    n = min(MAX_CHUNKS, M // CHUNK_MIN_ROWS) if copy_s >= CHUNK_MIN_COPY_S else 1
-    if n <= 1:
-        return [(0, M)]
-    cuts = [0] + [(i * M // n) // TILE_ROWS * TILE_ROWS for i in range(1, n)] + [M]
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
-
-
-_SIDE_STREAMS: dict[int, Any] = {}
-
-
-def _side_stream(device: int):
-    """The side stream of the overlapped route on ``device`` (one per device, made on first use)."""
-    s = _SIDE_STREAMS.get(device)
-    if s is None:
-        torch = sys.modules["torch"]
-        s = _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
-    return s
-
-
 def _stream_context(framework: str, stream: Any):
     """A context that makes ``stream`` current for the framework's copies and allocations, or
     None when the route can't follow it (a raw handle or another framework's stream)."""
@@ -269,13 +221,6 @@ class StagedLauncher:
         g = gemm.graph
         self.loads = {n.name: n.dtype for n in g.used_inputs if isinstance(n, (Source, AuxLoad))}
         self.stores = {o.name: o.dtype for o in g.outputs if isinstance(o, Store)}
-        self.cols = {n.name for n in g.used_inputs if isinstance(n, ColBroadcast)}
-        #: the per-row reductions (dim 1, length M), which chunks of rows slice
-        self.row_reductions = {o.name: o.dtype for o in g.outputs if isinstance(o, Reduction) and o.dim == 1}
-        #: NOTE [Overlapped staging copies]: every output is an M x N store or a row reduction
-        self.chunkable = all(isinstance(o, Store) or o.name in self.row_reductions for o in g.outputs)
-        #: calls that ran in overlapped chunks (tests, benchmarks)
-        self.chunked = 0
         self._sigs: dict[tuple, Any] = {}
         #: probe key -> (indices of the M x N pointers, {(switches, their low bits): Decision})
         self._plans: dict[tuple, tuple[tuple[int, ...], dict]] = {}
@@ -362,12 +307,6 @@ class StagedLauncher:
         g = self.gemm.graph
         fw, dev = sig.framework, sig.device
         given = _given(g, out)
-        if (self.chunkable and fw == "torch" and sig.L <= 1 and getattr(A, "dim", lambda: 0)() == 2
-                and all(n in given for n in self.stores)):
-            bounds = chunk_bounds(sig.M, d.stage_s)
-            if len(bounds) > 1:
-                with ctx:
-                    return self._run_chunked(bounds, d, A, B, kwargs, given, stream, dev)
         with ctx:
             kw = dict(kwargs)
             for n in d.inputs:
@@ -393,55 +332,3 @@ class StagedLauncher:
         if isinstance(res, dict):
             return {n: (given[n] if n in d.outputs else x) for n, x in res.items()}
         return given[g.outputs[0].name]
-
-    def _run_chunked(self, bounds, d: Decision, A, B, kwargs, given, stream, dev):
-        """The staging route over row chunks, copies on a side stream (NOTE [Overlapped staging
-        copies]); torch tensors of one batch, every M x N output given by the caller."""
-        torch = sys.modules["torch"]
-        self.chunked += 1
-        g = self.gemm.graph
-        main = torch.cuda.current_stream(dev)
-        side = _side_stream(dev)
-        M = bounds[-1][1]
-        # the staged inputs' padded buffers and the row reductions the caller didn't pass, whole
-        staged = {}
-        for n in d.inputs:
-            v = tensors.view(kwargs[n], n, g.name)
-            staged[n], _ = tensors.strided_allocator("torch", dev, v.shape, padded_strides(v.shape, v.dtype.bytes),
-                                                     v.dtype)()
-        outs = dict(given)
-        for n, dt in self.row_reductions.items():
-            if n not in outs:
-                outs[n], _ = tensors.strided_allocator("torch", dev, (M,), (1,), dt)()
-        rows = set(self.loads) | self.cols  # inputs with one entry per row
-        side.wait_stream(main)  # the side stream sees everything queued before the call
-        ready = [None] * len(bounds)
-        with torch.cuda.stream(side):
-            for i, (r0, r1) in enumerate(bounds[1:], 1):
-                for n in d.inputs:
-                    _copy("torch", staged[n][r0:r1], kwargs[n][r0:r1])
-                ready[i] = torch.cuda.Event()
-                ready[i].record(side)
-        keep = []  # each chunk's own outputs live until the side stream has copied them back
-        for i, (r0, r1) in enumerate(bounds):
-            if i == 0:
-                for n in d.inputs:
-                    _copy("torch", staged[n][r0:r1], kwargs[n][r0:r1])
-            else:
-                main.wait_event(ready[i])
-            kw = {n: (staged[n][r0:r1] if n in staged else x[r0:r1] if n in rows else x) for n, x in kwargs.items()}
-            out_i = {n: x[r0:r1] for n, x in outs.items() if n not in d.outputs}
-            res = self.gemm.run(A[r0:r1], B, kw, out_i or None, stream)
-            got = res if isinstance(res, dict) else {g.outputs[0].name: res}
-            if d.outputs:
-                done = torch.cuda.Event()
-                done.record(main)
-                keep.append(got)
-                with torch.cuda.stream(side):
-                    side.wait_event(done)
-                    for n in d.outputs:
-                        _copy("torch", given[n][r0:r1], got[n])
-        main.wait_stream(side)  # join: the copies back are done when the call's stream goes on
-        if len(g.outputs) == 1:
-            return outs[g.outputs[0].name]
-        return {o.name: outs[o.name] for o in g.outputs}

@@ -37,18 +37,8 @@ def staged_lin(acc, C, alpha: float, bias: evtc.RowVector[f32]):
     return alpha * acc + C + bias
 
 
-@evtc.epilogue
-def staged_rowmax(acc, C, scale: evtc.ColVector[f32]):
-    """A column vector (sliced per chunk) and a row reduction (one value per row)."""
-    D = acc * scale + C
-    return {"D": D, "row_max": evtc.max(D, dim=1)}
-
-
 # (M, N, K, L): odd N, enough 128x256 tiles for the ``large`` member in both
 SHAPES = [(2048, 2049, 256, 1), (1024, 2049, 256, 2)]
-#: the overlapped route's chunks in these tests (NOTE [Overlapped staging copies]), forced on
-#: SHAPES[0] by lowering its thresholds: 4 chunks of 512 rows
-CHUNK = (512, 2049, 256, 1)
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +47,10 @@ def gemms():
 
     import os
 
-    out = {n: evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16)
-           for n, ep in (("epi", staged_epi), ("lin", staged_lin), ("rowmax", staged_rowmax))}
+    out = {n: evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16) for n, ep in (("epi", staged_epi), ("lin", staged_lin))}
     jobs = []
     for g in out.values():
-        for shape in SHAPES + [CHUNK]:
+        for shape in SHAPES:
             jobs.append(g.kernel(g.choose(*shape)).job())
         jobs.append(g.kernel("unaligned").job())
     build_many(list({j.source: j for j in jobs}.values()), workers=int(os.environ.get("EVTC_BUILD_JOBS", 16)))
@@ -73,21 +62,11 @@ def _packed(ins: dict, outs: dict):
             {k: v.contiguous() for k, v in outs.items()})
 
 
-def _staged(g, what: str = "staged") -> int:
-    """Calls the Gemm has sent through the route (``chunked``: in overlapped chunks) so far."""
+def _staged(g) -> int:
+    """Calls the Gemm has sent through the route so far."""
     from evtc.runtime.staging import StagedLauncher
 
-    return sum(getattr(x, what) for x in g._launchers.values() if isinstance(x, StagedLauncher))
-
-
-@pytest.fixture
-def chunks(monkeypatch):
-    """The overlapped route on SHAPES[0]: 4 chunks of 512 rows."""
-    from evtc.runtime import staging
-
-    monkeypatch.setattr(staging, "CHUNK_MIN_COPY_S", 0.0)
-    monkeypatch.setattr(staging, "CHUNK_MIN_ROWS", 512)
-    assert staging.chunk_bounds(SHAPES[0][0], 1.0) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
+    return sum(x.staged for x in g._launchers.values() if isinstance(x, StagedLauncher))
 
 
 @pytest.mark.parametrize("how", ["always", "never"])
@@ -213,91 +192,3 @@ def test_copy_kernel_between_packed_and_padded_rows(gemms, dtype, shape):
     # the padding between the rows is still the poison
     rows = buf.view(-1, strides[-2])[:, shape[-1]:]
     assert torch.equal(as_bytes(rows), as_bytes(torch.full_like(rows, -7.0)))
-
-
-@pytest.mark.parametrize("name", ["epi", "rowmax"])
-def test_overlapped_chunks(gemms, chunks, name, record_errors):
-    """NOTE [Overlapped staging copies]: packed inputs and the caller's packed outputs over four
-    row chunks, the copies on a side stream; the row reduction and the column vector sliced per
-    chunk; the caller's inputs untouched."""
-    import torch
-
-    from evtc.testing import Problem, make_inputs, poisoned_outputs
-
-    g = gemms[name]
-    g.set_unaligned_staging("always")
-    p = Problem(*SHAPES[0])
-    ins, outs = _packed(make_inputs(g.graph, g.a, g.b, p, seed=51 + len(name)), poisoned_outputs(g.graph, p))
-    kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
-    before = {k: v.clone() for k, v in kw.items() if hasattr(v, "clone")}
-    count = _staged(g, "chunked")
-    got = g(ins["A"], ins["B"], out=outs, **kw)
-    assert all(got[k] is outs[k] for k in outs)
-    torch.cuda.synchronize()
-    assert _staged(g, "chunked") == count + 1
-    for k, v in before.items():
-        assert torch.equal(v, kw[k]), k
-    assert_outputs_match(g, ins, outs, f"overlapped chunks ({name})", record_errors)
-
-
-def test_overlapped_chunks_in_place_out_c(gemms, chunks, record_errors):
-    """out=C over chunks: each chunk's C is staged before its rows of D are copied over it."""
-    import torch
-
-    from evtc.testing import Problem, make_inputs
-
-    g = gemms["lin"]
-    g.set_unaligned_staging("always")
-    ins, _ = _packed(make_inputs(g.graph, g.a, g.b, Problem(*SHAPES[0]), seed=61), {})
-    C = ins["C"]
-    ref = dict(ins, C=C.clone())
-    count = _staged(g, "chunked")
-    got = g(ins["A"], ins["B"], out=C, **{k: v for k, v in ins.items() if k not in ("A", "B")})
-    assert got is C
-    torch.cuda.synchronize()
-    assert _staged(g, "chunked") == count + 1
-    assert_outputs_match(g, ref, {"D": C}, "overlapped chunks, in place out=C", record_errors)
-
-
-def test_overlapped_chunks_follow_the_call_s_stream_and_capture(gemms, chunks, record_errors):
-    """The side stream forks from the call's stream and joins it: inputs filled on the call's
-    stream after a sleep are the ones staged, and the chunked call captured in a CUDA graph
-    computes fresh inputs copied in before each replay."""
-    import torch
-
-    from evtc.testing import Problem, make_inputs, poisoned_outputs
-
-    g = gemms["epi"]
-    g.set_unaligned_staging("always")
-    p = Problem(*SHAPES[0])
-    ins, outs = _packed(make_inputs(g.graph, g.a, g.b, p, seed=71), poisoned_outputs(g.graph, p))
-    real = {k: v.clone() for k, v in ins.items() if hasattr(v, "clone")}
-    for v in ins.values():
-        if hasattr(v, "fill_"):
-            v.fill_(float("nan"))
-    kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
-    s = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(100_000_000)
-        for k, v in real.items():
-            ins[k].copy_(v)
-        g(ins["A"], ins["B"], out=outs, **kw)
-    s.synchronize()
-    assert_outputs_match(g, ins, outs, "overlapped chunks on a side stream", record_errors)
-    # captured: replay on new inputs (the route's copies and kernels are in the graph)
-    count = _staged(g, "chunked")
-    graph = torch.cuda.CUDAGraph()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=s):
-        g(ins["A"], ins["B"], out=outs, **kw)
-    assert _staged(g, "chunked") == count + 1
-    fresh, _ = _packed(make_inputs(g.graph, g.a, g.b, p, seed=72), {})
-    for k, v in fresh.items():
-        if hasattr(v, "copy_"):
-            ins[k].copy_(v)
-    for v in outs.values():
-        v.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_outputs_match(g, ins, outs, "overlapped chunks replayed from a CUDA graph", record_errors)
