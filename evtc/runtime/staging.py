@@ -59,6 +59,17 @@ launches and one more pass through the dispatch (83 against 7.8 us per call with
 fakes' own allocations included), small against the
 milliseconds of the problems it is chosen for.
 
+Tried and left out (H100, 2026-11-26): pipelining the copies with the kernel. M was split into
+four chunks of whole tiles, each chunk one call of the Gemm on row slices, the other chunks'
+inputs staged and the finished chunks' outputs copied back on a side stream (forked from and
+joined to the call's stream). At 4096 x 50257 x 4096 with the caller's packed ``out=``: 1.207x
+the aligned time with evtc's copy kernel on the side stream (1.204x without chunks), and with
+``cudaMemcpy2DAsync`` there bias_relu 2.907 against 2.912 ms and aux_heavy 4.343 against 4.179
+ms unchunked, in one session: no overlap. The persistent GEMM kernel holds every SM (its
+registers and shared memory fill each one), so a copy kernel waits for it, and the pitched
+device-to-device copies evidently run on SMs too. The GPU tests of that route passed (26); the
+code is in the history (commit cc95adc).
+
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
 kernels). The route needs torch or cupy tensors (to allocate and copy), an sm90 family Gemm
