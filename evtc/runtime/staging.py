@@ -68,7 +68,9 @@ the aligned time with evtc's copy kernel on the side stream (1.204x without chun
 ms unchunked, in one session: no overlap. The persistent GEMM kernel holds every SM (its
 registers and shared memory fill each one), so a copy kernel waits for it, and the pitched
 device-to-device copies evidently run on SMs too. The GPU tests of that route passed (26); the
-code is in the history (commit cc95adc).
+code is in the history (commit cc95adc). What could make it overlap: a GEMM launched on fewer
+SMs than the device has (CUTLASS's ``KernelHardwareInfo::sm_count``), leaving a few to the side
+stream's copies; not tried.
 
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
