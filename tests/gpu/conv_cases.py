@@ -195,6 +195,13 @@ CASES_PERSISTENT = [
     Case("p_3x3_dil2", 2, (12, 13), 64, 264, (3, 3), padding=2, dilation=2),
     Case("p_long_k", 2, (8, 8), 512, 200, (3, 3), padding=1),
 ]
+#: fp8_out (an e4m3 D and its amax) on the persistent and the stream-K kernel: e4m3 rows need N a
+#: multiple of 16; a long K over few tiles for the stream-K member's partial tiles
+PERSISTENT_FP8_MEMBERS = ("coop128", "streamk128")
+CASES_PERSISTENT_FP8 = [
+    Case("p_fp8_pad1", 2, (13, 11), 64, 144, (3, 3), padding=1),
+    Case("p_fp8_long_k", 2, (8, 8), 512, 160, (3, 3), padding=1),
+]
 #: unit-stride dgrad: every member of its family (NOTE [The sm90 conv family]) but ``base`` (the
 #: matrix's dgrad kernel), pinned, on the epilogues with reductions and aux tensors
 PERSISTENT_DGRAD_MEMBERS = tuple(m for m in CF.DGRAD_FAMILY if m != "base")
@@ -220,6 +227,7 @@ PERSISTENT_REFUSED = {("dgelu_bgrad", "coop160"), ("dgelu_bgrad", "streamk160"),
 def persistent_pairs() -> list[tuple[str, str, str]]:
     """(epilogue, member, kind) of the persistent tests."""
     return ([(n, m, "fprop") for n in PERSISTENT_EPILOGUES for m in PERSISTENT_MEMBERS if (n, m) not in PERSISTENT_REFUSED]
+            + [("fp8_out", m, "fprop") for m in PERSISTENT_FP8_MEMBERS]
             + [(n, m, "dgrad") for n in PERSISTENT_DGRAD_EPILOGUES for m in PERSISTENT_DGRAD_MEMBERS
                if (n, m) not in PERSISTENT_REFUSED])
 

@@ -381,7 +381,8 @@ def persistent():
 
 PERSISTENT_PARAMS = [pytest.param(n, m, kind, case, id=f"sm90-{kind}2d-{n}-{m}-{case.name}")
                      for n, m, kind in CC.persistent_pairs()
-                     for case in (CC.CASES_PERSISTENT if kind == "fprop" else CC.CASES_PERSISTENT_DGRAD)]
+                     for case in (CC.CASES_PERSISTENT_FP8 if n == "fp8_out" else
+                                  CC.CASES_PERSISTENT if kind == "fprop" else CC.CASES_PERSISTENT_DGRAD)]
 
 
 @pytest.mark.parametrize("name, member, kind, case", PERSISTENT_PARAMS)
