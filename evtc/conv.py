@@ -164,9 +164,8 @@ def _defaults(arch: str, a: DType, kind: str) -> GemmConfig:
 CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile", "schedule", "scheduler", "split_k",
                         "decomposition"),
                "sm80": ("tile", "stages", "warp_tile", "swizzle")}
-#: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE [Persistent conv
-#: kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop and unit-stride dgrad
-PERSISTENT_SCHEDULE = "cooperative"
+#: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (defined with the family)
+PERSISTENT_SCHEDULE = conv_family.PERSISTENT_SCHEDULE
 
 
 def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | None = None, *,

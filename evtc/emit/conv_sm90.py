@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from evtc.emit import common
 from evtc.emit.sm90 import collective_epilogue_args, cxx_shape, mn_stride_args
+from evtc.family.conv import kernel_kind
 from evtc.ir.graph import Graph
 from evtc.plan.config import DECOMPOSITIONS
 from evtc.plan.model import Plan
@@ -69,8 +70,8 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
                                    extra_info={"conv": {"kind": kind, "dims": dims}}),
         kind=kind,
         dims=dims,
-        persistent=cfg.schedule == "cooperative",
-        stream_k=cfg.scheduler == "streamk",
+        persistent=kernel_kind(cfg) != "nonpersistent",
+        stream_k=kernel_kind(cfg) == "streamk",
         split_k=cfg.split_k,
         decomposition=cfg.decomposition,
         decomposition_index=DECOMPOSITIONS.index(cfg.decomposition),

@@ -140,6 +140,10 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "coop256x128": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (256, 128)}, 1),
     "streamk256x128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 128)}, 1),
 }
+#: the schedule of the sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE
+#: [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop and
+#: unit-stride dgrad; the non-persistent conv kernel has the GemmConfig default
+PERSISTENT_SCHEDULE = "cooperative"
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
 FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160")
 #: unit-stride dgrad's members: fprop's without ``coop128``, which took 1.01-1.14x ``base``'s time
@@ -215,7 +219,7 @@ def tiles(M: int, N: int, tile: Sequence[int]) -> int:
 def kernel_kind(config: GemmConfig) -> str:
     """``nonpersistent`` (CUTLASS's conv kernel), ``persistent`` or ``streamk`` (the persistent
     cooperative GEMM kernel over that tile scheduler: NOTE [Persistent conv kernels])."""
-    if config.schedule != "cooperative":
+    if config.schedule != PERSISTENT_SCHEDULE:
         return "nonpersistent"
     return "streamk" if config.scheduler == "streamk" else "persistent"
 
