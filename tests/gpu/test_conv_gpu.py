@@ -3,8 +3,10 @@ reference epilogue that makes sense for a kind, on fprop, dgrad (stride 1 and 2,
 dilation) and wgrad, 2-D and 3-D, against torch's float64 convolution (``conv2d``/``conv3d``),
 input gradient and weight gradient, with fresh random data, NaN-poisoned outputs and
 evtc.testing's elementwise oracle (NOTE [The error bound]). The matrix pins each kind's default
-kernel; the sm90 fprop family (1x1 problems on a Gemm, a non-default member) has its own tests
-(``test_gemm_route``, ``test_family_member``; ``python benchmarks/prebuild.py conv:family``).
+kernel; the sm90 fprop family (1x1 problems on a Gemm, a non-default member) and dgrad family
+(its routing) have their own tests (``test_gemm_route``, ``test_family_member``,
+``test_dgrad_family_member``; ``python benchmarks/prebuild.py conv:family``), and every
+persistent or dgrad-family member pinned has ``test_persistent_member`` (``conv:persistent``).
 
 The kernels are listed in conv_cases.py; ``python benchmarks/prebuild.py conv`` builds them all
 beforehand (in parallel, one nvcc per core).
