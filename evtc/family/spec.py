@@ -189,6 +189,17 @@ def _tiles(M: int, N: int, L: int, tile: tuple[int, int, int]) -> int:
 def wave_efficiency(tiles: int, sm_count: int) -> float:
     """The fraction of the SM-waves a persistent kernel's ``tiles`` keep busy: tiles / (SMs x waves).
 
+    NOTE [One wave of ping-pong tiles over a long K]: between one and two waves of 128x128 tiles
+    and a K of at least 4 max(M, N), fewer than one wave of 128x256 tiles, where ping-pong's
+    128x192 tiles fit one wave (H100, 2026-11-26, benchmarks/explore_members.py, bias_relu, CUDA
+    graphs, / cuBLAS): ``pingpong`` 1.180 / 1.005 / 1.186 at 2048x1280x11520, 1536x1536x12288 and
+    1280x2048x12288, where ``streamk`` (CUTLASS's heuristic decomposition: stream-K over 1-2
+    waves) took 1.599 / 1.410 / 1.616 and ``large`` 2.442 / 1.581 / 1.815. At 2560x1280x10240
+    (140 ping-pong tiles, over a wave) ``streamk`` stays: 1.084 against ping-pong's 1.610. The
+    same shapes are the UNet's 1280-channel 3x3 convolutions as implicit GEMMs
+    (docs/performance.md, "It is not the im2col mainloop"). Heavy epilogues keep ``streamk``, as
+    in every ping-pong rule.
+
     NOTE [Wave quantisation between large and ping-pong]: below the 15 waves where ping-pong's
     overlap always pays, a light epilogue still takes ``pingpong`` (128x192) over ``large``
     (128x256) when it has 2 waves or more and its last wave is fuller by more than 3 % of the
@@ -359,6 +370,10 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
     if not has("streamk", "kheavy", "small"):
         return large
     tiles128 = _tiles(p.M, p.N, p.L, family["streamk"].config.tile)
+    if (has("pingpong") and not traits.heavy and tiles128 >= p.sm_count and p.K >= 4 * max(p.M, p.N)
+            and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) <= p.sm_count):
+        # NOTE [One wave of ping-pong tiles over a long K]
+        return family["pingpong"]
     spec = family["kheavy"]
     if tiles128 < p.sm_count and p.K >= 4 * max(p.M, p.N) and p.K >= 128 * spec.config.tile[2]:
         # (768x768x3072, 48 K tiles, ran 1.6x faster on ``small``)
