@@ -197,8 +197,12 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
     waves) took 1.599 / 1.410 / 1.616 and ``large`` 2.442 / 1.581 / 1.815. At 2560x1280x10240
     (140 ping-pong tiles, over a wave) ``streamk`` stays: 1.084 against ping-pong's 1.610. The
     same shapes are the UNet's 1280-channel 3x3 convolutions as implicit GEMMs
-    (docs/performance.md, "It is not the im2col mainloop"). Heavy epilogues keep ``streamk``, as
-    in every ping-pong rule.
+    (docs/performance.md, "It is not the im2col mainloop"). Heavy epilogues take it too, unlike
+    every other ping-pong rule: with one tile per CTA no warpgroup's epilogue waits for another's
+    (the second run, all three epilogues: bias_relu 1.175 / 1.027 / 1.183, the row max 1.187 /
+    1.027 / 1.196, the aux-heavy epilogue 1.377 / 1.239 / 1.382 against ``streamk``'s 1.754 /
+    1.560 / 1.703; at 2560x1280x10240 ``streamk`` 1.084 / 1.088 / 1.164 against ping-pong's 1.590
+    / 1.581 / 1.727).
 
     NOTE [Wave quantisation between large and ping-pong]: below the 15 waves where ping-pong's
     overlap always pays, a light epilogue still takes ``pingpong`` (128x192) over ``large``
@@ -370,7 +374,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
     if not has("streamk", "kheavy", "small"):
         return large
     tiles128 = _tiles(p.M, p.N, p.L, family["streamk"].config.tile)
-    if (has("pingpong") and not traits.heavy and tiles128 >= p.sm_count and p.K >= 4 * max(p.M, p.N)
+    if (has("pingpong") and tiles128 >= p.sm_count and p.K >= 4 * max(p.M, p.N)
             and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) <= p.sm_count):
         # NOTE [One wave of ping-pong tiles over a long K]
         return family["pingpong"]
