@@ -62,6 +62,7 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
     if plan.config.unaligned or plan.config.swap_ab:
         raise ValueError("the conv kernels have no unaligned or swap-AB variants")
     cfg = plan.config
+    kernel = kernel_kind(cfg)  # nonpersistent, persistent or streamk
     d_output = graph.output(plan.d_slot)
     an, bn, _ = OPERANDS[kind]
     return common.render(
@@ -70,8 +71,8 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
                                    extra_info={"conv": {"kind": kind, "dims": dims}}),
         kind=kind,
         dims=dims,
-        persistent=kernel_kind(cfg) != "nonpersistent",
-        stream_k=kernel_kind(cfg) == "streamk",
+        persistent=kernel != "nonpersistent",
+        stream_k=kernel == "streamk",
         split_k=cfg.split_k,
         decomposition=cfg.decomposition,
         decomposition_index=DECOMPOSITIONS.index(cfg.decomposition),

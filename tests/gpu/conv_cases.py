@@ -271,9 +271,15 @@ def dgrad_family_convs() -> dict[str, evtc.Conv]:
 
 def dgrad_family_kernels() -> list[BuildJob]:
     """Every kernel the dgrad family's test runs (one job per distinct source)."""
+    return chosen_jobs((conv, CASES_DGRAD_FAMILY) for conv in dgrad_family_convs().values())
+
+
+def chosen_jobs(pairs) -> list[BuildJob]:
+    """The build jobs of the kernels family Convs run their cases on, each source once
+    (``pairs``: (family Conv, its cases))."""
     jobs = {}
-    for conv in dgrad_family_convs().values():
-        for case in CASES_DGRAD_FAMILY:
+    for conv, cs in pairs:
+        for case in cs:
             j = chosen_job(conv, case)
             jobs.setdefault(j.source, j)
     return list(jobs.values())
@@ -281,12 +287,7 @@ def dgrad_family_kernels() -> list[BuildJob]:
 
 def family_kernels() -> list[BuildJob]:
     """Every kernel the route's and the member's tests run (one job per distinct source)."""
-    jobs = {}
-    for conv, cs in family_convs():
-        for case in cs:
-            j = chosen_job(conv, case)
-            jobs.setdefault(j.source, j)
-    return list(jobs.values())
+    return chosen_jobs(family_convs())
 
 
 # ---- the reference ----------------------------------------------------------------------------------
