@@ -164,8 +164,13 @@ def _defaults(arch: str, a: DType, kind: str) -> GemmConfig:
 CONV_FIELDS = {"sm90": ("tile", "cluster", "stages", "epilogue_tile", "schedule", "scheduler", "split_k",
                         "decomposition"),
                "sm80": ("tile", "stages", "warp_tile", "swizzle")}
-#: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (defined with the family)
+#: sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel, and the persistent
+#: schedules (cooperative, ping-pong) (defined with the family)
 PERSISTENT_SCHEDULE = conv_family.PERSISTENT_SCHEDULE
+PERSISTENT_SCHEDULES = conv_family.PERSISTENT_SCHEDULES
+#: f32 accumulators per thread a ping-pong conv tile may take (TM*TN/128, of the 232 registers
+#: the ping-pong kernel's consumer warpgroups get: 128x192, the largest tile measured)
+PINGPONG_MAX_ACCUMULATORS = 192
 
 
 def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | None = None, *,
@@ -180,7 +185,8 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
     = 64, N of 16, 32 or 64 dividing the tile's), and for fprop and dgrad
     ``schedule="cooperative"`` with ``scheduler`` ``"persistent"`` (default) or ``"streamk"``: the
     persistent cooperative kernel (NOTE [Persistent conv kernels]; the GEMM's cooperative rules,
-    tile 128x256 by default), and with ``"streamk"`` ``split_k`` and ``decomposition``
+    tile 128x256 by default), or ``schedule="pingpong"``: the persistent ping-pong kernel (the
+    GEMM's ping-pong rules, tile 128x128 by default), and with ``"streamk"`` ``split_k`` and ``decomposition``
     (compile-time here: the conv kernels take no scheduler arguments at run time); sm80 ``tile``,
     ``warp_tile``, ``stages``, ``swizzle``. Defaults: sm90 128x128x(128 bytes) (wgrad 128x64),
     cluster 1x1, stages as many as fit; sm80 128x128x32, warps 64x64x32, 4 stages.
@@ -254,29 +260,40 @@ def conv_config(arch: str, a: DType, b: DType, config: GemmConfig | Mapping | No
 
 
 def _persistent_config(cfg: GemmConfig, a: DType, b: DType, kind: str, given: Mapping) -> GemmConfig:
-    """A conv config on the persistent cooperative GEMM kernel (NOTE [Persistent conv kernels]):
+    """A conv config on one of CUTLASS's persistent GEMM kernels (NOTE [Persistent conv kernels]):
     ``schedule="cooperative"`` with ``scheduler`` ``"persistent"`` (the default when only the
-    schedule is given) or ``"streamk"``; the GEMM's sm90 rules for that schedule hold (tile M of 128
-    or 256, split over two consumer warpgroups)."""
+    schedule is given) or ``"streamk"``, or ``schedule="pingpong"`` (persistent scheduler); the
+    GEMM's sm90 rules for that schedule hold (cooperative: tile M of 128 or 256, split over two
+    consumer warpgroups; ping-pong: M of 64 or 128, one consumer warpgroup a tile)."""
     if cfg.schedule == SM90_SCHEDULE:
         raise ConfigError(f"scheduler '{cfg.scheduler}': the {SM90_SCHEDULE} conv kernel is non-persistent",
                           hint="add schedule='cooperative' for the persistent cooperative kernel", anchor="conv-config")
-    if cfg.schedule != PERSISTENT_SCHEDULE:
-        raise ConfigError(f"sm90 conv schedule '{cfg.schedule}' is not one of ('{SM90_SCHEDULE}', "
-                          f"'{PERSISTENT_SCHEDULE}')", anchor="conv-config")
+    if cfg.schedule not in PERSISTENT_SCHEDULES:
+        raise ConfigError(f"sm90 conv schedule '{cfg.schedule}' is not one of "
+                          f"{(SM90_SCHEDULE, *PERSISTENT_SCHEDULES)}", anchor="conv-config")
     if kind not in ("fprop", "dgrad"):
-        raise ConfigError(f"schedule='{PERSISTENT_SCHEDULE}': fprop and (unit-stride) dgrad run on the persistent "
-                          "cooperative kernel, not wgrad (its B is the im2col operand, whose view has no batch mode "
+        raise ConfigError(f"schedule='{cfg.schedule}': fprop and (unit-stride) dgrad run on the persistent "
+                          "kernels, not wgrad (its B is the im2col operand, whose view has no batch mode "
                           "to give the GEMM kernel)", hint="wgrad takes the non-persistent kernel's fields",
                           anchor="conv-config")
     if cfg.scheduler == NONPERSISTENT:
         if "scheduler" in given:
-            raise ConfigError(f"scheduler '{NONPERSISTENT}' with schedule='{PERSISTENT_SCHEDULE}'",
-                              hint="use 'persistent' or 'streamk'", anchor="conv-config")
+            raise ConfigError(f"scheduler '{NONPERSISTENT}' with schedule='{cfg.schedule}'",
+                              hint="use 'persistent'" + (" or 'streamk'" if cfg.schedule == PERSISTENT_SCHEDULE else ""),
+                              anchor="conv-config")
         cfg = cfg.replace(scheduler="persistent")
     if "tile" not in given:
-        cfg = cfg.replace(tile=(128, 256, cfg.tile[2]))
+        cfg = cfg.replace(tile=(128, 256 if cfg.schedule == PERSISTENT_SCHEDULE else 128, cfg.tile[2]))
     validate_gemm_config(cfg, "sm90", a, b)
+    tm, tn, _ = cfg.tile
+    # the ping-pong kernel's consumer warpgroup holds the whole tile's f32 accumulators,
+    # TM*TN/128 a thread, in the 232 registers setmaxnreg gives it (240 from 208 accumulators on:
+    # sm90_gemm_tma_warpspecialized_pingpong.hpp, MmaRegisterRequirement); evtc allows 192 (128x192)
+    if cfg.schedule == "pingpong" and tm * tn // 128 > PINGPONG_MAX_ACCUMULATORS:
+        raise ConfigError(f"tile {cfg.tile}: the ping-pong kernel's consumer warpgroup would hold {tm * tn // 128} f32 "
+                          f"accumulators per thread (at most {PINGPONG_MAX_ACCUMULATORS} of its 232 registers: "
+                          "sm90_gemm_tma_warpspecialized_pingpong.hpp)", hint="use 128x192, 128x128 or 64x256",
+                          anchor="conv-config")
     return cfg
 
 
@@ -318,10 +335,10 @@ class ConvPlan(Plan):
     def __str__(self) -> str:
         lines = format_plan(self).split("\n")
         cfg = self.config
-        persistent = cfg.schedule == PERSISTENT_SCHEDULE
+        persistent = cfg.schedule in PERSISTENT_SCHEDULES
         lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
                     f"{'x'.join(map(str, cfg.cluster[:2]))}, "
-                    + (f"cooperative, {cfg.scheduler}" if persistent else "non-persistent"))
+                    + (f"{cfg.schedule}, {cfg.scheduler}" if persistent else "non-persistent"))
         if persistent:  # the GEMM's kernel: the plan's own budget line holds
             return "\n".join(lines)
         # the budget line: the epilogue doesn't add to the mainloop here (a union)
@@ -344,13 +361,13 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
         PlanError: nothing fits.
     """
     target = get_target(arch)
-    if arch == "sm90" and config.schedule == PERSISTENT_SCHEDULE:
+    if arch == "sm90" and config.schedule in PERSISTENT_SCHEDULES:
         from evtc.plan.sm90 import plan_sm90
 
         # the GEMM's kernel and its stage rule: the epilogue's buffers beside the mainloop's
         plan = plan_sm90(graph, target, config, a=a, b=b, policy=policy, rank=rank, fixed=fixed)
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
-        fields.update(notes=plan.notes + (f"conv on the persistent cooperative kernel ({config.scheduler} tile "
+        fields.update(notes=plan.notes + (f"conv on the persistent {config.schedule} kernel ({config.scheduler} tile "
                                           "scheduler), the epilogue's buffers beside the mainloop's",),
                       kernel_smem_bound=target.smem_capacity)
         return ConvPlan(**fields)
@@ -484,7 +501,7 @@ class _Kernel:
                 binder = ConvBinder(self.graph, self.conv.a, self.conv.b, self.library.Args, kind=self.conv.kind,
                                     dims=self.conv.dims, layout=self.conv.layout, spec=spec, arch=self.arch,
                                     strided_dgrad=self.strided, tile=self.config.tile,
-                                    persistent=self.config.schedule == PERSISTENT_SCHEDULE)
+                                    persistent=self.config.schedule in PERSISTENT_SCHEDULES)
                 got = self.launchers[spec] = Launcher(binder, self.library, self.conv.name)
         return got
 

@@ -62,7 +62,7 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
     if plan.config.unaligned or plan.config.swap_ab:
         raise ValueError("the conv kernels have no unaligned or swap-AB variants")
     cfg = plan.config
-    kernel = kernel_kind(cfg)  # nonpersistent, persistent or streamk
+    kernel = kernel_kind(cfg)  # nonpersistent, persistent, streamk or pingpong
     d_output = graph.output(plan.d_slot)
     an, bn, _ = OPERANDS[kind]
     return common.render(
@@ -73,6 +73,7 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
         dims=dims,
         persistent=kernel != "nonpersistent",
         stream_k=kernel == "streamk",
+        pingpong=kernel == "pingpong",
         split_k=cfg.split_k,
         decomposition=cfg.decomposition,
         decomposition_index=DECOMPOSITIONS.index(cfg.decomposition),

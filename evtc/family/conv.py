@@ -33,7 +33,10 @@ unit-stride dgrad, the channels K runs over a multiple of the tile's K). So a fa
   activation when the cluster's N extent is above 1 and ``SM90_TMA_LOAD_MULTICAST`` for the filter
   when its M extent is (``sm90_gmma_builder.inl``, ``sm90_common.inl``); the grid is rounded up to
   whole clusters (``get_tiled_cta_shape_mnl``);
-* the epilogue tile (64x32 by the planner; 64x64).
+* the epilogue tile (64x32 by the planner; 64x64);
+* on long-K problems, clusters along M (NOTE [Long-K conv layers: the filter multicast]);
+* the ping-pong kernel (one consumer warpgroup a tile, the two alternating; exploration and
+  ``Conv(config={"schedule": "pingpong"})`` only).
 
 Not a candidate: two CTAs per SM (one CTA's epilogue under the other's mainloop, what ping-pong
 does inside one CTA). With 4 stages a 128x64 or 64x128 CTA takes about 97 KiB of shared memory
@@ -70,6 +73,25 @@ members' channel rule on dy's K). On the UNet's five unit-stride dgrad layers
 is modelled faster: ``coop128`` took 1.01-1.14x ``base``'s time on dgrad, where on fprop it
 took 0.93-1.0x. Strided dgrad runs on the strided-dgrad kernel.
 
+# NOTE [Long-K conv layers: the filter multicast]
+Every CTA tile reads its whole K extent of the im2col activation (tm x K) and of the filter
+(tn x K) from L2, so a layer of few tiles over a long K moves (tm + tn) x K x 2 bytes a tile
+through L2 in one wave. On the UNet's 1280-channel 3x3 layers (M = 2048 or 512, N = 1280,
+K = 11520) that is the limit: ``coop160`` moved 7.2 TB/s there (the 29 MB filter read once per
+M tile), and took 1.12x cuDNN + eager; the wave model, which counts MMA work only, can't see it.
+A cluster along M multicasts each filter tile to its CTAs (``SM90_TMA_LOAD_MULTICAST``,
+conv/collective/builders/sm90_common.inl), halving or quartering that traffic: on the 16x16
+layer ``coop192_c2x1`` took 0.93x (``coop192`` 1.14-1.19x), ``streamk128`` 1.31x, ``_c2x1``
+1.10x, ``_c4x1`` 1.02x; on the 8x8 layer ``streamk128_c4x1`` took 0.97x (``streamk128``
+1.22x, ``_c2x1`` 1.01x) (H100, 2026-11-26, benchmarks/explore_conv.py, docs/performance.md).
+On the other 3x3 layers, where K < 4 max(M, N), the clusters were 0-10 % slower than the same
+tile without (the multicast's cost without the traffic to save). So a problem with
+K >= :data:`LONG_K_RATIO` x max(M, N) chooses between :data:`LONG_K_MEMBERS` only, by the wave
+model (the 16x16 layer: ``coop192_c2x1``, 112 tiles in one wave; the 8x8: ``streamk128_c4x1``,
+40 tiles, stream-K over every SM), and other problems never take them. The ping-pong kernel
+(``pp*``, exploration only) was 3-8 % faster than the cooperative one of the same tile on layers
+of two or more waves and 4-12 % slower on one wave; ``pp192_c2x1`` took 1.0x on the 16x16 layer.
+
 # NOTE [1x1 convolutions as GEMMs]
 An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
 y[n, h, w, k] = sum_c x[n, h, w, c] * w[k, c]. With x packed NHWC, A is x viewed as
@@ -94,8 +116,9 @@ from collections.abc import Mapping, Sequence
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig
 
-__all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "ConvMember", "choose", "member_configs",
-           "modeled_time", "pointwise_problem", "tiles"]
+__all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "PERSISTENT_SCHEDULES",
+           "LONG_K_MEMBERS", "LONG_K_RATIO", "ConvMember", "choose", "is_persistent", "kernel_kind", "long_k",
+           "member_configs", "modeled_time", "pointwise_problem", "tiles"]
 
 #: name -> (the conv config's fields over the default, CTAs one SM holds); the tile's K is the
 #: operand's 128 bytes (64 for 16-bit), filled in by :func:`member_configs`
@@ -139,17 +162,48 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "streamk192": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 192)}, 1),
     "coop256x128": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (256, 128)}, 1),
     "streamk256x128": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (256, 128)}, 1),
+    # 128x64: each consumer warpgroup 64x64, 80 tiles on the UNet's 1280 x 8x8 (cuDNN's kernel
+    # there: 64x128 tiles, two math warpgroups, 80 CTAs)
+    "coop128x64": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 64)}, 1),
+    # the ping-pong kernel: one consumer warpgroup a tile (128 rows: two WGMMA chains), the other's
+    # epilogue under its mainloop when an SM has two tiles
+    "pp128": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 128)}, 1),
+    "pp160": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 160)}, 1),
+    "pp192": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 192)}, 1),
+    "pp192_c2x1": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 192), "cluster": (2, 1, 1)}, 1),
+    "pp64x256": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (64, 256)}, 1),
+    # clusters along M: the filter's TMA multicast to 2 or 4 CTAs (the 1280-channel layers read a
+    # 29 MB filter once per M tile)
+    "pp128_c2x1": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 128), "cluster": (2, 1, 1)}, 1),
+    "pp160_c2x1": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 160), "cluster": (2, 1, 1)}, 1),
+    "pp192_c4x1": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 192), "cluster": (4, 1, 1)}, 1),
+    "coop192_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 192), "cluster": (2, 1, 1)}, 1),
+    "coop128x64_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 64), "cluster": (2, 1, 1)}, 1),
+    "coop128x64_c4x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 64), "cluster": (4, 1, 1)}, 1),
+    "streamk128_c2x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "cluster": (2, 1, 1)}, 1),
+    "streamk128_c4x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "cluster": (4, 1, 1)}, 1),
 }
 #: the schedule of the sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE
 #: [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop and
 #: unit-stride dgrad; the non-persistent conv kernel has the GemmConfig default
 PERSISTENT_SCHEDULE = "cooperative"
+#: the schedules of CUTLASS's persistent GEMM kernels a conv runs on: the cooperative one (two
+#: consumer warpgroups on one tile) and the ping-pong one (one consumer warpgroup a tile, the two
+#: alternating: one's epilogue under the other's mainloop; persistent tile scheduler only)
+PERSISTENT_SCHEDULES = ("cooperative", "pingpong")
+#: the members a long-K problem chooses between, and only it (NOTE [Long-K conv layers: the
+#: filter multicast]): clusters along M, whose CTAs share one TMA load of each filter tile
+LONG_K_MEMBERS = ("coop192_c2x1", "streamk128_c4x1")
+#: a problem is long-K when K >= LONG_K_RATIO * max(M, N) (NOTE [Long-K conv layers: the filter
+#: multicast])
+LONG_K_RATIO = 4
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
-FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160")
+FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160", *LONG_K_MEMBERS)
 #: unit-stride dgrad's members: fprop's without ``coop128``, which took 1.01-1.14x ``base``'s time
 #: on the UNet's dgrad layers (H100, 2026-11-26, benchmarks/explore_conv_dgrad.py), so ``base``
-#: stays dgrad's default (NOTE [The sm90 conv family])
-DGRAD_FAMILY = tuple(n for n in FAMILY if n != "coop128")
+#: stays dgrad's default, and without the long-K members, not measured on dgrad (dgrad's long-K
+#: layers are 0.50-0.82x cuDNN's dgrad + the eager dReLU already) (NOTE [The sm90 conv family])
+DGRAD_FAMILY = tuple(n for n in FAMILY if n != "coop128" and n not in LONG_K_MEMBERS)
 #: the conv kinds that are a family on sm90 (wgrad is one kernel: the persistent kernels don't
 #: run it, NOTE [Persistent conv kernels])
 FAMILIES = {"fprop": FAMILY, "dgrad": DGRAD_FAMILY}
@@ -167,6 +221,8 @@ EFFICIENCY = {
     (128, 64, "nonpersistent"): 0.67, (64, 64, "nonpersistent"): 0.5,
     (128, 128, "persistent"): 1.06, (128, 160, "persistent"): 0.96, (128, 256, "persistent"): 1.14,
     (128, 128, "streamk"): 0.985, (128, 160, "streamk"): 0.99,
+    # coop192_c2x1: the median over the 13 3x3 layers of both sets (2026-11-26, explore_conv.py)
+    (128, 192, "persistent"): 1.08,
 }
 #: 64x256's efficiency where N is a multiple of 256 (measured 1.0-1.2, median 1.12)
 WIDE_FULL_N = 1.12
@@ -218,10 +274,19 @@ def tiles(M: int, N: int, tile: Sequence[int]) -> int:
 
 def kernel_kind(config: GemmConfig) -> str:
     """``nonpersistent`` (CUTLASS's conv kernel), ``persistent`` or ``streamk`` (the persistent
-    cooperative GEMM kernel over that tile scheduler: NOTE [Persistent conv kernels])."""
-    if config.schedule != PERSISTENT_SCHEDULE:
+    cooperative GEMM kernel over that tile scheduler) or ``pingpong`` (the persistent ping-pong
+    GEMM kernel): NOTE [Persistent conv kernels]."""
+    if config.schedule not in PERSISTENT_SCHEDULES:
         return "nonpersistent"
+    if config.schedule == "pingpong":
+        return "pingpong"
     return "streamk" if config.scheduler == "streamk" else "persistent"
+
+
+def is_persistent(config: GemmConfig) -> bool:
+    """Whether a conv config runs on one of CUTLASS's persistent GEMM kernels (NOTE [Persistent
+    conv kernels]) rather than its non-persistent conv kernel."""
+    return config.schedule in PERSISTENT_SCHEDULES
 
 
 def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int) -> float | None:
@@ -272,9 +337,10 @@ def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int
             kernels]); None: not known, none of them runs.
 
     Returns:
-        :data:`PERSISTENT_DEFAULT` (or ``base`` where the persistent members can't run or, as
-        in :data:`DGRAD_FAMILY`, aren't members) unless a member is modelled :data:`MARGIN`
-        faster (the fastest such).
+        On a long-K problem (:func:`long_k`), the :data:`LONG_K_MEMBERS` member modelled fastest,
+        where one is a member and runs. Else :data:`PERSISTENT_DEFAULT` (or ``base`` where the
+        persistent members can't run or, as in :data:`DGRAD_FAMILY`, aren't members) unless a
+        member other than the long-K ones is modelled :data:`MARGIN` faster (the fastest such).
     """
     if "base" not in members or len(members) == 1 or min(M, N, K) <= 0:
         return "base" if "base" in members else next(iter(members))
@@ -287,9 +353,22 @@ def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int
         t = modeled_time(c, ctas, M, N, K, sm_count) if runs(c) else None
         if t is not None:
             times[n] = t
+    if long_k(M, N, K):  # NOTE [Long-K conv layers: the filter multicast]
+        longs = {n: t for n, t in times.items() if n in LONG_K_MEMBERS}
+        if longs:
+            return min(longs, key=lambda n: (longs[n], n))
+    times = {n: t for n, t in times.items() if n not in LONG_K_MEMBERS}
+    if not times:
+        return "base"
     default = PERSISTENT_DEFAULT if PERSISTENT_DEFAULT in times else "base"
     best = min(times, key=lambda n: (times[n], n != default))
     return best if times[best] <= (1 - MARGIN) * times[default] else default
+
+
+def long_k(M: int, N: int, K: int) -> bool:
+    """Whether an implicit GEMM of extents M, N, K is long-K: K >= :data:`LONG_K_RATIO` x max(M, N)
+    (NOTE [Long-K conv layers: the filter multicast])."""
+    return K >= LONG_K_RATIO * max(M, N)
 
 
 def pointwise_problem(kind: str, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],

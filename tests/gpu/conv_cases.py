@@ -187,7 +187,9 @@ MEMBER_EPILOGUES = ("bias_relu", "row_stats", "many_aux")
 #: the tile's K (64), ragged GEMM N (fprop's K, dgrad's C: below, between and above the 128- and
 #: 256-wide tiles), M not a multiple of the tile, batch > 1, stride (fprop), dilation, and a long
 #: K over two output tiles (the stream-K members split it)
-PERSISTENT_MEMBERS = ("coop", "coop128", "coop160", "coop_c2x1", "streamk", "streamk128", "streamk160", "splitk4_160")
+PERSISTENT_MEMBERS = ("coop", "coop128", "coop160", "coop_c2x1", "streamk", "streamk128", "streamk160", "splitk4_160",
+                      # the long-K members (clusters along M: the filter multicast) and the ping-pong kernel
+                      "coop192_c2x1", "streamk128_c4x1", "pp128", "pp192_c2x1")
 PERSISTENT_EPILOGUES = ("bias_relu", "row_stats", "many_aux", "dgelu_bgrad")
 CASES_PERSISTENT = [
     Case("p_3x3_pad1", 2, (13, 11), 64, 72, (3, 3), padding=1),
@@ -251,11 +253,23 @@ def chosen_job(conv: evtc.Conv, case: Case) -> BuildJob:
     return conv.kernel_for(a_shape, b_shape, case.problem(conv.kind))[1].job()
 
 
+#: long-K problems (NOTE [Long-K conv layers: the filter multicast]) a family Conv runs on a long-K
+#: member: the UNet's two 1280-channel 3x3 layers (coop192_c2x1, streamk128_c4x1) and a small one
+#: (streamk128_c4x1, one M tile in a cluster of four)
+LONG_K_EPILOGUES = ("row_stats", "many_aux")
+CASES_LONG_K = [
+    Case("lk_unet_1280_16", 8, (16, 16), 1280, 1280, (3, 3), padding=1),
+    Case("lk_unet_1280_8", 8, (8, 8), 1280, 1280, (3, 3), padding=1),
+    Case("lk_small", 2, (8, 8), 512, 200, (3, 3), padding=1),
+]
+
+
 def family_convs() -> list[tuple[evtc.Conv, list[Case]]]:
-    """(family Conv, its cases) of the route's and the member's GPU tests."""
+    """(family Conv, its cases) of the route's, the member's and the long-K GPU tests."""
     out = [(conv_for(n, "fprop", dims, "sm90", layout=layout, family=True), route_cases(dims))
            for n, dims, layout in ROUTE]
     out += [(conv_for(n, "fprop", 2, "sm90", family=True), CASES_2D) for n in MEMBER_EPILOGUES]
+    out += [(conv_for(n, "fprop", 2, "sm90", family=True), CASES_LONG_K) for n in LONG_K_EPILOGUES]
     return out
 
 

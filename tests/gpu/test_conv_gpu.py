@@ -292,7 +292,8 @@ def family():
             raise r
     table = {}
     for conv, cs in CC.family_convs():
-        table[(conv.name, conv.dims, conv.layout, "route" if cs is not CC.CASES_2D else "member")] = conv
+        kind = "member" if cs is CC.CASES_2D else "long_k" if cs is CC.CASES_LONG_K else "route"
+        table[(conv.name, conv.dims, conv.layout, kind)] = conv
     return table
 
 
@@ -334,6 +335,24 @@ def test_family_member(family, name, case, record_errors):
     assert k.member == CC.MEMBER and k.config.tile[:2] == (64, 128)
     run_and_check(conv, case, zlib.crc32(f"member{name}{case}".encode()), record_errors)
     assert k.launchers, "the call did not run on the member"
+
+
+LONG_K_PARAMS = [pytest.param(n, case, id=f"sm90-fprop2d-{n}-{case.name}")
+                 for n in CC.LONG_K_EPILOGUES for case in CC.CASES_LONG_K]
+
+
+@pytest.mark.parametrize("name, case", LONG_K_PARAMS)
+def test_long_k_member(family, name, case, record_errors):
+    """A family Conv runs a long-K problem on a long-K member (a cluster along M multicasting the
+    filter: NOTE [Long-K conv layers: the filter multicast]), against the float64 reference."""
+    from evtc.family import conv as CF
+
+    conv = family[(name, 2, "nhwc", "long_k")]
+    a_shape, b_shape, _ = CC.operand_shapes("fprop", case)
+    label, k = conv.kernel_for(a_shape, b_shape, case.problem("fprop"))
+    assert label in CF.LONG_K_MEMBERS and k.member == label and k.config.cluster[0] > 1
+    run_and_check(conv, case, zlib.crc32(f"longk{name}{case}".encode()), record_errors)
+    assert k.launchers, f"the call did not run on {label}"
 
 
 @pytest.fixture(scope="module")
@@ -398,7 +417,7 @@ def test_persistent_member(persistent, name, member, kind, case, record_errors):
 
     conv = persistent[(name, member, kind)]
     assert conv.config.tile[:2] == CF.member_configs(evtc.bf16, [member])[member].fields["tile"][:2]
-    assert (conv.config.schedule == "cooperative") == (CF.kernel_kind(conv.config) != "nonpersistent")
+    assert (conv.config.schedule in CF.PERSISTENT_SCHEDULES) == (CF.kernel_kind(conv.config) != "nonpersistent")
     run_and_check(conv, case, zlib.crc32(f"persistent{name}{member}{kind}{case}".encode()), record_errors)
     # a second call on fresh data (the stream-K flags and the reductions' workspace re-initialised)
     run_and_check(conv, case, zlib.crc32(f"persistent2{name}{member}{kind}{case}".encode()), record_errors)

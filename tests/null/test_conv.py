@@ -178,12 +178,20 @@ def test_conv_config_defaults_and_fields():
     assert conv_config("sm90", bf16, bf16, kind="wgrad").tile == (128, 64, 64)
     assert conv_config("sm90", bf16, bf16, {"tile": (64, 128, 64), "stages": 4}).tile == (64, 128, 64)
     assert conv_config("sm90", bf16, bf16, evtc.GemmConfig(tile=(128, 64, 64))).tile == (128, 64, 64)
+    # the persistent ping-pong kernel (NOTE [Persistent conv kernels]): 128x128 by default
+    pp = conv_config("sm90", bf16, bf16, {"schedule": "pingpong"})
+    assert (pp.tile, pp.schedule, pp.scheduler) == ((128, 128, 64), "pingpong", "persistent")
+    assert conv_config("sm90", bf16, bf16, {"schedule": "pingpong", "tile": (64, 256, 64)}).tile == (64, 256, 64)
+    with pytest.raises(evtc.ConfigError, match="not wgrad"):
+        conv_config("sm90", bf16, bf16, {"schedule": "pingpong"}, kind="wgrad")
     c80 = conv_config("sm80", f16, f16, {"tile": (128, 64, 32), "warp_tile": (64, 32, 32), "stages": 3})
     assert (c80.tile, c80.warp_tile, c80.stages) == ((128, 64, 32), (64, 32, 32), 3)
 
 
 @pytest.mark.parametrize("arch, config, needle", [
-    ("sm90", {"schedule": "pingpong"}, "sm90 conv schedule 'pingpong' is not one of"),
+    ("sm90", {"schedule": "sliced"}, "sm90 conv schedule 'sliced' is not one of"),
+    ("sm90", {"schedule": "pingpong", "scheduler": "streamk"}, "the stream-K scheduler needs the cooperative schedule"),
+    ("sm90", {"schedule": "pingpong", "scheduler": "nonpersistent"}, "scheduler 'nonpersistent' with schedule='pingpong'"),
     ("sm90", {"split_k": 2}, "decompositions of the persistent kernel's stream-K tile scheduler"),
     ("sm90", {"raster": "along_m"}, "has no raster to choose"),
     ("sm90", {"tile": (256, 128, 64)}, "tile M = 256"),
@@ -489,7 +497,11 @@ def test_cli_conv_takes_every_config_option_or_refuses_it():
     assert r.exit_code == 0, r.output
     assert "using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;" in r.output
     assert "using EpilogueTile = cute::Shape<cute::_64, cute::_64>;" in r.output
-    r = CliRunner().invoke(main, base + ["--schedule", "pingpong"])
-    assert r.exit_code != 0 and "sm90 conv schedule 'pingpong' is not one of" in r.output
+    r = CliRunner().invoke(main, base + ["--schedule", "pingpong", "--tile", "128x192x64", "--cluster", "2x1"])
+    assert r.exit_code == 0, r.output
+    assert "using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;" in r.output
+    assert "cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>{}" in r.output
+    r = CliRunner().invoke(main, base + ["--schedule", "pingpong", "--scheduler", "streamk"])
+    assert r.exit_code != 0 and "the stream-K scheduler needs the cooperative schedule" in r.output
     r = CliRunner().invoke(main, base[:-1] + ["sm80", "--cluster", "2x1"])
     assert r.exit_code != 0 and "the sm80 conv kernel has no cluster to choose" in r.output

@@ -213,8 +213,8 @@ def test_family_members_and_candidates_plan():
     for name, (fields, ctas) in CF.CANDIDATES.items():
         k = conv.member(name)
         cfg = k.config
-        persistent = fields.get("schedule") == "cooperative"
-        assert cfg.tile[2] == 64 and cfg.schedule == ("cooperative" if persistent else "warpspecialized")
+        persistent = fields.get("schedule") in CF.PERSISTENT_SCHEDULES
+        assert cfg.tile[2] == 64 and cfg.schedule == fields.get("schedule", "warpspecialized")
         for f, v in fields.items():
             got = getattr(cfg, f)
             assert (tuple(got)[:len(v)] == tuple(v)) if isinstance(v, tuple) else got == v, (name, f)
@@ -223,11 +223,15 @@ def test_family_members_and_candidates_plan():
         src = k.source
         if persistent:
             # the GEMM's persistent cooperative kernel with the conv mainloop; the GEMM's stage rule
-            assert "evtc::Sm90ConvMainloopAsGemm<" in src and "cutlass::gemm::KernelTmaWarpSpecializedCooperative" in src
+            pingpong = cfg.schedule == "pingpong"
+            kernel = "Pingpong" if pingpong else "Cooperative"
+            assert "evtc::Sm90ConvMainloopAsGemm<" in src and f"cutlass::gemm::KernelTmaWarpSpecialized{kernel};" in src
+            # consumer warpgroups on one tile: one (ping-pong), two along M (cooperative)
+            assert f"cute::Layout<cute::Shape<cute::_{1 if pingpong else 2}, cute::_1, cute::_1>>{{}}" in src
             sched = "StreamKScheduler" if fields["scheduler"] == "streamk" else "PersistentScheduler"
             assert f"CollectiveEpilogue,\n{' ' * 56}cutlass::gemm::{sched}>" in src
-            assert "cutlass::conv::kernel::ConvUniversal" not in src and "cooperative" in str(plan)
-            assert plan.epilogue_tile[0] == 128
+            assert "cutlass::conv::kernel::ConvUniversal" not in src and cfg.schedule in str(plan)
+            assert plan.epilogue_tile[0] == (64 if pingpong else 128)
             assert plan.mainloop_stages * plan.mainloop_stage_bytes + plan.epilogue_smem_bytes <= plan.smem_capacity
             assert src not in seen
             seen.add(src)
@@ -291,8 +295,11 @@ def test_members_a_conv_cannot_have():
 UNET_PICKS = [
     ((8 * 64 * 64, 320, 320 * 9), 320, "coop160"),     # coop160 0.91, base 1.31 (N = 320: two 160 tiles)
     ((8 * 32 * 32, 640, 640 * 9), 640, "coop160"),     # coop160 0.93, base 1.06
-    ((8 * 16 * 16, 1280, 1280 * 9), 1280, "coop160"),  # coop160 1.08 (128 tiles), wide 1.31, base 1.59
-    ((8 * 8 * 8, 1280, 1280 * 9), 1280, "streamk128"),  # streamk128 1.22, streamk160 1.21, m64 1.62
+    # long-K (NOTE [Long-K conv layers: the filter multicast]): coop192_c2x1 0.93, pp192_c4x1 0.99,
+    # streamk128_c4x1 1.02, coop160 1.12, base 1.56; streamk128_c4x1 0.97, coop128x64_c4x1 0.99,
+    # streamk128 1.22, m64 1.62
+    ((8 * 16 * 16, 1280, 1280 * 9), 1280, "coop192_c2x1"),
+    ((8 * 8 * 8, 1280, 1280 * 9), 1280, "streamk128_c4x1"),
     ((8 * 32 * 32, 640, 320 * 9), 320, "coop160"),     # coop160 0.78, base 0.96
     ((8 * 32 * 32, 320, 320 * 9), 320, "coop160"),     # the stride-2 downsampler: coop160 0.74, base 1.26
     ((8 * 16 * 16, 640, 640 * 9), 640, "coop128"),     # coop128 0.77 (80 tiles), coop160 1.26 (64), base 0.83
@@ -334,7 +341,8 @@ def test_route_picks_the_member_of_the_call(monkeypatch):
     conv = evtc.Conv(bias_silu, kind="fprop", a=f16, d=f16, arch="sm90")
     sp = evtc.ConvProblem(padding=1).normalize(2)
     k = conv._route(sp, packed((8, 8, 8, 1280)), packed((1280, 3, 3, 1280)))
-    assert k.member == "streamk128" and k.config.tile == (128, 128, 64) and k.config.scheduler == "streamk"
+    assert k.member == "streamk128_c4x1" and k.config.tile == (128, 128, 64) and k.config.scheduler == "streamk"
+    assert k.config.cluster == (4, 1, 1)
     assert conv._route(sp, packed((8, 64, 64, 320)), packed((320, 3, 3, 320))).member == "coop160"
     # 40 input channels: not a multiple of the persistent kernel's K tile
     assert conv._route(sp, packed((8, 64, 64, 40)), packed((320, 3, 3, 40))).member == "base"
@@ -355,7 +363,9 @@ def test_route_picks_the_member_of_the_call(monkeypatch):
     ({"cluster": (3, 1, 1)}, "cluster (3, 1, 1)"),
     ({"epilogue_tile": (64, 48)}, "epilogue tile (64, 48)"),
     ({"epilogue_tile": (128, 32)}, "the one-warpgroup epilogue has M = 64"),
-    ({"schedule": "pingpong"}, "sm90 conv schedule 'pingpong' is not one of"),
+    ({"schedule": "sliced"}, "sm90 conv schedule 'sliced' is not one of"),
+    ({"schedule": "pingpong", "tile": (256, 128, 64)}, "would hold 256 f32 accumulators per thread"),
+    ({"schedule": "pingpong", "tile": (128, 256, 64)}, "would hold 256 f32 accumulators per thread"),
     ({"scheduler": "streamk"}, "the warpspecialized conv kernel is non-persistent"),
     ({"schedule": "cooperative", "scheduler": "nonpersistent"}, "use 'persistent' or 'streamk'"),
     ({"schedule": "cooperative", "tile": (64, 256, 64)}, "the cooperative schedule needs a multiple of 128"),
@@ -392,7 +402,7 @@ def test_kernel_for_names_the_route_or_the_member():
     assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}"
     assert k.job().source in {j.source for j in gemm.jobs()}
     label, k = conv.kernel_for((8, 8, 8, 1280), (1280, 3, 3, 1280), evtc.ConvProblem(padding=1))
-    assert (label, k.member) == ("streamk128", "streamk128")
+    assert (label, k.member) == ("streamk128_c4x1", "streamk128_c4x1")
     # 1x1 with stride 2 (ResNet's downsampling shortcut) stays on a conv kernel
     label, _ = conv.kernel_for((32, 56, 56, 256), (512, 1, 1, 256), evtc.ConvProblem(stride=2))
     assert not label.startswith("gemm")
@@ -564,3 +574,25 @@ def test_stream_k_members_are_modelled_data_parallel_where_cutlass_runs_them_so(
     assert CF.modeled_time(forced, 1, M, N, K, 132) > CF.modeled_time(coop, 1, M, N, K, 132)  # 0.97 + 0.35 waves
     M = 512                                          # 32 tiles: stream-K
     assert CF.modeled_time(cfg, 1, M, N, K, 132) < CF.modeled_time(coop, 1, M, N, K, 132)
+
+
+def test_long_k_members_only_on_long_k_problems():
+    """NOTE [Long-K conv layers: the filter multicast]: K >= 4 max(M, N) chooses between the
+    clusters along M only, by the wave model; no other problem takes them, and dgrad's family has
+    none."""
+    conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
+    assert CF.long_k(2048, 1280, 11520) and CF.long_k(512, 1280, 11520) and not CF.long_k(2048, 1280, 8191)
+    # one wave of 112 128x192 tiles (160 128x128 tiles: not stream-K) / 40 tiles: stream-K
+    assert conv.choose(2048, 1280, 11520, channels=1280) == "coop192_c2x1"
+    assert conv.choose(512, 1280, 11520, channels=1280) == "streamk128_c4x1"
+    # a small long-K problem: stream-K over every SM
+    assert conv.choose(128, 200, 4608, channels=512) == "streamk128_c4x1"
+    # every other 3x3 layer of both sets: K < 4 max(M, N)
+    for M, N, K in [(32768, 320, 2880), (8192, 640, 5760), (8192, 640, 2880), (2048, 640, 5760), (1568, 512, 4608),
+                    (6272, 256, 2304), (25088, 128, 1152)]:
+        assert not CF.long_k(M, N, K) and conv.choose(M, N, K, channels=K // 9) not in CF.LONG_K_MEMBERS
+    # channels off the persistent kernel's K tile: the non-persistent members, as before
+    assert conv.choose(2048, 1280, 9000, channels=1000) == "wide"
+    dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
+    assert not set(CF.LONG_K_MEMBERS) & set(dgrad.family)
+    assert dgrad.choose(512, 1280, 11520, channels=1280) == "streamk128"
