@@ -80,17 +80,26 @@ through L2 in one wave. On the UNet's 1280-channel 3x3 layers (M = 2048 or 512, 
 K = 11520) that is the limit: ``coop160`` moved 7.2 TB/s there (the 29 MB filter read once per
 M tile), and took 1.12x cuDNN + eager; the wave model, which counts MMA work only, can't see it.
 A cluster along M multicasts each filter tile to its CTAs (``SM90_TMA_LOAD_MULTICAST``,
-conv/collective/builders/sm90_common.inl), halving or quartering that traffic: on the 16x16
-layer ``coop192_c2x1`` took 0.93x (``coop192`` 1.14-1.19x), ``streamk128`` 1.31x, ``_c2x1``
-1.10x, ``_c4x1`` 1.02x; on the 8x8 layer ``streamk128_c4x1`` took 0.97x (``streamk128``
-1.22x, ``_c2x1`` 1.01x) (H100, 2026-11-26, benchmarks/explore_conv.py, docs/performance.md).
-On the other 3x3 layers, where K < 4 max(M, N), the clusters were 0-10 % slower than the same
+conv/collective/builders/sm90_common.inl), halving or quartering that traffic (H100,
+2026-11-26, benchmarks/explore_conv.py, time / cuDNN + eager, docs/performance.md):
+
+* 16x16 (M = 2048): ``coop192_c2x1`` 0.92-0.93 (``coop192`` 1.14-1.19); ``streamk128`` 1.31,
+  ``_c2x1`` 1.10, ``_c4x1`` 1.02-1.04; ``m64`` 1.58, ``m64_c4x1`` 1.18;
+* 8x8 (M = 512): ``m64_c4x1`` 0.87 (``m64`` 1.51, ``m64_c2x1`` 1.15); ``streamk128_c4x1``
+  0.93-0.97 (``streamk128`` 1.22);
+* ResNet-50's res5 3x3 (M = 1568, N = 512, K = 4608): ``m64_c4x1`` 0.80 (``m64`` 0.99);
+* the UNet's 640-channel stride-2 layer (M = 2048, N = 640, K = 5760): ``streamk128_c4x1``
+  0.77-0.78, ``coop128`` 0.75-0.87.
+
+On the other 3x3 layers, where K < 2.5 max(M, N), the clusters were 0-10 % slower than the same
 tile without (the multicast's cost without the traffic to save). So a problem with
 K >= :data:`LONG_K_RATIO` x max(M, N) chooses between :data:`LONG_K_MEMBERS` only, by the wave
-model (the 16x16 layer: ``coop192_c2x1``, 112 tiles in one wave; the 8x8: ``streamk128_c4x1``,
-40 tiles, stream-K over every SM), and other problems never take them. The ping-pong kernel
-(``pp*``, exploration only) was 3-8 % faster than the cooperative one of the same tile on layers
-of two or more waves and 4-12 % slower on one wave; ``pp192_c2x1`` took 1.0x on the 16x16 layer.
+model with their long-K efficiencies (:data:`LONG_K_EFFICIENCY`), and other problems never take
+them: ``coop192_c2x1`` on the 16x16 layer (112 tiles in one wave), ``m64_c4x1`` on the 8x8 and
+res5 layers (80 and 100 tiles), ``streamk128_c4x1`` on the stride-2 one (80 tiles) and on
+small problems (stream-K over every SM). The ping-pong kernel (``pp*``, exploration only) was
+3-8 % faster than the cooperative one of the same tile on layers of two or more waves and
+4-12 % slower on one wave; ``pp192_c2x1`` took 1.0x on the 16x16 layer.
 
 # NOTE [1x1 convolutions as GEMMs]
 An fprop with a 1 x 1 (x 1) filter, stride 1, no padding, dilation 1, groups 1 is exactly a GEMM:
@@ -117,7 +126,7 @@ from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig
 
 __all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "PERSISTENT_SCHEDULES",
-           "LONG_K_MEMBERS", "LONG_K_RATIO", "ConvMember", "choose", "is_persistent", "kernel_kind", "long_k",
+           "LONG_K_EFFICIENCY", "LONG_K_MEMBERS", "LONG_K_RATIO", "ConvMember", "choose", "is_persistent", "kernel_kind", "long_k",
            "member_configs", "modeled_time", "pointwise_problem", "tiles"]
 
 #: name -> (the conv config's fields over the default, CTAs one SM holds); the tile's K is the
@@ -178,10 +187,13 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "pp160_c2x1": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 160), "cluster": (2, 1, 1)}, 1),
     "pp192_c4x1": ({"schedule": "pingpong", "scheduler": "persistent", "tile": (128, 192), "cluster": (4, 1, 1)}, 1),
     "coop192_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 192), "cluster": (2, 1, 1)}, 1),
+    "m64_c4x1": ({"tile": (64, 128), "cluster": (4, 1, 1)}, 1),
     "coop128x64_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 64), "cluster": (2, 1, 1)}, 1),
     "coop128x64_c4x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 64), "cluster": (4, 1, 1)}, 1),
     "streamk128_c2x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "cluster": (2, 1, 1)}, 1),
     "streamk128_c4x1": ({"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128), "cluster": (4, 1, 1)}, 1),
+    "coop128_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 128), "cluster": (2, 1, 1)}, 1),
+    "m64_c2x1": ({"tile": (64, 128), "cluster": (2, 1, 1)}, 1),
 }
 #: the schedule of the sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE
 #: [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop and
@@ -192,11 +204,16 @@ PERSISTENT_SCHEDULE = "cooperative"
 #: alternating: one's epilogue under the other's mainloop; persistent tile scheduler only)
 PERSISTENT_SCHEDULES = ("cooperative", "pingpong")
 #: the members a long-K problem chooses between, and only it (NOTE [Long-K conv layers: the
-#: filter multicast]): clusters along M, whose CTAs share one TMA load of each filter tile
-LONG_K_MEMBERS = ("coop192_c2x1", "streamk128_c4x1")
+#: filter multicast]): clusters along M, whose CTAs share one TMA load of each filter tile; each
+#: with its efficiency on long-K problems (in :data:`EFFICIENCY`'s unit): the unclustered tile's
+#: efficiency times the median over the four long-K layers of the unclustered kernel's time over
+#: the clustered one's (H100, 2026-11-26, explore_conv.py: ``streamk128`` 1.18x
+#: ``streamk128_c4x1``'s time, ``m64`` 1.29x ``m64_c4x1``'s); ``coop192_c2x1``'s over the 13 3x3 layers
+LONG_K_EFFICIENCY = {"coop192_c2x1": 1.08, "streamk128_c4x1": 1.16, "m64_c4x1": 0.97}
+LONG_K_MEMBERS = tuple(LONG_K_EFFICIENCY)
 #: a problem is long-K when K >= LONG_K_RATIO * max(M, N) (NOTE [Long-K conv layers: the filter
 #: multicast])
-LONG_K_RATIO = 4
+LONG_K_RATIO = 2.5
 #: the members the heuristic chooses between (NOTE [The sm90 conv family])
 FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160", *LONG_K_MEMBERS)
 #: unit-stride dgrad's members: fprop's without ``coop128``, which took 1.01-1.14x ``base``'s time
@@ -289,14 +306,16 @@ def is_persistent(config: GemmConfig) -> bool:
     return config.schedule in PERSISTENT_SCHEDULES
 
 
-def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int) -> float | None:
+def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int,
+                 tile_efficiency: float | None = None) -> float | None:
     """A relative time (no unit; comparable between members for one problem): waves of CTA
     tiles over ``sm_count * ctas_per_sm`` slots, times each tile's padded MMA work (its M x N x
     K rounded up to whole tiles) over its :data:`EFFICIENCY`, times the CTAs sharing an SM. A
     stream-K member spreads fewer tiles than SMs over every SM (their share of a wave, plus
     :data:`STREAM_K_OVERHEAD`), or one wave where CUTLASS's heuristic decomposition runs them
     data-parallel (at least half a wave of tiles); None where it has a wave or more (then it is
-    the persistent kernel)."""
+    the persistent kernel). ``tile_efficiency`` replaces :func:`efficiency` (the long-K members'
+    :data:`LONG_K_EFFICIENCY`)."""
     tm, tn, tk = config.tile
     kind = kernel_kind(config)
     n_tiles = tiles(M, N, config.tile)
@@ -314,7 +333,8 @@ def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, s
     else:
         waves = math.ceil(n_tiles / slots)
     work = tm * tn * math.ceil(K / tk) * tk
-    return waves * work * ctas_per_sm / efficiency(tm, tn, N, kind)
+    eff = tile_efficiency if tile_efficiency is not None else efficiency(tm, tn, N, kind)
+    return waves * work * ctas_per_sm / eff
 
 
 def efficiency(tm: int, tn: int, N: int, kind: str = "nonpersistent") -> float:
@@ -350,7 +370,7 @@ def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int
 
     times = {}
     for n, (c, ctas) in members.items():
-        t = modeled_time(c, ctas, M, N, K, sm_count) if runs(c) else None
+        t = modeled_time(c, ctas, M, N, K, sm_count, LONG_K_EFFICIENCY.get(n)) if runs(c) else None
         if t is not None:
             times[n] = t
     if long_k(M, N, K):  # NOTE [Long-K conv layers: the filter multicast]

@@ -254,13 +254,14 @@ def chosen_job(conv: evtc.Conv, case: Case) -> BuildJob:
 
 
 #: long-K problems (NOTE [Long-K conv layers: the filter multicast]) a family Conv runs on a long-K
-#: member: the UNet's two 1280-channel 3x3 layers (coop192_c2x1, streamk128_c4x1) and a small one
-#: (streamk128_c4x1, one M tile in a cluster of four)
+#: member: the UNet's two 1280-channel 3x3 layers (coop192_c2x1, m64_c4x1), ResNet-50's res5 3x3
+#: (m64_c4x1) and a small one (streamk128_c4x1, one M tile in a cluster of four)
 LONG_K_EPILOGUES = ("row_stats", "many_aux")
 CASES_LONG_K = [
     Case("lk_unet_1280_16", 8, (16, 16), 1280, 1280, (3, 3), padding=1),
     Case("lk_unet_1280_8", 8, (8, 8), 1280, 1280, (3, 3), padding=1),
     Case("lk_small", 2, (8, 8), 512, 200, (3, 3), padding=1),
+    Case("lk_res5", 32, (7, 7), 512, 512, (3, 3), padding=1),  # ResNet-50's res5 3x3: 25 M tiles in clusters of 4
 ]
 
 

@@ -295,23 +295,23 @@ def test_members_a_conv_cannot_have():
 UNET_PICKS = [
     ((8 * 64 * 64, 320, 320 * 9), 320, "coop160"),     # coop160 0.91, base 1.31 (N = 320: two 160 tiles)
     ((8 * 32 * 32, 640, 640 * 9), 640, "coop160"),     # coop160 0.93, base 1.06
-    # long-K (NOTE [Long-K conv layers: the filter multicast]): coop192_c2x1 0.93, pp192_c4x1 0.99,
-    # streamk128_c4x1 1.02, coop160 1.12, base 1.56; streamk128_c4x1 0.97, coop128x64_c4x1 0.99,
-    # streamk128 1.22, m64 1.62
+    # long-K (NOTE [Long-K conv layers: the filter multicast]): coop192_c2x1 0.92-0.93, pp192_c4x1
+    # 0.99, streamk128_c4x1 1.02, coop160 1.12, base 1.56; m64_c4x1 0.87, streamk128_c4x1 0.93-0.97,
+    # streamk128 1.22, m64 1.51
     ((8 * 16 * 16, 1280, 1280 * 9), 1280, "coop192_c2x1"),
-    ((8 * 8 * 8, 1280, 1280 * 9), 1280, "streamk128_c4x1"),
+    ((8 * 8 * 8, 1280, 1280 * 9), 1280, "m64_c4x1"),
     ((8 * 32 * 32, 640, 320 * 9), 320, "coop160"),     # coop160 0.78, base 0.96
     ((8 * 32 * 32, 320, 320 * 9), 320, "coop160"),     # the stride-2 downsampler: coop160 0.74, base 1.26
-    ((8 * 16 * 16, 640, 640 * 9), 640, "coop128"),     # coop128 0.77 (80 tiles), coop160 1.26 (64), base 0.83
+    ((8 * 16 * 16, 640, 640 * 9), 640, "streamk128_c4x1"),  # long-K: streamk128_c4x1 0.77-0.78, coop128 0.75-0.87
     ((32 * 14 * 14, 256, 256 * 9), 256, "wide"),       # ResNet-50 res4 3x3: wide 0.59, coop128 0.62, base 0.70
     ((32 * 28 * 28, 128, 128 * 9), 128, "coop128"),    # res3 3x3: coop128 0.61, base 0.65
-    ((32 * 7 * 7, 512, 512 * 9), 512, "m64"),          # res5 3x3: m64 0.99, coop128 1.10, base 1.13
+    ((32 * 7 * 7, 512, 512 * 9), 512, "m64_c4x1"),     # res5 3x3 (long-K): m64_c4x1 0.80, m64 0.99, base 1.15
     ((32 * 56 * 56, 64, 64 * 9), 64, "n64"),           # res2 3x3: n64 0.70, coop128 0.92, base 1.05
     ((32 * 28 * 28, 512, 256), 256, "coop"),           # res3's strided 1x1 shortcut: coop 0.27, wide 0.38
     # channels off the persistent kernel's K tile (64): the non-persistent members only
     ((8 * 64 * 64, 320, 40 * 9), 40, "base"),
-    ((8 * 16 * 16, 1280, 1000 * 9), 1000, "wide"),
-    ((8 * 8 * 8, 1280, 1000 * 9), 1000, "m64"),
+    ((8 * 16 * 16, 1280, 1000 * 9), 1000, "m64_c4x1"),  # long-K: the one non-persistent long-K member
+    ((8 * 8 * 8, 1280, 1000 * 9), 1000, "m64_c4x1"),
 ]
 
 
@@ -341,8 +341,9 @@ def test_route_picks_the_member_of_the_call(monkeypatch):
     conv = evtc.Conv(bias_silu, kind="fprop", a=f16, d=f16, arch="sm90")
     sp = evtc.ConvProblem(padding=1).normalize(2)
     k = conv._route(sp, packed((8, 8, 8, 1280)), packed((1280, 3, 3, 1280)))
+    assert k.member == "m64_c4x1" and k.config.tile == (64, 128, 64) and k.config.cluster == (4, 1, 1)
+    k = conv._route(sp, packed((8, 16, 16, 640)), packed((640, 3, 3, 640)))
     assert k.member == "streamk128_c4x1" and k.config.tile == (128, 128, 64) and k.config.scheduler == "streamk"
-    assert k.config.cluster == (4, 1, 1)
     assert conv._route(sp, packed((8, 64, 64, 320)), packed((320, 3, 3, 320))).member == "coop160"
     # 40 input channels: not a multiple of the persistent kernel's K tile
     assert conv._route(sp, packed((8, 64, 64, 40)), packed((320, 3, 3, 40))).member == "base"
@@ -402,7 +403,7 @@ def test_kernel_for_names_the_route_or_the_member():
     assert label == f"gemm:{gemm.choose(32 * 56 * 56, 64, 256).name}"
     assert k.job().source in {j.source for j in gemm.jobs()}
     label, k = conv.kernel_for((8, 8, 8, 1280), (1280, 3, 3, 1280), evtc.ConvProblem(padding=1))
-    assert (label, k.member) == ("streamk128_c4x1", "streamk128_c4x1")
+    assert (label, k.member) == ("m64_c4x1", "m64_c4x1")
     # 1x1 with stride 2 (ResNet's downsampling shortcut) stays on a conv kernel
     label, _ = conv.kernel_for((32, 56, 56, 256), (512, 1, 1, 256), evtc.ConvProblem(stride=2))
     assert not label.startswith("gemm")
@@ -581,18 +582,21 @@ def test_long_k_members_only_on_long_k_problems():
     clusters along M only, by the wave model; no other problem takes them, and dgrad's family has
     none."""
     conv = evtc.Conv(bias_silu, kind="fprop", a=bf16, d=bf16, arch="sm90")
-    assert CF.long_k(2048, 1280, 11520) and CF.long_k(512, 1280, 11520) and not CF.long_k(2048, 1280, 8191)
-    # one wave of 112 128x192 tiles (160 128x128 tiles: not stream-K) / 40 tiles: stream-K
+    assert CF.long_k(2048, 1280, 11520) and CF.long_k(512, 1280, 11520) and not CF.long_k(2048, 1280, 5119)
+    # one wave of 112 128x192 tiles (160 128x128 tiles: not stream-K; three waves of 64x128) /
+    # one wave of 80 64x128 tiles / 80 128x128 tiles, data-parallel
     assert conv.choose(2048, 1280, 11520, channels=1280) == "coop192_c2x1"
-    assert conv.choose(512, 1280, 11520, channels=1280) == "streamk128_c4x1"
+    assert conv.choose(512, 1280, 11520, channels=1280) == "m64_c4x1"
+    assert conv.choose(1568, 512, 4608, channels=512) == "m64_c4x1"
+    assert conv.choose(2048, 640, 5760, channels=640) == "streamk128_c4x1"
     # a small long-K problem: stream-K over every SM
     assert conv.choose(128, 200, 4608, channels=512) == "streamk128_c4x1"
     # every other 3x3 layer of both sets: K < 4 max(M, N)
-    for M, N, K in [(32768, 320, 2880), (8192, 640, 5760), (8192, 640, 2880), (2048, 640, 5760), (1568, 512, 4608),
-                    (6272, 256, 2304), (25088, 128, 1152)]:
+    for M, N, K in [(32768, 320, 2880), (8192, 640, 5760), (8192, 640, 2880), (8192, 320, 2880), (6272, 256, 2304),
+                    (25088, 128, 1152), (100352, 64, 576)]:
         assert not CF.long_k(M, N, K) and conv.choose(M, N, K, channels=K // 9) not in CF.LONG_K_MEMBERS
-    # channels off the persistent kernel's K tile: the non-persistent members, as before
-    assert conv.choose(2048, 1280, 9000, channels=1000) == "wide"
+    # channels off the persistent kernel's K tile: the non-persistent long-K member
+    assert conv.choose(2048, 1280, 9000, channels=1000) == "m64_c4x1"
     dgrad = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90")
     assert not set(CF.LONG_K_MEMBERS) & set(dgrad.family)
     assert dgrad.choose(512, 1280, 11520, channels=1280) == "streamk128"
