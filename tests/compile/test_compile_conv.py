@@ -104,14 +104,16 @@ def test_sm90_conv_is_a_split_build(built):
     assert b"evtc_conv_kernel" in data and b"_ZN7cutlass13device_kernel" not in data
 
 
-@pytest.fixture(scope="module")
-def member():
-    """The sm90 fprop family's ``streamk128`` member (NOTE [Persistent conv kernels]: the conv
-    mainloop on CUTLASS's persistent cooperative GEMM kernel over the stream-K tile scheduler,
-    128x128x64, two consumer warpgroups), with the aux load and the column reduction of
-    ``dgelu_bgrad`` (its partials in the workspace beside the scheduler's)."""
+@pytest.fixture(scope="module", params=["streamk128", "pp192_c2x1"])
+def member(request):
+    """Two candidates of the sm90 fprop family (NOTE [Persistent conv kernels]), with the aux load
+    and the column reduction of ``dgelu_bgrad`` (its partials in the workspace beside the
+    scheduler's): ``streamk128``, the conv mainloop on CUTLASS's persistent cooperative GEMM
+    kernel over the stream-K tile scheduler (128x128x64, two consumer warpgroups), and
+    ``pp192_c2x1``, on the persistent ping-pong kernel (128x192x64, one consumer warpgroup a
+    tile, cluster 2x1: the filter multicast)."""
     conv = evtc.Conv(dgelu_bgrad, kind="fprop", a=f16, d=f16, arch="sm90")
-    kernel = conv.member("streamk128")
+    kernel = conv.member(request.param)
     kernel.build()
     return conv, kernel
 
@@ -123,9 +125,16 @@ def test_a_family_member_reports_its_plan(member):
     conv, kernel = member
     info = kernel.library.info
     plan = kernel.plan
-    assert plan.config.tile == (128, 128, 64) and kernel.source != conv.source
-    assert plan.config.schedule == "cooperative" and plan.config.scheduler == "streamk"
-    assert "cutlass::gemm::StreamKScheduler>" in kernel.source and "evtc::Sm90ConvMainloopAsGemm<" in kernel.source
+    assert kernel.source != conv.source and "evtc::Sm90ConvMainloopAsGemm<" in kernel.source
+    if kernel.member == "streamk128":
+        assert plan.config.tile == (128, 128, 64)
+        assert plan.config.schedule == "cooperative" and plan.config.scheduler == "streamk"
+        assert "cutlass::gemm::StreamKScheduler>" in kernel.source
+    else:
+        assert plan.config.tile == (128, 192, 64) and plan.config.cluster == (2, 1, 1)
+        assert plan.config.schedule == "pingpong" and plan.config.scheduler == "persistent"
+        assert "cutlass::gemm::KernelTmaWarpSpecializedPingpong;" in kernel.source
+        assert "cutlass::gemm::PersistentScheduler>" in kernel.source
     assert info["epilogue_smem_bytes"] == plan.epilogue_smem_bytes
     assert info["mainloop_stages"] == plan.mainloop_stages
     assert plan.mainloop_stages * plan.mainloop_stage_bytes + plan.epilogue_smem_bytes <= plan.smem_capacity
