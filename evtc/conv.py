@@ -335,7 +335,7 @@ class ConvPlan(Plan):
     def __str__(self) -> str:
         lines = format_plan(self).split("\n")
         cfg = self.config
-        persistent = cfg.schedule in PERSISTENT_SCHEDULES
+        persistent = conv_family.is_persistent(cfg)
         lines[0] = (f"plan ({self.policy}) for sm90 conv: tile {'x'.join(map(str, cfg.tile))}, cluster "
                     f"{'x'.join(map(str, cfg.cluster[:2]))}, "
                     + (f"{cfg.schedule}, {cfg.scheduler}" if persistent else "non-persistent"))
@@ -361,7 +361,7 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
         PlanError: nothing fits.
     """
     target = get_target(arch)
-    if arch == "sm90" and config.schedule in PERSISTENT_SCHEDULES:
+    if arch == "sm90" and conv_family.is_persistent(config):
         from evtc.plan.sm90 import plan_sm90
 
         # the GEMM's kernel and its stage rule: the epilogue's buffers beside the mainloop's
@@ -501,7 +501,7 @@ class _Kernel:
                 binder = ConvBinder(self.graph, self.conv.a, self.conv.b, self.library.Args, kind=self.conv.kind,
                                     dims=self.conv.dims, layout=self.conv.layout, spec=spec, arch=self.arch,
                                     strided_dgrad=self.strided, tile=self.config.tile,
-                                    persistent=self.config.schedule in PERSISTENT_SCHEDULES)
+                                    persistent=conv_family.is_persistent(self.config))
                 got = self.launchers[spec] = Launcher(binder, self.library, self.conv.name)
         return got
 
