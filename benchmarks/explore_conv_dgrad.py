@@ -1,5 +1,6 @@
-"""Unit-stride dgrad + dReLU of bench_conv.py's UNet layers on the non-persistent conv kernel and
-the persistent cooperative members (NOTE [Persistent conv kernels]), beside cuDNN's input
+"""Unit-stride dgrad + dReLU of bench_conv.py's UNet layers on the non-persistent conv kernel, the
+persistent cooperative members (NOTE [Persistent conv kernels]) and the fprop family's long-K
+members (clusters along M), beside cuDNN's input
 gradient followed by the eager mask, in one run: the evidence for the dgrad family. With
 ``--strided``: the stride-2 layers of both sets on configurations of the strided-dgrad kernel
 (CUTLASS 2.x's, NOTE [Strided dgrad rows]).
@@ -32,7 +33,13 @@ import bench_conv as BC
 MEMBERS = {"base": {}, "coop128": {"schedule": "cooperative", "tile": (128, 128, 64)},
            "coop160": {"schedule": "cooperative", "tile": (128, 160, 64)},
            "coop": {"schedule": "cooperative", "tile": (128, 256, 64)},
-           "streamk128": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64)}}
+           "streamk128": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64)},
+           "m64": {"tile": (64, 128, 64)},
+           # the fprop family's long-K members (NOTE [Long-K conv layers: the filter multicast])
+           "coop192_c2x1": {"schedule": "cooperative", "tile": (128, 192, 64), "cluster": (2, 1, 1)},
+           "streamk128_c4x1": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64),
+                               "cluster": (4, 1, 1)},
+           "m64_c4x1": {"tile": (64, 128, 64), "cluster": (4, 1, 1)}}
 #: name -> the strided-dgrad kernel's configuration (sm80 tile, warp tile, stages; ``{}``: the
 #: default 128x128x32, warps 64x64x32, 4 stages)
 STRIDED = {"default": {},

@@ -218,9 +218,10 @@ LONG_K_RATIO = 2.5
 FAMILY = ("base", "n64", "m64", "wide", "coop128", "coop160", "coop", "streamk128", "streamk160", *LONG_K_MEMBERS)
 #: unit-stride dgrad's members: fprop's without ``coop128``, which took 1.01-1.14x ``base``'s time
 #: on the UNet's dgrad layers (H100, 2026-11-26, benchmarks/explore_conv_dgrad.py), so ``base``
-#: stays dgrad's default, and without the long-K members, not measured on dgrad (dgrad's long-K
-#: layers are 0.50-0.82x cuDNN's dgrad + the eager dReLU already) (NOTE [The sm90 conv family])
-DGRAD_FAMILY = tuple(n for n in FAMILY if n != "coop128" and n not in LONG_K_MEMBERS)
+#: stays dgrad's default (NOTE [The sm90 conv family]). The long-K members took the UNet's two
+#: long-K dgrad layers from 0.754 (``coop160``) to 0.601 (``coop192_c2x1``) and from 0.827
+#: (``streamk128``) to 0.621 (``m64_c4x1``) of cuDNN's dgrad + the eager dReLU (same run)
+DGRAD_FAMILY = tuple(n for n in FAMILY if n != "coop128")
 #: the conv kinds that are a family on sm90 (wgrad is one kernel: the persistent kernels don't
 #: run it, NOTE [Persistent conv kernels])
 FAMILIES = {"fprop": FAMILY, "dgrad": DGRAD_FAMILY}
