@@ -91,8 +91,11 @@ conv/collective/builders/sm90_common.inl), halving or quartering that traffic (H
 * the UNet's 640-channel stride-2 layer (M = 2048, N = 640, K = 5760): ``streamk128_c4x1``
   0.77-0.78, ``coop128`` 0.75-0.87.
 
-On the other 3x3 layers, where K < 2.5 max(M, N), the clusters were 0-10 % slower than the same
-tile without (the multicast's cost without the traffic to save). So a problem with
+On the other ten 3x3 layers, where K < 2.5 max(M, N), the clusters decide less: 128x128 tiles
+gain on most (``streamk128_c4x1`` took 0.77-0.89x ``streamk128``'s time on seven of them,
+1.05-1.12x on ResNet's res4 and strided shortcut), 160-wide tiles don't (0.98-1.03x), and a
+clustered kernel beat the family's pick on one layer only, for want of a model of when (the
+UNet's 640 x 32x32: ``streamk128_c4x1`` 0.861 against ``coop160``'s 0.941). So a problem with
 K >= :data:`LONG_K_RATIO` x max(M, N) chooses between :data:`LONG_K_MEMBERS` only, by the wave
 model with their long-K efficiencies (:data:`LONG_K_EFFICIENCY`), and other problems never take
 them: ``coop192_c2x1`` on the 16x16 layer (112 tiles in one wave), ``m64_c4x1`` on the 8x8 and
