@@ -91,7 +91,7 @@ conv/collective/builders/sm90_common.inl), halving or quartering that traffic (H
 * the UNet's 640-channel stride-2 layer (M = 2048, N = 640, K = 5760): ``streamk128_c4x1``
   0.77-0.78, ``coop128`` 0.75-0.87.
 
-On the other ten 3x3 layers, where K < 2.5 max(M, N), the clusters decide less: 128x128 tiles
+On the ten other layers on conv kernels (K < 2.5 max(M, N)), the clusters decide less: 128x128 tiles
 gain on most (``streamk128_c4x1`` took 0.77-0.89x ``streamk128``'s time on seven of them,
 1.05-1.12x on ResNet's res4 and strided shortcut), 160-wide tiles don't (0.98-1.03x), and a
 clustered kernel beat the family's pick on one layer only, for want of a model of when (the
