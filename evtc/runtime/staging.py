@@ -72,6 +72,18 @@ code is in the history (commit cc95adc). What could make it overlap: a GEMM laun
 SMs than the device has (CUTLASS's ``KernelHardwareInfo::sm_count``), leaving a few to the side
 stream's copies; not tried.
 
+What a caller's packed ``out=`` still costs, and what could remove it (2026-11-26): bias_relu at
+4096 x 50257 x 4096 with packed C and a packed ``out=`` D moves 824 MB for C's staging copy and
+824 MB for D's copy back (about 0.31 + 0.37 ms at 2.2-2.6 TB/s) over a 2.37 ms GEMM, 1.23x the
+aligned time; issue 11's 1.15x leaves 0.35 ms for both, which two copies can't meet even at
+HBM's peak. What could: the epilogue storing D (and loading C) near TMA speed into rows that
+are only 2-byte aligned. For odd N in 16-bit types row r starts 2 N r bytes in, so the rows of
+one phase k = r mod 8 share an alignment; a TMA descriptor per phase, based at the phase's first
+16-byte-aligned column c0(k) <= 7 with a row stride of 8 rows, addresses every element from
+c0(k) on (TMA box coordinates need no alignment, only the base and strides), and the up to 7
+columns before it go register-direct. The epilogue's shared-memory subtile would be written
+with its rows grouped by phase, so each phase's rows form one TMA box. Not built.
+
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
 kernels). The route needs torch or cupy tensors (to allocate and copy), an sm90 family Gemm
