@@ -26,20 +26,15 @@ import common
 
 import evtc
 from evtc import bf16
+from evtc.family import conv as CF
 
 import bench_conv as BC
 
-#: name -> the dgrad Conv's configuration (``{}``: the non-persistent default)
-MEMBERS = {"base": {}, "coop128": {"schedule": "cooperative", "tile": (128, 128, 64)},
-           "coop160": {"schedule": "cooperative", "tile": (128, 160, 64)},
-           "coop": {"schedule": "cooperative", "tile": (128, 256, 64)},
-           "streamk128": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64)},
-           "m64": {"tile": (64, 128, 64)},
-           # the fprop family's long-K members (NOTE [Long-K conv layers: the filter multicast])
-           "coop192_c2x1": {"schedule": "cooperative", "tile": (128, 192, 64), "cluster": (2, 1, 1)},
-           "streamk128_c4x1": {"schedule": "cooperative", "scheduler": "streamk", "tile": (128, 128, 64),
-                               "cluster": (4, 1, 1)},
-           "m64_c4x1": {"tile": (64, 128, 64), "cluster": (4, 1, 1)}}
+#: name -> the dgrad Conv's configuration (``{}``: the non-persistent default): the family's
+#: candidates (evtc/family/conv.py CANDIDATES), the fprop family's long-K members among them (NOTE
+#: [Long-K conv layers: the filter multicast])
+MEMBERS = {"base": {}, **{n: dict(m.fields) for n, m in CF.member_configs(bf16, (
+    "coop128", "coop160", "coop", "streamk128", "m64", "coop192_c2x1", "streamk128_c4x1", "m64_c4x1")).items()}}
 #: name -> the strided-dgrad kernel's configuration (sm80 tile, warp tile, stages; ``{}``: the
 #: default 128x128x32, warps 64x64x32, 4 stages)
 STRIDED = {"default": {},

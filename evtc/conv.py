@@ -268,7 +268,7 @@ def _persistent_config(cfg: GemmConfig, a: DType, b: DType, kind: str, given: Ma
     if cfg.schedule == SM90_SCHEDULE:
         raise ConfigError(f"scheduler '{cfg.scheduler}': the {SM90_SCHEDULE} conv kernel is non-persistent",
                           hint="add schedule='cooperative' for the persistent cooperative kernel", anchor="conv-config")
-    if cfg.schedule not in PERSISTENT_SCHEDULES:
+    if not conv_family.is_persistent(cfg):
         raise ConfigError(f"sm90 conv schedule '{cfg.schedule}' is not one of "
                           f"{(SM90_SCHEDULE, *PERSISTENT_SCHEDULES)}", anchor="conv-config")
     if kind not in ("fprop", "dgrad"):

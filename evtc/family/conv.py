@@ -293,21 +293,21 @@ def tiles(M: int, N: int, tile: Sequence[int]) -> int:
     return math.ceil(M / tile[0]) * math.ceil(N / tile[1])
 
 
-def kernel_kind(config: GemmConfig) -> str:
-    """``nonpersistent`` (CUTLASS's conv kernel), ``persistent`` or ``streamk`` (the persistent
-    cooperative GEMM kernel over that tile scheduler) or ``pingpong`` (the persistent ping-pong
-    GEMM kernel): NOTE [Persistent conv kernels]."""
-    if config.schedule not in PERSISTENT_SCHEDULES:
-        return "nonpersistent"
-    if config.schedule == "pingpong":
-        return "pingpong"
-    return "streamk" if config.scheduler == "streamk" else "persistent"
-
-
 def is_persistent(config: GemmConfig) -> bool:
     """Whether a conv config runs on one of CUTLASS's persistent GEMM kernels (NOTE [Persistent
     conv kernels]) rather than its non-persistent conv kernel."""
     return config.schedule in PERSISTENT_SCHEDULES
+
+
+def kernel_kind(config: GemmConfig) -> str:
+    """``nonpersistent`` (CUTLASS's conv kernel), ``persistent`` or ``streamk`` (the persistent
+    cooperative GEMM kernel over that tile scheduler) or ``pingpong`` (the persistent ping-pong
+    GEMM kernel): NOTE [Persistent conv kernels]."""
+    if not is_persistent(config):
+        return "nonpersistent"
+    if config.schedule == "pingpong":
+        return "pingpong"
+    return "streamk" if config.scheduler == "streamk" else "persistent"
 
 
 def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int,
@@ -370,7 +370,7 @@ def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int
         return "base" if "base" in members else next(iter(members))
 
     def runs(cfg: GemmConfig) -> bool:
-        return kernel_kind(cfg) == "nonpersistent" or (channels is not None and channels % cfg.tile[2] == 0)
+        return not is_persistent(cfg) or (channels is not None and channels % cfg.tile[2] == 0)
 
     times = {}
     for n, (c, ctas) in members.items():
@@ -381,9 +381,7 @@ def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int
         longs = {n: t for n, t in times.items() if n in LONG_K_MEMBERS}
         if longs:
             return min(longs, key=lambda n: (longs[n], n))
-    times = {n: t for n, t in times.items() if n not in LONG_K_MEMBERS}
-    if not times:
-        return "base"
+    times = {n: t for n, t in times.items() if n not in LONG_K_MEMBERS}  # base (non-persistent) stays
     default = PERSISTENT_DEFAULT if PERSISTENT_DEFAULT in times else "base"
     best = min(times, key=lambda n: (times[n], n != default))
     return best if times[best] <= (1 - MARGIN) * times[default] else default

@@ -278,18 +278,22 @@ def test_bad_problem_is_refused_before_the_launch(convs):
 # ---- the sm90 fprop family: 1x1 problems on the Gemm, members chosen per problem ---------------------
 
 
-@pytest.fixture(scope="module")
-def family():
-    """The family Convs of the route's and the member's tests, keyed (epilogue, dims, layout, kind
-    of test), with every kernel their cases run built up front."""
+def build_or_raise(jobs) -> None:
+    """Build ``jobs`` in parallel (one nvcc per core); the first failed build is raised."""
     import os
 
     from evtc.compiler import build_many
 
-    res = build_many(CC.family_kernels(), workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
-    for r in res:
+    for r in build_many(jobs, workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1))):
         if isinstance(r, Exception):
             raise r
+
+
+@pytest.fixture(scope="module")
+def family():
+    """The family Convs of the route's and the member's tests, keyed (epilogue, dims, layout, kind
+    of test), with every kernel their cases run built up front."""
+    build_or_raise(CC.family_kernels())
     table = {}
     for conv, cs in CC.family_convs():
         kind = "member" if cs is CC.CASES_2D else "long_k" if cs is CC.CASES_LONG_K else "route"
@@ -360,14 +364,7 @@ def test_long_k_member(family, name, case, record_errors):
 @pytest.fixture(scope="module")
 def dgrad_family():
     """The dgrad family Convs of DGRAD_FAMILY_EPILOGUES, every kernel their cases run built up front."""
-    import os
-
-    from evtc.compiler import build_many
-
-    res = build_many(CC.dgrad_family_kernels(), workers=int(os.environ.get("EVTC_BUILD_JOBS", os.cpu_count() or 1)))
-    for r in res:
-        if isinstance(r, Exception):
-            raise r
+    build_or_raise(CC.dgrad_family_kernels())
     return CC.dgrad_family_convs()
 
 
