@@ -8,7 +8,13 @@ On the GPU machine (builds its kernels first, in parallel):
     python benchmarks/probe_mlp_gemms.py --json $OUT/probe_mlp_gemms.json
 
 Pinned configurations keep their default tile order (no ``fit_swizzle``): with a 2x1 cluster and
-8-tile bands, an M of 8 tiles is scheduled as 16 (NOTE [Swizzle padding] in evtc/family/spec.py).
+8-tile bands, an M of 8 tiles is scheduled as 16 (NOTE [Swizzle padding] in evtc/family/spec.py);
+the ``_sw0`` / ``_sw1`` columns set the band explicitly. ``--configs`` picks columns by name.
+
+``--profile`` instead runs the whole block (bench_torch.py's) under eager PyTorch, torch.compile
+and the evtc backend at 1024, 2048 and 8192 tokens inside torch.profiler and prints each mode's
+kernels with their device time per call: cuBLAS's kernel names (their tiles and clusters) and
+what each mode spends beyond the two GEMMs.
 """
 import argparse
 import sys
@@ -25,17 +31,76 @@ from evtc.testing import Problem, make_inputs, poisoned_outputs
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--iters", type=int, default=20)
+ap.add_argument("--configs", help="comma-separated names of CFG to time (default: all)")
+ap.add_argument("--profile", action="store_true", help="profile the whole block's kernels instead")
 ap.add_argument("--json")
 args = ap.parse_args()
 fc1, fc2 = bench_torch.gemms()
 br = bench_shapes.gemms()["bias_relu"]
+G = evtc.GemmConfig
 CFG = {
-    "coop128x224_c2x1": evtc.GemmConfig(tile=(128, 224, 64), cluster=(2, 1, 1), schedule="cooperative"),
-    "coop128x224": evtc.GemmConfig(tile=(128, 224, 64), cluster=(1, 1, 1), schedule="cooperative"),
-    "coop128x256_c2x1": evtc.GemmConfig(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"),
-    "pp128x192_c2x1": evtc.GemmConfig(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"),
-    "coop256x128_c2x1": evtc.GemmConfig(tile=(256, 128, 64), cluster=(2, 1, 1), schedule="cooperative"),
+    "coop128x224_c2x1": G(tile=(128, 224, 64), cluster=(2, 1, 1), schedule="cooperative"),
+    "coop128x224": G(tile=(128, 224, 64), cluster=(1, 1, 1), schedule="cooperative"),
+    "coop128x256_c2x1": G(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"),
+    "coop128x256_c2x1_sw0": G(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative", swizzle=0),
+    "coop128x256_c2x1_sw1": G(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative", swizzle=1),
+    "coop128x256_c1x2": G(tile=(128, 256, 64), cluster=(1, 2, 1), schedule="cooperative", swizzle=0),
+    "coop256x128_c2x1": G(tile=(256, 128, 64), cluster=(2, 1, 1), schedule="cooperative"),
+    "coop256x128_c1x2": G(tile=(256, 128, 64), cluster=(1, 2, 1), schedule="cooperative", swizzle=0),
+    "pp128x192_c2x1": G(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"),
+    "pp128x192_c2x1_sw0": G(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong", swizzle=0),
+    "pp128x192_c1x2": G(tile=(128, 192, 64), cluster=(1, 2, 1), schedule="pingpong"),
+    "pp128x128_c2x1": G(tile=(128, 128, 64), cluster=(2, 1, 1), schedule="pingpong"),
+    "pp128x128_c1x2": G(tile=(128, 128, 64), cluster=(1, 2, 1), schedule="pingpong"),
+    "pp64x256": G(tile=(64, 256, 64), cluster=(1, 1, 1), schedule="pingpong"),
+    "pp64x256_c2x1": G(tile=(64, 256, 64), cluster=(2, 1, 1), schedule="pingpong"),
+    "sk128x256_c2x1": G(tile=(128, 256, 64), cluster=(2, 1, 1), scheduler="streamk", decomposition="stream_k"),
+    "sk128x256_c1x1": G(tile=(128, 256, 64), cluster=(1, 1, 1), scheduler="streamk", decomposition="stream_k"),
+    "sk128x192_c2x1": G(tile=(128, 192, 64), cluster=(2, 1, 1), scheduler="streamk", decomposition="stream_k"),
 }
+D, F = bench_torch.D_MODEL, bench_torch.FFN
+
+
+def profile() -> None:
+    """Each mode's kernels, device time per block call (torch.profiler over 10 calls)."""
+    import torch._dynamo
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from evtc.torch_backend import make_backend
+
+    common.build_all([fc1, fc2], "profile")
+    torch._dynamo.config.cache_size_limit = 64
+    model = bench_torch.block()
+    modes = {"eager": model, "default": torch.compile(model, dynamic=False),
+             "evtc": torch.compile(model, backend=make_backend(), dynamic=False)}
+    out = {}
+    for T in (1024, 2048, 8192):
+        x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
+        with torch.inference_mode():
+            for name, fn in modes.items():
+                for _ in range(3):
+                    fn(x)
+                torch.cuda.synchronize()
+                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        fn(x)
+                    torch.cuda.synchronize()
+                ks = sorted((((getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)) / 10, e.count / 10,
+                              e.key) for e in prof.key_averages()
+                             if e.device_type == torch.autograd.DeviceType.CUDA and e.count > 0), reverse=True)
+                print(f"T={T} {name}: {sum(k[0] for k in ks):.1f} us per call", flush=True)
+                for us, count, key in ks[:8]:
+                    print(f"    {us:8.1f} us x{count:.1f}  {key[:150]}", flush=True)
+                out[f"{T}_{name}"] = [{"us": us, "count": c, "kernel": k} for us, c, k in ks]
+    common.write_json(args.json, {"device": common.device_name(), "profile": out})
+
+
+if args.profile:
+    profile()
+    raise SystemExit(0)
+if args.configs:
+    CFG = {k: v for k, v in CFG.items() if k in args.configs.split(",")}
 pinned = {}
 for gname, g in (("fc1", fc1), ("fc2", fc2), ("bias_relu", br)):
     for n, c in CFG.items():
@@ -44,7 +109,6 @@ for gname, g in (("fc1", fc1), ("fc2", fc2), ("bias_relu", br)):
         except evtc.EvtcError as e:
             print("refused", gname, n, str(e).splitlines()[0], file=sys.stderr)
 common.build_all(list(pinned.values()) + [fc1, fc2, br], "probe")
-D, F = bench_torch.D_MODEL, bench_torch.FFN
 rows = []
 for gname, g, (M, N, K) in [("fc1", fc1, (1024, F, D)), ("bias_relu", br, (1024, F, D)), ("fc1", fc1, (2048, F, D)),
                              ("bias_relu", br, (2048, F, D)), ("fc1", fc1, (8192, F, D)), ("fc2", fc2, (8192, D, F)),

@@ -82,7 +82,23 @@ one phase k = r mod 8 share an alignment; a TMA descriptor per phase, based at t
 16-byte-aligned column c0(k) <= 7 with a row stride of 8 rows, addresses every element from
 c0(k) on (TMA box coordinates need no alignment, only the base and strides), and the up to 7
 columns before it go register-direct. The epilogue's shared-memory subtile would be written
-with its rows grouped by phase, so each phase's rows form one TMA box. Not built.
+with its rows grouped by phase, so each phase's rows form one TMA box.
+
+Built and measured on the H100 (2026-11-26, branch ``wip/phased-stores``, not merged):
+``evtc::Sm90AuxStorePhased``, ``GemmConfig.phased_stores``, a planner for it (void C and D in
+the collective, TMA aux loads), the binder and this route writing the caller's outputs in place.
+With every phase aligned (N = 2048, so c0 = 0) it was exact against the float64 reference on
+all three test epilogues (a C load, an aux store, an atomic row max), cooperative and ping-pong.
+With N = 2049 every launch faulted with an illegal instruction, also after the boxes that would
+start left of their descriptor's base (a negative coordinate) were left to the register-direct
+fringe; without the TMA stores it ran (compute-sanitizer: the fault is in the epilogue). What
+is left is a box whose first column sits 2 to 14 bytes past a 16-byte boundary of its
+descriptor: the evidence says TMA needs each box's start 16-byte aligned too, which a box over
+a subtile (columns ``col0 .. col0 + EpiN``, ``col0`` a multiple of 32) can't give a phase whose
+base is at c0 = 1..7. What could still work: each phase's rows written into shared memory
+shifted by its c0, so that its boxes start on its aligned columns (a run-time shift, so no
+stmatrix), with the columns a box borrows from the next subtile carried over; or the fringe of
+this route as a fast register-direct store from shared memory, whole rows per warp.
 
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
