@@ -22,6 +22,8 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   accumulators are reduced before the epilogue runs once per tile, so aux stores and reductions
   are exact;
 * ``small``: ping-pong 64x128x64, cluster 1x1: few tiles (768x768x3072, 1000^3) and M of 65-256;
+* ``pp64x256``: ping-pong 64x256x64, cluster 1x1: M of 2048 or less against a long N (NOTE [The
+  64x256 ping-pong tile]);
 * ``swap16``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64: decode-sized M (<= 32), where the
   long N goes on the tile's M and the call's M on a 16-wide tile N;
 * ``swap``: the same on a 64x32 tile: M of 33-64, and M <= 32 with a long K (K > 2N).
@@ -162,6 +164,7 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("streamk", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("kheavy", GemmConfig(tile=(128, 64, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("small", GemmConfig(tile=(64, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
+        KernelSpec("pp64x256", GemmConfig(tile=(64, 256, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("swap", GemmConfig(tile=(64, 32, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True), arch),
         KernelSpec("swap16", GemmConfig(tile=(64, 16, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True),
                    arch),
@@ -223,6 +226,26 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
     waves = math.ceil(tiles / sm_count)
     return tiles / (waves * sm_count)
 
+
+# NOTE [The 64x256 ping-pong tile]: an M of 2048 or less against a long N (the up-projection of a
+# transformer's MLP at 1024-2048 tokens) runs best on 64x256 ping-pong tiles, where their last
+# wave is fuller than the 128x192 ping-pong tiles' by more than 3 % of the machine, from 3.5 waves
+# on. Measured on the H100 (2026-11-26, benchmarks/explore_members.py, CUDA graphs, / cuBLAS's plain
+# GEMM; pp64x256 against the pick then):
+#   1024x14336x4096 (6.8 waves, 0.97 full; 128x192: 0.91): fc1 + GELU 1.080 / 1.160, bias_relu
+#     1.062 / 1.120, rowmax 1.046 / 1.118, aux_heavy 1.190 / 1.471 (large);
+#   2048x14336x4096 (13.6 waves): fc1 1.060 / 1.119, bias_relu 0.993 / 1.060, rowmax 0.992 / 1.052,
+#     aux_heavy 1.120 / 1.237;
+#   1024x8192x8192 (3.9 waves): bias_relu 1.012 / 1.024, rowmax 1.016 / 1.036, aux_heavy 1.085 / 1.132;
+#   1024x28672x4096: bias_relu 1.005 / 1.066, rowmax 0.991 / 1.045, aux_heavy 1.138 / 1.238.
+# Where it lost, the rule keeps the pick: 1536x14336x4096 (11 waves 0.93 full, 128x192 0.97):
+# pingpong 0.990 / 0.925 / 0.934 against 1.055 / 1.009 / 1.006 (fc1, bias_relu, rowmax);
+# 3072x14336x4096 (M > 2048): pingpong 0.972 against 1.007; an N of 2048-4096 (2048x2048x2048x4,
+# 2048x4096x4096: large 1.128 / 1.068 against 1.2 or more); and a K much longer than N (fc2 of
+# the MLP, 1024-2048x4096x14336: 1.76-1.87). With M = 8192 it took 2.4x (fc1): one 64-row A tile
+# per 256 columns of B moves twice the operand bytes per MMA of 128x256, more than L2 serves once
+# the operands outgrow it. Epilogues whose reductions go through the workspace were not measured
+# and keep the rest of the rules.
 
 MIN_SPLIT_K_TILES = 96
 """The fewest K tiles (of the tile's K extent) worth giving one split: shorter splits lost more
@@ -362,6 +385,13 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
         # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)
         return family["pingpong"]
+    if has("pp64x256", "pingpong") and not traits.workspace_reductions and p.M <= 2048 and p.N >= 8192 \
+            and p.K <= 2 * p.N:
+        # NOTE [The 64x256 ping-pong tile]
+        t64 = _tiles(p.M, p.N, p.L, family["pp64x256"].config.tile)
+        t192 = _tiles(p.M, p.N, p.L, family["pingpong"].config.tile)
+        if t64 >= 3.5 * p.sm_count and wave_efficiency(t64, p.sm_count) > wave_efficiency(t192, p.sm_count) + 0.03:
+            return family["pp64x256"]
     large_tiles = _tiles(p.M, p.N, p.L, large.config.tile)
     if has("pingpong") and not traits.heavy and large_tiles >= p.sm_count:
         # NOTE [Wave quantisation between large and ping-pong]

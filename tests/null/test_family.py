@@ -25,7 +25,7 @@ def pick(family, *shape, **kw):
 
 
 def test_the_default_family_is_few_legal_kernels(family):
-    assert list(family) == ["large", "pingpong", "streamk", "kheavy", "small", "swap", "swap16"]
+    assert list(family) == ["large", "pingpong", "streamk", "kheavy", "small", "pp64x256", "swap", "swap16"]
     for s in family.values():
         evtc.plan.validate(s.config, "sm90", bf16, bf16)
     assert family["large"].config == evtc.plan.default_config("sm90", bf16, bf16)
@@ -49,6 +49,23 @@ def test_heuristic_by_shape(family):
     }
     for shape, name in expect.items():
         assert pick(family, *shape).name == name, shape
+
+
+def test_the_64x256_ping_pong_tile_takes_m_up_to_2048_against_a_long_n(family):
+    """NOTE [The 64x256 ping-pong tile]: the measured winners take it, the measured losers and
+    the problems around them don't."""
+    from evtc.family.spec import EpilogueTraits
+
+    for traits in (EpilogueTraits(), EpilogueTraits(aux_stores=True), EpilogueTraits(reductions=True)):
+        for shape in ((1024, 14336, 4096), (2048, 14336, 4096), (1024, 8192, 8192), (1024, 28672, 4096)):
+            assert choose(family, Problem(*shape), "sm90", bf16, bf16, traits).name == "pp64x256", (shape, traits)
+        for shape in ((1536, 14336, 4096), (3072, 14336, 4096), (8192, 14336, 4096), (2048, 2048, 2048, 4),
+                      (2048, 4096, 4096), (1024, 4096, 14336), (2048, 4096, 14336), (512, 14336, 4096),
+                      (128, 14336, 4096)):
+            assert choose(family, Problem(*shape), "sm90", bf16, bf16, traits).name != "pp64x256", (shape, traits)
+    # reductions through the workspace (a sum) were not measured on it
+    sums = EpilogueTraits(reductions=True, workspace_reductions=True)
+    assert choose(family, Problem(1024, 14336, 4096), "sm90", bf16, bf16, sums).name != "pp64x256"
     # few tiles, long K: split-K fills the SMs (32 tiles of 128x64, 512 K tiles: 4 splits of 128)
     s = pick(family, 512, 512, 32768)
     assert (s.config.split_k, s.config.decomposition) == (4, "split_k")
@@ -71,14 +88,17 @@ def test_the_tile_order_band_never_pads_the_problem(family):
     assert scheduled_tiles(large, 1024, 14336, swizzle=2) == 8 * 56
     s = pick(family, 512, 14336, 4096)
     assert s.name == "large" and s.config.swizzle < 3
-    # (1024, 1536 and 3072 rows take ping-pong: NOTE [Wave quantisation between large and ping-pong])
-    assert all(pick(family, M, 14336, 4096).name == "pingpong" for M in (1024, 1536, 3072))
+    # (1536 and 3072 rows take ping-pong: NOTE [Wave quantisation between large and ping-pong];
+    # 1024 the 64x256 ping-pong tile: NOTE [The 64x256 ping-pong tile])
+    assert all(pick(family, M, 14336, 4096).name == "pingpong" for M in (1536, 3072))
+    assert pick(family, 1024, 14336, 4096).name == "pp64x256"
     assert scheduled_tiles(s.config, 512, 14336) <= 1.03 * scheduled_tiles(s.config, 512, 14336, swizzle=0)
     # a heavy epilogue keeps the large kernel there, with the band narrowed
     import epilogues as E
 
     heavy = evtc.Gemm(E.REFERENCE["gelu_aux"])
-    for M in (1024, 1536, 3072):
+    assert heavy.choose(1024, 14336, 4096).name == "pp64x256"  # NOTE [The 64x256 ping-pong tile]
+    for M in (1536, 3072):
         s = heavy.choose(M, 14336, 4096)
         assert s.name == "large" and s.config.swizzle < 3, M
         assert scheduled_tiles(s.config, M, 14336) <= 1.03 * scheduled_tiles(s.config, M, 14336, swizzle=0)
@@ -252,15 +272,20 @@ def test_wave_quantisation_between_large_and_pingpong():
 
     assert wave_efficiency(132, 132) == 1.0 and abs(wave_efficiency(448, 132) - 448 / 528) < 1e-12
     light = evtc.Gemm(E.bias_relu)
-    assert light.choose(1024, 14336, 4096).name == "pingpong"  # 0.91 against 0.85
+    # (1024 and 2048 x 14336 x 4096 take the 64x256 ping-pong tile first: NOTE [The 64x256
+    # ping-pong tile]; without it in the family, the rule decides)
+    fam = {k: v for k, v in light.family.items() if k != "pp64x256"}
+    rule = lambda *shape: choose(fam, Problem(*shape), "sm90", bf16, bf16, light._traits).name  # noqa: E731
+    assert rule(1024, 14336, 4096) == "pingpong"  # 0.91 against 0.85
+    assert rule(2048, 14336, 4096) == "large"  # 0.91 against 0.97
+    assert light.choose(1024, 14336, 4096).name == light.choose(2048, 14336, 4096).name == "pp64x256"
     assert light.choose(4096, 4096, 4096).name == "large"  # 0.89 against 0.97
     assert light.choose(8192, 4096, 14336).name == "large"  # 0.97 both
-    assert light.choose(2048, 14336, 4096).name == "large"  # 0.91 against 0.97
     assert light.choose(1536, 4096, 14336).name == "pingpong"  # fc2 at 1536 tokens: 1.00 against 0.73
     assert light.choose(2048, 4096, 14336).name == "large"  # 0.89 against 0.97
     assert light.choose(512, 14336, 4096).name == "large"  # 3 ping-pong waves 0.76 full, 2 large ones 0.85
     # a heavy epilogue keeps the large kernel
-    assert evtc.Gemm(E.REFERENCE["gelu_aux"]).choose(1024, 14336, 4096).name == "large"
+    assert evtc.Gemm(E.REFERENCE["gelu_aux"]).choose(1536, 14336, 4096).name == "large"
 
 
 
