@@ -91,7 +91,8 @@ With every phase aligned (N = 2048, so c0 = 0) it was exact against the float64 
 all three test epilogues (a C load, an aux store, an atomic row max), cooperative and ping-pong.
 With N = 2049 every launch faulted with an illegal instruction, also after the boxes that would
 start left of their descriptor's base (a negative coordinate) were left to the register-direct
-fringe; without the TMA stores it ran (compute-sanitizer: the fault is in the epilogue). What
+fringe, and again with a non-swizzled shared-memory box; without the TMA stores it ran
+(compute-sanitizer: the fault is in the epilogue). What
 is left is a box whose first column sits 2 to 14 bytes past a 16-byte boundary of its
 descriptor: the evidence says TMA needs each box's start 16-byte aligned too, which a box over
 a subtile (columns ``col0 .. col0 + EpiN``, ``col0`` a multiple of 32) can't give a phase whose
