@@ -89,7 +89,8 @@ class EpilogueTraits:
 
     @property
     def heavy(self) -> bool:
-        """An epilogue whose cost per tile the ping-pong overlap doesn't hide."""
+        """An epilogue whose cost per tile the ping-pong overlap doesn't hide at short K (the
+        choice also asks K: NOTE [Aux stores on ping-pong over a long K])."""
         return self.workspace_reductions or self.aux_stores
 
 
@@ -247,6 +248,18 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
 # the operands outgrow it. Epilogues whose reductions go through the workspace were not measured
 # and keep the rest of the rules.
 
+# NOTE [Aux stores on ping-pong over a long K]: an epilogue with aux stores (but no reduction
+# through the workspace) takes the ping-pong rules like a light one once K >= 4096: each tile's
+# epilogue is then short beside its mainloop, and ping-pong runs it under the other warpgroup's
+# MMAs. Measured on the H100 (2026-11-26, explore_members.py, aux_heavy = an aux store and two aux
+# loads, CUDA graphs, / cuBLAS; pingpong against large, the pick then): 1536x14336x4096 1.035 /
+# 1.478, 3072x14336x4096 1.000 / ~1.23, 4096x14336x4096 1.150 / 1.265, 8192^3 1.061 / 1.106,
+# 4096x50264x4096 1.194 / 1.359, 2048x32000x4096 1.031 / 1.238, 8192x14336x4096 1.208 / 1.217;
+# the rules keep large where ping-pong was not faster: 4096^3 1.202 / 1.208, 8192x4096x14336 1.043
+# / 1.039. At K = 1024 (16384x4096x1024) ping-pong stays out: 2.16 against 1.77 there (NOTE
+# [Epilogue-aware choices]), 1.98 or more in this run against large's 1.77. Reductions through
+# the workspace were not measured at long K and keep large.
+
 MIN_SPLIT_K_TILES = 96
 """The fewest K tiles (of the tile's K extent) worth giving one split: shorter splits lost more
 to the turnstile reduction than they gained on the H100 (NOTE [The default sm90 family])."""
@@ -347,7 +360,8 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
       against 1.77x (bias_relu: 0.92x on ping-pong): heavy epilogues (reductions, aux stores)
       don't take ping-pong. Since the f32 row max reduces with atomics (NOTE [Atomic row and
       column max]; H200, 2026-11-25) it takes 0.94x on ``pingpong`` and 1.11x on ``large``: only
-      reductions through the workspace (sums, 16-bit outputs) count as heavy;
+      reductions through the workspace (sums, 16-bit outputs) count as heavy; and since
+      2026-11-26 aux stores only below K = 4096 (NOTE [Aux stores on ping-pong over a long K]);
     * unaligned N (4096x50257x4096): ``unaligned`` (cooperative) beat ``unaligned_pingpong`` for
       bias_relu (0.237 / 0.268 of cuBLAS) and the aux-heavy epilogue (0.429 / 0.618); the row
       max was the other way (0.189 / 0.181): ``unaligned_pingpong`` only for epilogues with
@@ -379,7 +393,9 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         return family["swap"]
     if p.M <= 64 and p.N >= 256 and has("small"):
         return family["small"]
-    if (has("pingpong") and not traits.heavy
+    # NOTE [Aux stores on ping-pong over a long K]
+    pingpong_ok = not traits.workspace_reductions and (not traits.aux_stores or p.K >= 4096)
+    if (has("pingpong") and pingpong_ok
             and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count):
         # many waves: ping-pong's overlap of one warpgroup's epilogue with the other's MMAs pays
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
@@ -393,7 +409,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         if t64 >= 3.5 * p.sm_count and wave_efficiency(t64, p.sm_count) > wave_efficiency(t192, p.sm_count) + 0.03:
             return family["pp64x256"]
     large_tiles = _tiles(p.M, p.N, p.L, large.config.tile)
-    if has("pingpong") and not traits.heavy and large_tiles >= p.sm_count:
+    if has("pingpong") and pingpong_ok and large_tiles >= p.sm_count:
         # NOTE [Wave quantisation between large and ping-pong]
         pp_tiles = _tiles(p.M, p.N, p.L, family["pingpong"].config.tile)
         if pp_tiles >= 2 * p.sm_count and wave_efficiency(pp_tiles, p.sm_count) > \

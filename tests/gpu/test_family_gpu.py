@@ -40,7 +40,7 @@ def member_config(name: str, variant: str) -> evtc.GemmConfig:
                                split_k=int(arg), decomposition="split_k")
     if kind == "kheavy":
         return fam["kheavy"].config.replace(split_k=int(arg or 1), decomposition="split_k" if arg else "data_parallel")
-    if kind in ("small", "pp64x256"):
+    if kind in ("small", "pp64x256", "pingpong"):
         return fam[kind].config
     if kind in ("unaligned", "unaligned_pingpong"):
         return on_demand("sm90", a, a, kind).config
@@ -58,6 +58,7 @@ VARIANTS = {
     "kheavy:4": [(200, 300, 16384, 1)],
     "small": [(77, 1031, 1024, 2), (1000, 1000, 1000, 1)],
     "pp64x256": [(1003, 2049, 512, 1), (77, 1031, 1024, 2)],
+    "pingpong": [(1003, 2049, 4096, 1), (777, 1031, 1024, 2)],
     "unaligned": [(333, 517, 256, 2), (129, 1031, 80, 1)],
     "unaligned_pingpong": [(333, 517, 256, 2), (1000, 2049, 512, 1)],
 }

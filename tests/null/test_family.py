@@ -98,8 +98,8 @@ def test_the_tile_order_band_never_pads_the_problem(family):
 
     heavy = evtc.Gemm(E.REFERENCE["gelu_aux"])
     assert heavy.choose(1024, 14336, 4096).name == "pp64x256"  # NOTE [The 64x256 ping-pong tile]
-    for M in (1536, 3072):
-        s = heavy.choose(M, 14336, 4096)
+    for M in (1536, 3072):  # K = 2048: an epilogue with aux stores stays off ping-pong
+        s = heavy.choose(M, 14336, 2048)
         assert s.name == "large" and s.config.swizzle < 3, M
         assert scheduled_tiles(s.config, M, 14336) <= 1.03 * scheduled_tiles(s.config, M, 14336, swizzle=0)
     # no padding at 2048 or 4096 rows: the measured 8-tile band stays (config None = the default)
@@ -284,8 +284,14 @@ def test_wave_quantisation_between_large_and_pingpong():
     assert light.choose(1536, 4096, 14336).name == "pingpong"  # fc2 at 1536 tokens: 1.00 against 0.73
     assert light.choose(2048, 4096, 14336).name == "large"  # 0.89 against 0.97
     assert light.choose(512, 14336, 4096).name == "large"  # 3 ping-pong waves 0.76 full, 2 large ones 0.85
-    # a heavy epilogue keeps the large kernel
-    assert evtc.Gemm(E.REFERENCE["gelu_aux"]).choose(1536, 14336, 4096).name == "large"
+    # an epilogue with aux stores: the large kernel below K = 4096, the rule from there on (NOTE
+    # [Aux stores on ping-pong over a long K])
+    heavy = evtc.Gemm(E.REFERENCE["gelu_aux"])
+    assert heavy.choose(1536, 14336, 2048).name == "large"
+    assert heavy.choose(1536, 14336, 4096).name == "pingpong"
+    assert heavy.choose(4096, 4096, 4096).name == "large" and heavy.choose(8192, 4096, 14336).name == "large"
+    assert heavy.choose(4096, 14336, 4096).name == "pingpong"  # 15 waves or more
+    assert heavy.choose(16384, 4096, 1024).name == "large"
 
 
 
