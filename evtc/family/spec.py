@@ -253,7 +253,7 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
 # epilogue is then short beside its mainloop, and ping-pong runs it under the other warpgroup's
 # MMAs. Measured on the H100 (2026-11-26, explore_members.py, aux_heavy = an aux store and two aux
 # loads, CUDA graphs, / cuBLAS; pingpong against large, the pick then): 1536x14336x4096 1.035 /
-# 1.478, 3072x14336x4096 1.000 / ~1.23, 4096x14336x4096 1.150 / 1.265, 8192^3 1.061 / 1.106,
+# 1.478, 3072x14336x4096 1.000 / 1.231, 4096x14336x4096 1.150 / 1.265, 8192^3 1.061 / 1.106,
 # 4096x50264x4096 1.194 / 1.359, 2048x32000x4096 1.031 / 1.238, 8192x14336x4096 1.208 / 1.217;
 # the rules keep large where ping-pong was not faster: 4096^3 1.202 / 1.208, 8192x4096x14336 1.043
 # / 1.039. At K = 1024 (16384x4096x1024) ping-pong stays out: 2.16 against 1.77 there (NOTE
@@ -341,7 +341,9 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     Rules, in order (NOTE [The default sm90 family]): rows that TMA can't read go to the
     on-demand unaligned kernels; M <= 32 to the 16-wide swap-AB tile ``swap16`` (unless K > 2N),
     M <= 64 to ``swap``; 15 waves or more of ping-pong tiles to
-    ping-pong; a wave or more of 128x256 tiles to the large kernel; long K (>= 128 K tiles) over less
+    ping-pong; an M of 2048 or less against a long N to ``pp64x256`` (NOTE [The 64x256 ping-pong
+    tile]); a wave or more of 128x256 tiles to the large kernel, or to ping-pong where its last
+    wave is fuller (NOTE [Wave quantisation between large and ping-pong]); long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
     128x128 tiles to ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
     ``traits`` change three of them (NOTE [Epilogue-aware choices]).
