@@ -87,11 +87,11 @@ class EpilogueTraits:
                    aux_stores=sum(isinstance(o, Store) for o in outs) > 1,
                    workspace_reductions=not all(o.atomic_capable for o in tile_reductions))
 
-    @property
-    def heavy(self) -> bool:
-        """An epilogue whose cost per tile the ping-pong overlap doesn't hide at short K (the
-        choice also asks K: NOTE [Aux stores on ping-pong over a long K])."""
-        return self.workspace_reductions or self.aux_stores
+    def takes_pingpong(self, K: int) -> bool:
+        """Whether the ping-pong rules apply at a K of ``K``: not to reductions through the
+        workspace, whose per-tile cost the ping-pong overlap doesn't hide, nor to aux stores below
+        K = 4096 (NOTE [Epilogue-aware choices], NOTE [Aux stores on ping-pong over a long K])."""
+        return not self.workspace_reductions and (not self.aux_stores or K >= 4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,8 +395,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         return family["swap"]
     if p.M <= 64 and p.N >= 256 and has("small"):
         return family["small"]
-    # NOTE [Aux stores on ping-pong over a long K]
-    pingpong_ok = not traits.workspace_reductions and (not traits.aux_stores or p.K >= 4096)
+    pingpong_ok = traits.takes_pingpong(p.K)
     if (has("pingpong") and pingpong_ok
             and _tiles(p.M, p.N, p.L, family["pingpong"].config.tile) >= 15 * p.sm_count):
         # many waves: ping-pong's overlap of one warpgroup's epilogue with the other's MMAs pays
