@@ -66,13 +66,18 @@ def gemms() -> dict:
 
 
 def prebuild_gemms() -> list:
-    """Every kernel the benchmark runs: each family and its unaligned members (pinned Gemms)."""
+    """Every kernel the benchmark runs: each family, its unaligned members and the packed-store
+    variants the packed problems' caller outputs take (pinned Gemms)."""
     out = []
     for g in gemms().values():
         out.append(g)
-        for member in ("unaligned", "unaligned_pingpong"):
-            k = g.kernel(member)
-            out.append(evtc.Gemm(g._traced, a=bf16, b=bf16, c=bf16, d=bf16, config=k.spec.config))
+        configs = [g.kernel(member).spec.config for member in ("unaligned", "unaligned_pingpong")]
+        for _, M, N, K, L in PROBLEMS:
+            spec = g.choose(M, N, K, L)
+            if N % 8 and not spec.config.swap_ab:
+                configs.append(spec.config.replace(packed_stores=True))
+        for c in configs:
+            out.append(evtc.Gemm(g._traced, a=bf16, b=bf16, c=bf16, d=bf16, config=c))
     return out
 
 
@@ -176,6 +181,8 @@ def main() -> None:
                         route = "+staged"
                         spec = g.choose(M, N, K, L, aligned_mn=True, sm_count=sms,
                                         device=torch.cuda.get_device_name())
+                        if d.packed is not None:  # the caller's outputs written in place (NOTE [Stores into packed rows])
+                            route, spec = "+staged+packed" if d.inputs else "+packed", d.packed
             row = {"epilogue": name, "group": group, "shape": f"{M}x{N}x{K}" + (f"x{L}" if L > 1 else ""),
                    "member": spec.name + route, "staging": args.staging or mode_name(),
                    "evtc_outputs": bool(packed and args.evtc_outputs), "config": spec.config.schedule_name,

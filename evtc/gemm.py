@@ -373,7 +373,8 @@ class Gemm:
         k = self._primary
         Args = k.library.Args if k.library is not None else ctypes_struct(abi_fields(self.graph, self.arch))
         return Binder(self.graph, self.a, self.b, Args, self._direct, _scheduler_args(self.config, self.arch, self.graph),
-                      arch=self.arch, swap=self.config.swap_ab, mn_tma=self.arch == "sm90" and not self.config.unaligned)
+                      arch=self.arch, swap=self.config.swap_ab, mn_tma=self.arch == "sm90" and not self.config.unaligned,
+                      packed_stores=self.config.packed_stores)
 
     @property
     def _launcher(self) -> Launcher | None:
@@ -534,7 +535,8 @@ class Gemm:
                             _scheduler_args(spec.config.replace(swizzle=spec.config.swizzle if spec.config.swizzle
                                                                  is not None else kernel.config.swizzle), spec.arch,
                                             self.graph),
-                            arch=spec.arch, swap=spec.config.swap_ab, mn_tma=spec.arch == "sm90" and not unaligned)
+                            arch=spec.arch, swap=spec.config.swap_ab, mn_tma=spec.arch == "sm90" and not unaligned,
+                            packed_stores=spec.config.packed_stores)
             launcher = self._launchers[key] = Launcher(binder, kernel.library, self.name)
         return launcher
 

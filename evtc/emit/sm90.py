@@ -114,7 +114,7 @@ def buffer_probes(plan: Plan) -> list[tuple[str, str]]:
     if plan.c_slot is not None:
         probes.append((SLOT_C, "s.tensors.collective.smem_C"))
     probes.append((SLOT_D, "s.tensors.collective.smem_D"))
-    owners = {(b.role, b.name) for b in plan.buffers if b.mode in ("tma", "smem") and b.role not in ("C", "D")}
+    owners = {(b.role, b.name) for b in plan.buffers if b.mode in ("tma", "smem", "packed") and b.role not in ("C", "D")}
     for path, t in plan.tree.walk():
         v = t.op
         if (v.role.spec.buffer, v.name) not in owners or v.node is plan.tree.c_input:
@@ -239,4 +239,6 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
         buffer_probes=buffer_probes(plan),
         # evtc/sm90_reductions.hpp, only where used (the other kernels' cache keys don't hash it)
         tile_reduction=uses_tile_reduction(plan),
+        # evtc/sm90_packed_store.hpp, likewise (NOTE [Stores into packed rows], evtc/plan/sm90.py)
+        packed_store=any(b.mode == "packed" for b in plan.buffers),
     )

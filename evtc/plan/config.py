@@ -102,6 +102,12 @@ class GemmConfig:
             explicit ``"stream_k"`` is refused. Compiled in; left out of :meth:`to_json` while
             None, so the sources (and kernel cache keys) of configs that don't set it stay as
             they were.
+        packed_stores: sm90: every M x N output (D and aux stores) goes to shared memory as for
+            a TMA store and is then stored by the epilogue threads in 16-byte chunks aligned to
+            its global rows, so its rows need only be element-aligned (a caller's packed
+            ``out=`` with N = 50257 in bf16), while C and aux loads keep 16-byte aligned rows
+            (NOTE [Stores into packed rows], evtc/plan/sm90.py). Elements of 8 bits or more,
+            row-major (not ``swap_ab``). Compiled in; left out of :meth:`to_json` while False.
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -119,11 +125,14 @@ class GemmConfig:
     swap_ab: bool = False
     unaligned: bool = False
     atomic_reductions: bool | None = None
+    packed_stores: bool = False
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         if d["atomic_reductions"] is None:
             del d["atomic_reductions"]
+        if not d["packed_stores"]:
+            del d["packed_stores"]
         return d
 
     def kernel_json(self, arch: str) -> dict:
@@ -176,6 +185,8 @@ class GemmConfig:
             extra += "_swapab"
         if self.unaligned:
             extra += "_unaligned"
+        if self.packed_stores:
+            extra += "_packed"
         return f"{t}_{c}_{s}{extra}"
 
     @property
@@ -284,6 +295,10 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
             raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
         if config.atomic_reductions is not None and not isinstance(config.atomic_reductions, bool):
             raise ConfigError(f"atomic_reductions = {config.atomic_reductions!r}: True, False or None")
+        if config.packed_stores and (config.unaligned or config.swap_ab):
+            raise ConfigError(f"packed_stores=True with {'unaligned' if config.unaligned else 'swap_ab'}=True: the "
+                              "packed stores are for row-major outputs of a kernel whose C and aux loads go "
+                              "through TMA", hint="use one of the two variants")
         if config.decomposition not in DECOMPOSITIONS:
             raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")
         if (config.split_k > 1 or config.decomposition != "heuristic") and config.scheduler != "streamk":
@@ -294,7 +309,7 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
             raise ConfigError(f"split_k = {config.split_k} with decomposition '{config.decomposition}': splits are "
                               "only taken by the heuristic and split_k decompositions (tile_scheduler_params.h)")
     elif arch == "sm80":
-        for name in ("swap_ab", "unaligned"):
+        for name in ("swap_ab", "unaligned", "packed_stores"):
             if getattr(config, name):
                 raise ConfigError(f"{name}=True is an sm90 kernel variant",
                                   hint="sm80 kernels pick aligned or ragged variants at run time by themselves")
@@ -340,8 +355,9 @@ def _check_types(config: GemmConfig, arch: str) -> None:
         value = getattr(config, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ConfigError(f"{name} = {value!r}: needs a non-negative integer or None")
-    if not isinstance(config.fast_accum, bool):
-        raise ConfigError(f"fast_accum = {config.fast_accum!r}: needs True or False")
+    for name in ("fast_accum", "swap_ab", "unaligned", "packed_stores"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{name} = {getattr(config, name)!r}: needs True or False")
     if arch == "sm90" and config.warp_tile is not None:
         raise ConfigError(f"warp_tile = {config.warp_tile}: an sm80 field (sm90 kernels have no warp tile)",
                           hint="leave warp_tile=None on sm90")

@@ -28,12 +28,12 @@ from evtc.plan.model import Plan, plan_rows
 __all__ = ["COLORS", "MODE_LABELS", "draw_plan", "to_dot"]
 
 #: Fill colour per buffer mode (:attr:`evtc.plan.model.PlanRow.mode`).
-COLORS = {"tma": "#9ecae1", "direct": "#fdae6b", "smem": "#c7e9c0", "shared": "#bcbddc", "registers": "#fdd0a2",
+COLORS = {"tma": "#9ecae1", "packed": "#6baed6", "direct": "#fdae6b", "smem": "#c7e9c0", "shared": "#bcbddc", "registers": "#fdd0a2",
           "workspace": "#fee391", "atomic": "#fee391", "none": "#ffffff"}
 
 #: The legend's words for each mode.
 MODE_LABELS = {
-    "tma": "TMA through shared memory", "shared": "inside another buffer", "direct": "register-direct",
+    "tma": "TMA through shared memory", "packed": "shared memory, stored row by row by the threads", "shared": "inside another buffer", "direct": "register-direct",
     "smem": "shared-memory row / buffer", "registers": "registers", "workspace": "workspace / atomics",
 }
 

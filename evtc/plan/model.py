@@ -233,6 +233,8 @@ def _why_sm90(plan: Plan, b: Buffer) -> str:
         return "one CTA-N row in shared memory (stock Sm90RowBroadcast)"
     if b.mode == "direct":
         return "register-direct (Stages=0): frees its buffer for mainloop stages"
+    if b.mode == "packed":
+        return b.why
     if b.role == "aux_load":
         return f"TMA through shared memory, StagesC={plan.stages_c} deep like C"
     if b.role == "aux_store":
@@ -240,7 +242,7 @@ def _why_sm90(plan: Plan, b: Buffer) -> str:
     return b.why
 
 
-_WHERE = {"tma": "smem, TMA", "smem": "smem", "direct": "registers"}
+_WHERE = {"tma": "smem, TMA", "smem": "smem", "direct": "registers", "packed": "smem, thread stores"}
 
 _EXTRA_SM90 = {
     # role: (mode, where, why)

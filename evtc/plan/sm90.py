@@ -635,6 +635,8 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     req = PlanRequest(graph, target, config, a, b, policy, fixed, rank)
     if config.unaligned:
         return _plan_unaligned(req)
+    if config.packed_stores:
+        return _plan_packed(req)
     # Register-direct aux tensors need N to be a multiple of their 16-byte vector (evtc checks
     # at call time), so the planner only uses them when asked to or when nothing fits without.
     first = not fixed.get("direct")
@@ -897,4 +899,106 @@ def _plan_unaligned(req: PlanRequest) -> Plan:
         epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes, mainloop_stages=stages,
         smem_capacity=req.target.smem_capacity, cost={},
         notes=(f"unaligned variant: void C and D, '{top.name}' and every M x N tensor register-direct",), tree=tree,
+    )
+
+
+def _plan_packed(req: PlanRequest) -> Plan:
+    """The plan of the packed-store variant (``GemmConfig.packed_stores``).
+
+    NOTE [Stores into packed rows]: a caller's packed M x N output whose rows are not 16-byte
+    aligned (N = 50257 in bf16) can't take CUTLASS's TMA store, whose descriptor needs a 16-byte
+    aligned base and 16-byte multiples for every global stride (cuTensorMapEncodeTiled). Eight
+    descriptors, one per row phase (row mod 8, whose rows share an alignment), faulted on the
+    H100 wherever a box's first column was not 16-byte aligned (docs/performance.md,
+    2026-11-26), and the unaligned variant's register-direct stores (the accumulator fragment's
+    layout: a warp's store touches 8 rows, 2 bytes each) cost 14 % at 4096 x 50257 x 4096.
+    ``evtc::Sm90AuxStorePacked`` (codegen_templates/include/evtc/sm90_packed_store.hpp) writes each
+    epilogue subtile to shared memory as a TMA store would (stmatrix, the stock swizzled layout),
+    and where CUTLASS's collective would issue the TMA store (between two barriers of all epilogue
+    threads) the epilogue threads store it: each warp a band of rows, each lane every 32nd column,
+    so one store instruction writes 32 consecutive elements of a row, predicated on M and N
+    (nothing outside the tensor is written whatever the alignment), with shared-memory addresses
+    that need no layout arithmetic per element (the header says why and what was measured).
+    On the H100 at 4096 x 50257 x 4096 (caller's packed tensors, over the aligned N = 50264): a
+    row-max epilogue 1.04x, bias_relu 1.20x (its staged C alone 1.12x); an epilogue with two
+    outputs and two loads 2.7x (1.65x without any copy: this plan spills), which the staging
+    route therefore copies back by default (``EVTC_PACKED_STORES``, evtc/runtime/staging.py).
+
+    The plan: void C and void D in the collective (as the unaligned variant), the output that
+    would take the D slot stored by a packed store wrapped around the whole tree, every other M x
+    N store packed too, every M x N load (C included) a TMA aux load (its rows must be 16-byte
+    aligned: the staging route copies misaligned ones, evtc/runtime/staging.py), stock stage
+    counts (``sm90_get_tma_dispatch_policy``: StagesC = min(subtiles, 4), StagesD = min(subtiles,
+    2)), fewer load stages if the mainloop would keep fewer than 2."""
+    graph, config = req.graph, req.config
+    if req.fixed or req.policy != "evtc":
+        raise PlanError("the packed-store variant has one plan: no fixed decisions or stock policy",
+                        epilogue=graph.name)
+    stores = _stores(graph)
+    bad = [s.name for s in stores if s.dtype.bits < 8]
+    if bad:
+        raise PlanError(f"packed stores write whole bytes; {bad} have elements of fewer than 8 bits",
+                        epilogue=graph.name, hint="let evtc allocate the outputs (rows padded to 16 bytes)")
+    top = next((s for s in stores if s.name == "D"), stores[0])
+    inner = lower(graph, top, None)
+    tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.AUX_STORE), (inner.root,)))
+    et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
+    vec = 128 // top.dtype.bits
+    if et[1] % vec:
+        raise PlanError(f"packed stores need an epilogue tile N that is a multiple of the 16-byte vector ({vec} "
+                        f"elements of {top.dtype.name}), not {et[1]}", epilogue=graph.name,
+                        hint=f"use an epilogue_tile N of {max(vec, 32)}")
+    tm, tn, _ = config.tile
+    epi_tiles = (tm // et[0]) * (tn // et[1])
+    if not column_reduction_fits(graph, config, et, top):
+        raise PlanError(f"the column reductions need more than the epilogue tile {et} of '{top.name}' as scratch",
+                        epilogue=graph.name, hint="use a larger epilogue_tile")
+    stages_c0, stages_d = stock_stages(epi_tiles, False)
+    cand = storage = None
+    stages = 0
+    for stages_c in range(stages_c0, 0, -1):
+        cand = Candidate(None, top, et, stages_c, stages_d, False, False, frozenset())
+        storage = shared_storage(tree, cand, config)
+        stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
+        if stages >= req.need:
+            break
+    if stages < req.need:
+        raise PlanError(f"the packed-store variant leaves {stages} mainloop stages at tile {config.tile}",
+                        epilogue=graph.name, hint="use a smaller tile")
+    stages = config.stages or stages
+    offsets = {t.buffer: o for o, t in storage.leaves() if t.buffer}
+    sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
+    buffers = [Buffer(top.name, "D", top.dtype, "smem", cand.stages_d, sizes[SLOT_D], offsets[SLOT_D], (),
+                      "the collective's (void) D buffer: not stored from, the column reductions' scratch")]
+    for v in tree.visitors():
+        n = v.node
+        if v.role is Role.AUX_LOAD:
+            label = aux_label(v.name)
+            buffers.append(Buffer(v.name, "aux_load", n.dtype, "tma", cand.stages_c, sizes[label], offsets[label], (),
+                                  "TMA, StagesC deep (rows 16-byte aligned)"))
+        elif v.role is Role.AUX_STORE:
+            label = aux_label(v.name)
+            buffers.append(Buffer(v.name, "aux_store", n.dtype, "packed", cand.stages_d, sizes[label], offsets[label],
+                                  (), "shared memory, then 16-byte chunks of each global row stored by the "
+                                      "epilogue threads: rows need only be element-aligned "
+                                      "(evtc::Sm90AuxStorePacked)"))
+        elif v.role is Role.ROW and not any(b.name == v.name for b in buffers):
+            label = row_label(v.name)
+            buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
+                                  "one CTA-N row (Sm90RowBroadcast)"))
+        elif v.role is Role.COL and not any(b.name == v.name for b in buffers):
+            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
+                                  "Sm90ColBroadcast: each thread loads its rows into registers"))
+        elif v.role.is_reduction:
+            mode, why = reduction_mode(n, config)
+            buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
+    threads = 256 if config.schedule == "cooperative" else 128
+    return Plan(
+        arch="sm90", policy="evtc", config=config, operands=(req.a, req.b), epilogue_tile=et,
+        fragment_size=et[0] * et[1] // threads, stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=False,
+        delay_tma_store=False, c_slot=None, d_slot=None, shares=(), buffers=tuple(buffers),
+        epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes, mainloop_stages=stages,
+        smem_capacity=req.target.smem_capacity, cost={},
+        notes=(f"packed-store variant: void C and D, '{top.name}' and every M x N output stored from shared memory by "
+               "the epilogue threads, row by row",), tree=tree,
     )

@@ -245,12 +245,17 @@ class Binder:
         mn_tma: M x N tensors (C, aux loads and stores, D) go through TMA, so their rows must be
             16-byte aligned; False for kernels that access them register-direct one element at
             a time (sm80, sm90's unaligned variant). Default: the arch's (True on sm90).
+        packed_stores: the M x N outputs go through sm90's packed stores (NOTE [Stores into
+            packed rows] in evtc/plan/sm90.py): their base address, rows and batches need only be
+            element-aligned, whatever ``mn_tma`` says of the loads.
     """
 
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure],
                  direct: frozenset[str] = frozenset(), scheduler: Mapping[str, int] | None = None,
-                 arch: str | None = None, *, swap: bool = False, mn_tma: bool | None = None) -> None:
+                 arch: str | None = None, *, swap: bool = False, mn_tma: bool | None = None,
+                 packed_stores: bool = False) -> None:
         self.graph = graph
+        self.packed_stores = packed_stores
         self.direct = direct
         self.swap = swap
         self.scheduler = dict(scheduler or {})
@@ -485,9 +490,10 @@ class Binder:
             index = len(ops)
             if n in given:
                 v = tensors.view(given[n], label, g.name)
+                store_tma = self.mn_tma and not self.packed_stores
                 self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True,
-                            align16=self.mn_tma)
-                if isinstance(o, Store) and self.mn_tma and N % (ALIGN // eb) and M and L:
+                            align16=store_tma if isinstance(o, Store) else self.mn_tma)
+                if isinstance(o, Store) and store_tma and N % (ALIGN // eb) and M and L:
                     # NOTE [Ragged N and TMA stores]: the TMA store (and the 16-byte register-direct
                     # store) writes the last 16-byte vector of each row whole, measured on the H100:
                     # with N = 1031 bf16 it writes column 1031 too. CUTLASS's can_implement refuses
@@ -501,7 +507,7 @@ class Binder:
                         hint="let evtc allocate the output, or use a family Gemm (no config) or "
                              "GemmConfig(unaligned=True), which store element by element")
                 add(v, label, f"p_{n}", o.dtype, output=True,
-                    mask=(ALIGN - 1) if isinstance(o, Store) and self.mn_tma else eb - 1,
+                    mask=(ALIGN - 1) if isinstance(o, Store) and self.mn_tma and not self.packed_stores else eb - 1,
                     mxn=isinstance(o, Store), inplace=isinstance(o, Store))
                 shape, strides = tuple(v.shape), tuple(v.strides)
             else:

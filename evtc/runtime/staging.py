@@ -101,6 +101,28 @@ shifted by its c0, so that its boxes start on its aligned columns (a run-time sh
 stmatrix), with the columns a box borrows from the next subtile carried over; or the fringe of
 this route as a fast register-direct store from shared memory, whole rows per warp.
 
+The second is what the route does now, for epilogues with one M x N output: a caller's
+misaligned output (16-bit or wider, any row stride, batch stride or element-aligned base, an
+sm90 member that is not swap-AB) is written in place by the *packed-store variant* of the member
+the aligned problem takes (NOTE [Stores into packed rows] in evtc/plan/sm90.py: the subtile
+through shared memory as for a TMA store, then stored by the epilogue threads, 32 consecutive
+elements of a row per store instruction), so only misaligned inputs are copied. Measured on the
+H100 (2026-11-26, 4096 x 50257 x 4096 with the caller's packed tensors, time over the aligned
+N = 50264 in the same run, docs/performance.md):
+
+* rowmax (D and an atomic row max): 1.038 (the unaligned kernel, the route's pick before: 1.14;
+  a copy back: 1.356); the same kernel with its copies left out: 0.993;
+* bias_relu (C staged, D): 1.195 (a copy back: 1.280); C's staging alone: 1.117-1.126;
+* aux_heavy (two aux loads staged, D and F): 2.725 (a copy back: 1.31). Even with its copies
+  left out the two-output packed kernel took 1.649: its plan (void C and D, both outputs aux
+  stores) spills more registers than the aligned one (ptxas: 208-252 bytes of spill stores
+  against 40), which wasn't worked out.
+
+So ``EVTC_PACKED_STORES`` selects: ``auto`` (default) the packed stores for epilogues with one
+M x N output and copies back for more; ``always`` (or ``1``) the packed stores wherever they
+can run; ``never`` (or ``0``) copies back. :attr:`StagedLauncher.packed` False turns them off
+for one launcher.
+
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
 kernels). The route needs torch or cupy tensors (to allocate and copy), an sm90 family Gemm
@@ -123,6 +145,10 @@ from evtc.runtime.tensors import TensorView
 
 ALIGN = 16
 ENV = "EVTC_UNALIGNED_STAGING"
+#: when misaligned caller outputs take the packed-store variant instead of a copy back:
+#: ``auto`` (default) for epilogues with one M x N output, ``always`` (or ``1``) wherever it can,
+#: ``never`` (or ``0``) never (NOTE [Padded staging for unaligned rows])
+PACKED_ENV = "EVTC_PACKED_STORES"
 MODES = ("auto", "always", "never")
 
 #: the unaligned kernel's extra time per byte of an M x N load / store (NOTE [Padded staging
@@ -190,6 +216,9 @@ class Decision:
     outputs: tuple[str, ...]
     stage_s: float
     penalty_s: float
+    #: the misaligned caller outputs are written in place by the packed-store variant of this
+    #: aligned member (NOTE [Stores into packed rows]) instead of being copied back; None: copied
+    packed: Any = None
 
 
 def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[str, DType],
@@ -267,9 +296,11 @@ class StagedLauncher:
         #: probe key -> (indices of the M x N pointers, {(switches, their low bits): Decision})
         self._plans: dict[tuple, tuple[tuple[int, ...], dict]] = {}
         self._fallback_launcher = None
-        #: calls staged / sent to the unaligned kernel (tests, benchmarks)
+        #: calls staged / sent to the unaligned kernel / of the staged, those whose outputs the
+        #: packed-store variant wrote (tests, benchmarks)
         self.staged = 0
         self.unstaged = 0
+        self.packed_calls = 0
 
     def __call__(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         from evtc.runtime.launch import probe_call
@@ -296,7 +327,8 @@ class StagedLauncher:
             mn = set(self.loads) | set(self.stores)
             entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
         idx, by = entry
-        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), tuple(ptrs[i] & (ALIGN - 1) for i in idx))
+        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), self.packed, os.environ.get(PACKED_ENV),
+             tuple(ptrs[i] & (ALIGN - 1) for i in idx))
         d = by.get(k)
         if d is None:
             d = by[k] = self.plan(A, B, kwargs, out, sig)
@@ -337,7 +369,42 @@ class StagedLauncher:
         if sig.framework == "cupy" and any(dt.torch not in ("float32", "float16")
                                            for dt in (*self.loads.values(), *self.stores.values())):
             return Decision(False, ins, outs, 0.0, 0.0)
+        spec = self.packed_spec(sig, gviews) if outs else None
+        if spec is not None:
+            # the outputs cost nothing more than aligned ones: only the inputs are copied
+            d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, (), how)
+            return dataclasses.replace(d, outputs=outs, packed=spec)
         return decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
+
+    #: write misaligned caller outputs with the packed-store variant (False: copy them back)
+    packed = True
+
+    def packed_spec(self, sig, gviews: Mapping[str, TensorView]):
+        """The packed-store variant (NOTE [Stores into packed rows], evtc/plan/sm90.py) of the member
+        the aligned problem runs on, when it can write this call's outputs in place and
+        ``EVTC_PACKED_STORES`` allows it: an sm90 member that is not swap-AB, outputs of 16 bits
+        or more (fp8 outputs are copied back) whose base addresses are element-aligned, and under
+        ``auto`` an epilogue with one M x N output (with two, aux_heavy at 4096 x 50257 x 4096
+        took 2.7x the aligned time against 1.3x with copies back, H100: NOTE [Padded staging for
+        unaligned rows]); else None."""
+        from evtc.family.spec import KernelSpec
+
+        gemm = self.gemm
+        how = os.environ.get(PACKED_ENV, "auto").strip().lower() or "auto"
+        if how not in ("auto", "always", "never", "1", "0"):
+            raise ArgumentError(f"{PACKED_ENV}={how!r} is not one of auto, always, never",
+                                hint=f"set {PACKED_ENV} to auto, always or never (or unset it)")
+        if not self.packed or gemm.arch != "sm90" or how in ("never", "0") or \
+                (how == "auto" and len(self.stores) != 1):
+            return None
+        for n, v in gviews.items():
+            eb = self.stores[n].bytes
+            if eb < 2 or v.ptr % eb:
+                return None
+        spec = gemm.choose(sig.M, sig.N, sig.K, sig.L)
+        if spec.arch != "sm90" or spec.config.swap_ab or spec.config.unaligned:
+            return None
+        return KernelSpec(spec.name + "_packed", spec.config.replace(packed_stores=True), spec.arch)
 
     def run(self, key, ptrs, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         sig = self._check(key, ptrs, A, B, kwargs, out)
@@ -357,6 +424,9 @@ class StagedLauncher:
                                                    v.dtype)()
                 _copy(fw, obj, kwargs[n])
                 kw[n] = obj
+            if d.packed is not None:  # NOTE [Stores into packed rows]: the caller's outputs in place
+                self.packed_calls += 1
+                return self.gemm.launcher(d.packed)(A, B, kw, out, stream)
             # a staged output is left to evtc's allocation (rows already padded, and its ragged N
             # is padding there: NOTE [Ragged N and TMA stores]), then copied into the caller's
             if out is None or not d.outputs:

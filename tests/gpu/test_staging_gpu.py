@@ -37,8 +37,25 @@ def staged_lin(acc, C, alpha: float, bias: evtc.RowVector[f32]):
     return alpha * acc + C + bias
 
 
+@evtc.epilogue
+def staged_red(acc, bias: evtc.RowVector[f32]):
+    """No M x N loads: D and a row max (an atomic reduction beside the packed store)."""
+    D = evtc.relu(acc + bias)
+    return {"D": D, "row_max": evtc.max(D, dim=1)}
+
+
 # (M, N, K, L): odd N, enough 128x256 tiles for the ``large`` member in both
 SHAPES = [(2048, 2049, 256, 1), (1024, 2049, 256, 2)]
+# and for the packed stores: a ragged M (1003) on fewer tiles (another member), N = 37 (every
+# row has a head and a tail, no whole 16-byte vector in some) over 3 batches 38258 bytes apart
+# (not a multiple of 16), a long-N row
+PACKED_SHAPES = [(1003, 2049, 256, 1), (517, 37, 128, 3), (256, 50257, 128, 1)]
+
+
+def _packed_variant(spec):
+    from evtc.family.spec import KernelSpec
+
+    return KernelSpec(spec.name + "_packed", spec.config.replace(packed_stores=True), spec.arch)
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +64,15 @@ def gemms():
 
     import os
 
-    out = {n: evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16) for n, ep in (("epi", staged_epi), ("lin", staged_lin))}
+    out = {n: evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16)
+           for n, ep in (("epi", staged_epi), ("lin", staged_lin), ("red", staged_red))}
     jobs = []
     for g in out.values():
-        for shape in SHAPES:
-            jobs.append(g.kernel(g.choose(*shape)).job())
+        for shape in SHAPES + PACKED_SHAPES:
+            spec = g.choose(*shape)
+            jobs.append(g.kernel(spec).job())
+            if not spec.config.swap_ab:
+                jobs.append(g.kernel(_packed_variant(spec)).job())
         jobs.append(g.kernel("unaligned").job())
     build_many(list({j.source: j for j in jobs}.values()), workers=int(os.environ.get("EVTC_BUILD_JOBS", 16)))
     return out
@@ -69,16 +90,27 @@ def _staged(g) -> int:
     return sum(x.staged for x in g._launchers.values() if isinstance(x, StagedLauncher))
 
 
+def _packed_calls(g) -> int:
+    from evtc.runtime.staging import StagedLauncher
+
+    return sum(x.packed_calls for x in g._launchers.values() if isinstance(x, StagedLauncher))
+
+
 @pytest.mark.parametrize("how", ["always", "never"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("given_out", [False, True])
-def test_packed_c_aux_load_and_store(gemms, how, shape, given_out, record_errors):
+@pytest.mark.parametrize("packed", [True, False])
+def test_packed_c_aux_load_and_store(gemms, how, shape, given_out, packed, record_errors, monkeypatch):
     import torch
 
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
+    if not packed and not (how == "always" and given_out):
+        pytest.skip("the packed stores only change staged calls with caller outputs")
+    monkeypatch.setenv("EVTC_PACKED_STORES", "1" if packed else "0")
     g = gemms["epi"]
     g.set_unaligned_staging(how)
+    packed_before = _packed_calls(g)
     p = Problem(*shape)
     ins, outs = _packed(make_inputs(g.graph, g.a, g.b, p, seed=sum(shape) + given_out),
                         poisoned_outputs(g.graph, p))
@@ -101,6 +133,8 @@ def test_packed_c_aux_load_and_store(gemms, how, shape, given_out, record_errors
         outs = got
     torch.cuda.synchronize()
     assert (_staged(g) > count) == (how == "always")
+    # caller outputs on the route: written in place by the packed stores, else copied back
+    assert (_packed_calls(g) > packed_before) == (how == "always" and given_out and packed)
     for k, v in before.items():  # the caller's inputs are untouched
         assert torch.equal(v, kw[k]), k
     check = assert_outputs_match if given_out else _assert_allocated_match
@@ -192,3 +226,49 @@ def test_copy_kernel_between_packed_and_padded_rows(gemms, dtype, shape):
     # the padding between the rows is still the poison
     rows = buf.view(-1, strides[-2])[:, shape[-1]:]
     assert torch.equal(as_bytes(rows), as_bytes(torch.full_like(rows, -7.0)))
+
+
+@pytest.mark.parametrize("layout", ["packed", "gap5", "offset3"])
+@pytest.mark.parametrize("shape", SHAPES + PACKED_SHAPES)
+@pytest.mark.parametrize("name", ["epi", "lin", "red"])
+def test_packed_stores_write_in_place(gemms, name, shape, layout, record_errors, monkeypatch):
+    """NOTE [Stores into packed rows]: caller outputs whose rows are only 2-byte aligned (packed, rows
+    N + 5 elements apart, or packed from an address 6 bytes past a 16-byte boundary) are written in
+    place by the packed-store variant: every element against the float64 reference (NaN
+    poison), and not one element of the buffer outside the tensor touched (the gaps between rows,
+    the 16 elements before and after it)."""
+    import torch
+
+    from evtc.testing import Problem, make_inputs, poisoned_outputs
+
+    g = gemms[name]
+    g.set_unaligned_staging("always")
+    # "epi" has two M x N outputs, which EVTC_PACKED_STORES=auto copies back (slower on the
+    # packed stores); its kernels are checked here all the same
+    monkeypatch.setenv("EVTC_PACKED_STORES", "always" if name == "epi" else "auto")
+    M, N, K, L = shape
+    p = Problem(*shape)
+    ins, _ = _packed(make_inputs(g.graph, g.a, g.b, p, seed=M + N + len(layout) + len(name)), {})
+    outs = poisoned_outputs(g.graph, p)
+    ld = N + 5 if layout == "gap5" else N
+    off = 16 + (3 if layout == "offset3" else 0)
+    lead = (L,) if L > 1 else ()
+    strides = ((M * ld,) if L > 1 else ()) + (ld, 1)
+    bufs = {}
+    for o in g.graph.outputs:
+        if o.name in ("D", "F"):
+            buf = torch.full((off + L * M * ld + 16,), float("nan"), dtype=torch.bfloat16, device="cuda")
+            outs[o.name] = buf.as_strided(lead + (M, N), strides, off)
+            bufs[o.name] = buf
+    kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
+    before = _packed_calls(g)
+    got = g(ins["A"], ins["B"], out=outs, **kw)
+    torch.cuda.synchronize()
+    assert _packed_calls(g) == before + 1, "the call did not take the packed stores"
+    for n, buf in bufs.items():
+        assert (got[n] if isinstance(got, dict) else got).data_ptr() == outs[n].data_ptr()
+        outside = torch.ones(buf.shape, dtype=torch.bool, device="cuda")
+        outside.as_strided(lead + (M, N), strides, off).fill_(False)
+        assert outside.sum().item() == buf.numel() - L * M * N
+        assert torch.isnan(buf[outside]).all(), f"{n}: an element outside the tensor was written"
+    assert_outputs_match(g, ins, outs, f"packed {name} {shape} {layout}", record_errors)

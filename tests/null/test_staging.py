@@ -110,12 +110,13 @@ class Harness:
         self.launchers: dict[str, Launcher] = {}
 
         def launcher(spec):
-            name = "unaligned" if spec.config.unaligned else "aligned"
+            name = "unaligned" if spec.config.unaligned else "packed" if spec.config.packed_stores else "aligned"
             if name not in self.launchers:
                 graph = g.graph_for(spec.arch)
                 lib = self.libs[name] = FakeLibrary(abi_fields(graph, spec.arch))
                 binder = Binder(graph, g.a, g.b, ctypes_struct(abi_fields(graph, spec.arch)), arch=spec.arch,
-                                swap=spec.config.swap_ab, mn_tma=not spec.config.unaligned)
+                                swap=spec.config.swap_ab, mn_tma=not spec.config.unaligned,
+                                packed_stores=spec.config.packed_stores)
                 self.launchers[name] = Launcher(binder, lib, g.name)
             return self.launchers[name]
 
@@ -212,8 +213,82 @@ def test_batched_inputs_are_staged_with_a_padded_batch_stride(monkeypatch):
     assert out["D"].__cuda_array_interface__["strides"] == (M * 64 * 2, 64 * 2, 2)
 
 
+def test_packed_out_tensors_are_written_in_place_by_the_packed_stores(monkeypatch):
+    """NOTE [Stores into packed rows]: the caller's packed outputs go to the packed-store variant of
+    the member the aligned problem takes; only the packed inputs are copied. (Two M x N outputs:
+    ``EVTC_PACKED_STORES=always``; ``auto`` copies them back, the next test.)"""
+    monkeypatch.setenv(staging.PACKED_ENV, "always")
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(4096, 50257)
+    D, F = Fake((4096, 50257)), Fake((4096, 50257))
+    res = h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert res["D"] is D and res["F"] is F
+    assert h.launched("packed") and not h.launched("aligned") and not h.launched("unaligned")
+    assert [src for _, src in h.copies] == [kw["C"].ptr, kw["R"].ptr]  # nothing copied back
+    call = h.launched("packed")[0]
+    assert D.ptr in call and F.ptr in call and all(dst in call for dst, _ in h.copies)
+    # aligned inputs: nothing copied at all, where the copy-back route chose the unaligned kernel
+    # for an epilogue without loads (rowmax) and staged the rest
+    A, B, kw = aux_args(4096, 50257, packed=False)
+    h.copies.clear()
+    h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert len(h.launched("packed")) == 2 and not h.copies
+    # a batch stride that is not a multiple of 16 bytes (1001 x 63 elements): the packed stores
+    # address every element themselves, so those are written in place too
+    L, M, N, K = 2, 1001, 63, 32
+    h.g.set_unaligned_staging("always")  # small: "auto" would leave it to the unaligned kernel
+    Db, Fb = Fake((L, M, N)), Fake((L, M, N))
+    h.g(Fake((L, M, K)), Fake((L, N, K)), out={"D": Db, "F": Fb}, C=Fake((L, M, N)), R=Fake((L, M, N)),
+        bias=Fake((N,), "<f4"))
+    assert len(h.launched("packed")) == 3
+    assert Db.ptr in h.launched("packed")[-1] and not any(dst in (Db.ptr, Fb.ptr) for dst, _ in h.copies)
+    # EVTC_PACKED_STORES=0 turns them off
+    monkeypatch.setenv(staging.PACKED_ENV, "0")
+    h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert len(h.launched("packed")) == 3 and h.launched("aligned")
+
+
+def test_auto_takes_the_packed_stores_for_one_output_only(monkeypatch):
+    """``EVTC_PACKED_STORES=auto`` (the default): an epilogue with two M x N outputs copies them
+    back (slower on the packed stores, H100), one with a single output writes it in place; an
+    unknown value is an ArgumentError naming the variable."""
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(4096, 50257)
+    D, F = Fake((4096, 50257)), Fake((4096, 50257))
+    h.g(A, B, out={"D": D, "F": F}, **kw)
+    assert not h.launched("packed") and sorted(dst for dst, _ in h.copies if dst in (D.ptr, F.ptr)) == \
+        sorted([D.ptr, F.ptr])
+    h1 = Harness(monkeypatch, ep=lin, mode="always")
+    C = Fake((256, 255))
+    h1.g(Fake((256, 64)), Fake((255, 64)), out=Fake((256, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+    assert h1.launched("packed")
+    monkeypatch.setenv(staging.PACKED_ENV, "sometimes")
+    h2 = Harness(monkeypatch, ep=lin, mode="always")
+    with pytest.raises(evtc.ArgumentError, match="EVTC_PACKED_STORES"):
+        h2.g(Fake((256, 64)), Fake((255, 64)), out=Fake((256, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+
+
+def test_the_packed_kernel_is_the_aligned_member_s_variant(monkeypatch):
+    monkeypatch.setenv(staging.PACKED_ENV, "always")
+    h = Harness(monkeypatch)
+    specs = []
+    monkeypatch.setattr(h.g, "launcher", lambda spec, f=h.g.launcher: specs.append(spec) or f(spec))
+    A, B, kw = aux_args(4096, 50257)
+    h.g(A, B, out={"D": Fake((4096, 50257)), "F": Fake((4096, 50257))}, **kw)
+    (spec,) = specs
+    base = h.g.choose(4096, 50257, 64)
+    assert spec.config == base.config.replace(packed_stores=True) and spec.name == base.name + "_packed"
+    # swap-AB members (decode-sized M) have none: copied back
+    specs.clear()
+    A, B, kw = aux_args(16, 50257)
+    h.g.set_unaligned_staging("always")
+    h.g(A, B, out={"D": Fake((16, 50257)), "F": Fake((16, 50257))}, **kw)
+    assert not any(s.config.packed_stores for s in specs) and h.launched("aligned")
+
+
 def test_packed_out_tensors_are_computed_padded_and_copied_back(monkeypatch):
     h = Harness(monkeypatch)
+    monkeypatch.setenv(staging.PACKED_ENV, "0")
     A, B, kw = aux_args(4096, 50257)
     D, F = Fake((4096, 50257)), Fake((4096, 50257))
     res = h.g(A, B, out={"D": D, "F": F}, **kw)
@@ -233,8 +308,21 @@ def test_packed_out_tensors_are_computed_padded_and_copied_back(monkeypatch):
     assert len(h.launched("aligned")) == 2 and sorted(dst for dst, _ in h.copies) == sorted([D.ptr, F.ptr])
 
 
+def test_in_place_out_c_reads_the_staged_copy_and_the_packed_stores_write_c(monkeypatch):
+    h = Harness(monkeypatch, ep=lin, mode="always")
+    A, B = Fake((256, 64)), Fake((255, 64))
+    C = Fake((256, 255))
+    res = h.g(A, B, out=C, C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+    assert res is C
+    (staged,) = h.allocs
+    assert h.copies == [(staged.ptr, C.ptr)]
+    call = h.launched("packed")[0]
+    assert staged.ptr in call and C.ptr in call
+
+
 def test_in_place_out_c_reads_the_staged_copy_and_copies_back(monkeypatch):
     h = Harness(monkeypatch, ep=lin, mode="always")
+    monkeypatch.setenv(staging.PACKED_ENV, "0")
     A, B = Fake((256, 64)), Fake((255, 64))
     C = Fake((256, 255))
     res = h.g(A, B, out=C, C=C, alpha=1.0, bias=Fake((255,), "<f4"))
