@@ -1,8 +1,9 @@
 """Compile tests (nvcc, no GPU) of the kernel family's own kinds on sm90: swap-AB on ping-pong
 64x32, the stream-K scheduler (``kheavy``: split-K and stream-K decompositions at run time), the
-unaligned variant (void C and D, every M x N tensor register-direct), and an fp8 epilogue with a
-scalar reduction (whose kernel always initialises it). Each builds for sm_90a, and the library
-reports the planner's shared-memory bytes and stages."""
+unaligned variant (void C and D, every M x N tensor register-direct), the packed-store variant of
+a member (``large+packed``: void C and D, every M x N output through evtc::Sm90AuxStorePacked),
+and an fp8 epilogue with a scalar reduction (whose kernel always initialises it). Each builds for
+sm_90a, and the library reports the planner's shared-memory bytes and stages."""
 
 import pytest
 
@@ -12,7 +13,8 @@ from evtc.runtime.launch import KernelLibrary
 
 pytestmark = pytest.mark.compile
 
-MEMBERS = [("many_aux", "swap16"), ("row_stats", "kheavy"), ("gelu_aux", "unaligned"), ("fp8_out", "small")]
+MEMBERS = [("many_aux", "swap16"), ("row_stats", "kheavy"), ("gelu_aux", "unaligned"), ("fp8_out", "small"),
+           ("gelu_aux", "large+packed")]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,14 @@ def built():
     for name, member in MEMBERS:
         a = evtc.e4m3 if name == "fp8_out" else bf16
         g = evtc.Gemm(E.REFERENCE[name], a=a, b=a)
-        kernels[(name, member)] = g.kernel(member)
+        if member.endswith("+packed"):
+            from evtc.family.spec import KernelSpec
+
+            base = g.kernel(member.split("+")[0]).spec
+            kernels[(name, member)] = g.kernel(KernelSpec(base.name + "_packed",
+                                                          base.config.replace(packed_stores=True), base.arch))
+        else:
+            kernels[(name, member)] = g.kernel(member)
     res = build_many([k.job() for k in kernels.values()], workers=2)
     for k, r in zip(kernels.values(), res):
         if isinstance(r, Exception):
@@ -44,8 +53,12 @@ def test_member_builds_with_its_planned_bytes(built, case):
     cfg = info["static"]["plan"]["config"]
     assert cfg["swap_ab"] == case[1].startswith("swap") and cfg["unaligned"] == (case[1] == "unaligned")
     assert (cfg["scheduler"] == "streamk") == (case[1] == "kheavy")
+    assert cfg.get("packed_stores", False) == case[1].endswith("+packed")
 
 
 def test_kinds_are_what_the_sources_say(built):
     assert "with or without a workspace:\n  // always call it" in built[("fp8_out", "small")].source
     assert "using TileScheduler = cutlass::gemm::StreamKScheduler;" in built[("row_stats", "kheavy")].source
+    packed = built[("gelu_aux", "large+packed")].source
+    assert "#include <evtc/sm90_packed_store.hpp>" in packed and "evtc::Sm90AuxStorePacked<" in packed
+    assert "sm90_packed_store" not in built[("gelu_aux", "unaligned")].source
