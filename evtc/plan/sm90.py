@@ -854,31 +854,16 @@ def _plan_unaligned(req: PlanRequest) -> Plan:
     ``smem_D`` (``CollectiveStorageWithoutC``): the column reductions' scratch. Row broadcasts
     stay stock (``Sm90RowBroadcast`` predicates each element)."""
     graph, config = req.graph, req.config
-    if req.fixed or req.policy != "evtc":
-        raise PlanError("the unaligned variant has one plan: no fixed decisions or stock policy",
-                        epilogue=graph.name)
-    stores = _stores(graph)
-    top = next((s for s in stores if s.name == "D"), stores[0])
-    inner = lower(graph, top, None)
-    tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.AUX_STORE), (inner.root,)))
-    et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
-    tm, tn, _ = config.tile
-    epi_tiles = (tm // et[0]) * (tn // et[1])
+    stores, top, tree, et, epi_tiles = _void_cd_tree(req, "the unaligned variant")
     direct = frozenset(n.name for n in _aux_loads(graph)) | frozenset(s.name for s in stores)
     cand = Candidate(None, top, et, 1, min(2, epi_tiles), False, False, direct)
-    if not column_reduction_fits(graph, config, et, top):
-        raise PlanError(f"the column reductions need more than the epilogue tile {et} of '{top.name}' as scratch",
-                        epilogue=graph.name, hint="use a larger epilogue_tile")
     storage = shared_storage(tree, cand, config)
     stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
     if stages < req.need:
         raise PlanError(f"the unaligned variant leaves {stages} mainloop stages at tile {config.tile}",
                         epilogue=graph.name, hint="use a smaller tile")
     stages = config.stages or stages
-    offsets = {t.buffer: o for o, t in storage.leaves() if t.buffer}
-    sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
-    buffers = [Buffer(top.name, "D", top.dtype, "smem", cand.stages_d, sizes[SLOT_D], offsets[SLOT_D], (),
-                      "the collective's (void) D buffer: not stored from, the column reductions' scratch")]
+    offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
     for v in tree.visitors():
         n = v.node
         if v.role.is_aux:
@@ -891,14 +876,48 @@ def _plan_unaligned(req: PlanRequest) -> Plan:
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
+    return _void_cd_plan(req, tree, et, cand, storage, stages, buffers,
+                         f"unaligned variant: void C and D, '{top.name}' and every M x N tensor register-direct")
+
+
+def _void_cd_tree(req: PlanRequest, variant: str):
+    """The tree of a variant with void C and D in the collective (unaligned, packed stores): the
+    output that would take the D slot stored by an aux store wrapped around the whole tree.
+    Returns (stores, that output, the tree, the epilogue tile, subtiles per CTA tile)."""
+    graph, config = req.graph, req.config
+    if req.fixed or req.policy != "evtc":
+        raise PlanError(f"{variant} has one plan: no fixed decisions or stock policy", epilogue=graph.name)
+    stores = _stores(graph)
+    top = next((s for s in stores if s.name == "D"), stores[0])
+    inner = lower(graph, top, None)
+    tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.AUX_STORE), (inner.root,)))
+    et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
+    tm, tn, _ = config.tile
+    if not column_reduction_fits(graph, config, et, top):
+        raise PlanError(f"the column reductions need more than the epilogue tile {et} of '{top.name}' as scratch",
+                        epilogue=graph.name, hint="use a larger epilogue_tile")
+    return stores, top, tree, et, (tm // et[0]) * (tn // et[1])
+
+
+def _void_d_buffers(storage, top, cand: Candidate):
+    """(offsets, sizes, [the collective's void D buffer]) of a void-C-and-D plan's storage."""
+    offsets = {t.buffer: o for o, t in storage.leaves() if t.buffer}
+    sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
+    return offsets, sizes, [Buffer(top.name, "D", top.dtype, "smem", cand.stages_d, sizes[SLOT_D], offsets[SLOT_D], (),
+                                   "the collective's (void) D buffer: not stored from, the column reductions' "
+                                   "scratch")]
+
+
+def _void_cd_plan(req: PlanRequest, tree, et, cand: Candidate, storage, stages: int, buffers: list,
+                  note: str) -> Plan:
+    config = req.config
     threads = 256 if config.schedule == "cooperative" else 128
     return Plan(
         arch="sm90", policy="evtc", config=config, operands=(req.a, req.b), epilogue_tile=et,
         fragment_size=et[0] * et[1] // threads, stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=False,
         delay_tma_store=False, c_slot=None, d_slot=None, shares=(), buffers=tuple(buffers),
         epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes, mainloop_stages=stages,
-        smem_capacity=req.target.smem_capacity, cost={},
-        notes=(f"unaligned variant: void C and D, '{top.name}' and every M x N tensor register-direct",), tree=tree,
+        smem_capacity=req.target.smem_capacity, cost={}, notes=(note,), tree=tree,
     )
 
 
@@ -931,28 +950,16 @@ def _plan_packed(req: PlanRequest) -> Plan:
     counts (``sm90_get_tma_dispatch_policy``: StagesC = min(subtiles, 4), StagesD = min(subtiles,
     2)), fewer load stages if the mainloop would keep fewer than 2."""
     graph, config = req.graph, req.config
-    if req.fixed or req.policy != "evtc":
-        raise PlanError("the packed-store variant has one plan: no fixed decisions or stock policy",
-                        epilogue=graph.name)
-    stores = _stores(graph)
+    stores, top, tree, et, epi_tiles = _void_cd_tree(req, "the packed-store variant")
     bad = [s.name for s in stores if s.dtype.bits < 8]
     if bad:
         raise PlanError(f"packed stores write whole bytes; {bad} have elements of fewer than 8 bits",
                         epilogue=graph.name, hint="let evtc allocate the outputs (rows padded to 16 bytes)")
-    top = next((s for s in stores if s.name == "D"), stores[0])
-    inner = lower(graph, top, None)
-    tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.AUX_STORE), (inner.root,)))
-    et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
     vec = 128 // top.dtype.bits
     if et[1] % vec:
         raise PlanError(f"packed stores need an epilogue tile N that is a multiple of the 16-byte vector ({vec} "
                         f"elements of {top.dtype.name}), not {et[1]}", epilogue=graph.name,
                         hint=f"use an epilogue_tile N of {max(vec, 32)}")
-    tm, tn, _ = config.tile
-    epi_tiles = (tm // et[0]) * (tn // et[1])
-    if not column_reduction_fits(graph, config, et, top):
-        raise PlanError(f"the column reductions need more than the epilogue tile {et} of '{top.name}' as scratch",
-                        epilogue=graph.name, hint="use a larger epilogue_tile")
     stages_c0, stages_d = stock_stages(epi_tiles, False)
     cand = storage = None
     stages = 0
@@ -966,10 +973,7 @@ def _plan_packed(req: PlanRequest) -> Plan:
         raise PlanError(f"the packed-store variant leaves {stages} mainloop stages at tile {config.tile}",
                         epilogue=graph.name, hint="use a smaller tile")
     stages = config.stages or stages
-    offsets = {t.buffer: o for o, t in storage.leaves() if t.buffer}
-    sizes = {t.buffer: t.size for _, t in storage.leaves() if t.buffer}
-    buffers = [Buffer(top.name, "D", top.dtype, "smem", cand.stages_d, sizes[SLOT_D], offsets[SLOT_D], (),
-                      "the collective's (void) D buffer: not stored from, the column reductions' scratch")]
+    offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
     for v in tree.visitors():
         n = v.node
         if v.role is Role.AUX_LOAD:
@@ -979,8 +983,8 @@ def _plan_packed(req: PlanRequest) -> Plan:
         elif v.role is Role.AUX_STORE:
             label = aux_label(v.name)
             buffers.append(Buffer(v.name, "aux_store", n.dtype, "packed", cand.stages_d, sizes[label], offsets[label],
-                                  (), "shared memory, then 16-byte chunks of each global row stored by the "
-                                      "epilogue threads: rows need only be element-aligned "
+                                  (), "shared memory, then stored by the epilogue threads, 32 consecutive "
+                                      "elements of a row per instruction: rows need only be element-aligned "
                                       "(evtc::Sm90AuxStorePacked)"))
         elif v.role is Role.ROW and not any(b.name == v.name for b in buffers):
             label = row_label(v.name)
@@ -992,13 +996,6 @@ def _plan_packed(req: PlanRequest) -> Plan:
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
-    threads = 256 if config.schedule == "cooperative" else 128
-    return Plan(
-        arch="sm90", policy="evtc", config=config, operands=(req.a, req.b), epilogue_tile=et,
-        fragment_size=et[0] * et[1] // threads, stages_c=cand.stages_c, stages_d=cand.stages_d, reuse_smem_c=False,
-        delay_tma_store=False, c_slot=None, d_slot=None, shares=(), buffers=tuple(buffers),
-        epilogue_smem_bytes=storage.size, mainloop_stage_bytes=req.stage_bytes, mainloop_stages=stages,
-        smem_capacity=req.target.smem_capacity, cost={},
-        notes=(f"packed-store variant: void C and D, '{top.name}' and every M x N output stored from shared memory by "
-               "the epilogue threads, row by row",), tree=tree,
-    )
+    return _void_cd_plan(req, tree, et, cand, storage, stages, buffers,
+                         f"packed-store variant: void C and D, '{top.name}' and every M x N output stored from "
+                         "shared memory by the epilogue threads, row by row")
