@@ -33,14 +33,11 @@ from evtc import bf16
 def prebuild_jobs(gemms, M: int, N: int, K: int) -> list:
     """Build jobs of the kernels the calls take: for each family Gemm, the member of the aligned
     problem and its packed-store variant, as the calls name them (so no timed call builds one)."""
-    from evtc.family.spec import KernelSpec
-
     Na = (N + 7) // 8 * 8
     jobs = {}
     for g in gemms:
         for spec in {g.choose(M, Na, K), g.choose(M, N, K, aligned_mn=True)}:
-            packed = KernelSpec(spec.name + "_packed", spec.config.replace(packed_stores=True), spec.arch)
-            for s in (spec, packed):
+            for s in (spec, spec.packed_variant()):
                 j = g.kernel(s).job()
                 jobs[j.source] = j
     return list(jobs.values())

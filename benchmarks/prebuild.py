@@ -156,7 +156,8 @@ def family_gemms():
 
 
 def shapes_gemms():
-    """bench_shapes.py's kernels: three epilogues' families and their unaligned members."""
+    """bench_shapes.py's kernels: three epilogues' families, their unaligned members and packed-store
+    variants."""
     import bench_shapes
 
     return bench_shapes.prebuild_gemms()
@@ -173,7 +174,8 @@ def reductions_gemms():
     import test_family_gpu as T
 
     out = [T.make(n, v) for n in ("row_stats", "dgelu_bgrad") for v in T.VARIANTS if (n, v) not in T.REFUSED]
-    return out + [g for g in bench_shapes.prebuild_gemms() if g.name == "rowmax"]
+    # rowmax's family and pinned Gemms, and its build jobs ("rowmax[pingpong_packed]")
+    return out + [g for g in bench_shapes.prebuild_gemms() if g.name.split("[")[0] == "rowmax"]
 
 
 def conv_gemms(which=None):

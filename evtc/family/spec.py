@@ -133,6 +133,11 @@ class KernelSpec:
     def with_runtime(self, **changes) -> KernelSpec:
         return dataclasses.replace(self, config=self.config.replace(**changes))
 
+    def packed_variant(self) -> KernelSpec:
+        """This member's packed-store variant (``<name>_packed``, ``GemmConfig.packed_stores``:
+        NOTE [Stores into packed rows] in evtc/plan/sm90.py), built on demand."""
+        return KernelSpec(self.name + "_packed", self.config.replace(packed_stores=True), self.arch)
+
 
 def for_epilogue(family, traits: EpilogueTraits) -> tuple[KernelSpec, ...]:
     """The default family adapted to an epilogue (its :class:`EpilogueTraits`).

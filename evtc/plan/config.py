@@ -103,8 +103,8 @@ class GemmConfig:
             None, so the sources (and kernel cache keys) of configs that don't set it stay as
             they were.
         packed_stores: sm90: every M x N output (D and aux stores) goes to shared memory as for
-            a TMA store and is then stored by the epilogue threads in 16-byte chunks aligned to
-            its global rows, so its rows need only be element-aligned (a caller's packed
+            a TMA store and is then stored by the epilogue threads, 32 consecutive elements of a
+            row per store, so its rows need only be element-aligned (a caller's packed
             ``out=`` with N = 50257 in bf16), while C and aux loads keep 16-byte aligned rows
             (NOTE [Stores into packed rows], evtc/plan/sm90.py). Elements of 8 bits or more,
             row-major (not ``swap_ab``). Compiled in; left out of :meth:`to_json` while False.

@@ -507,7 +507,7 @@ class Binder:
                         hint="let evtc allocate the output, or use a family Gemm (no config) or "
                              "GemmConfig(unaligned=True), which store element by element")
                 add(v, label, f"p_{n}", o.dtype, output=True,
-                    mask=(ALIGN - 1) if isinstance(o, Store) and self.mn_tma and not self.packed_stores else eb - 1,
+                    mask=(ALIGN - 1) if isinstance(o, Store) and store_tma else eb - 1,
                     mxn=isinstance(o, Store), inplace=isinstance(o, Store))
                 shape, strides = tuple(v.shape), tuple(v.strides)
             else:

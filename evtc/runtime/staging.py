@@ -120,8 +120,7 @@ N = 50264 in the same run, docs/performance.md):
 
 So ``EVTC_PACKED_STORES`` selects: ``auto`` (default) the packed stores for epilogues with one
 M x N output and copies back for more; ``always`` (or ``1``) the packed stores wherever they
-can run; ``never`` (or ``0``) copies back. :attr:`StagedLauncher.packed` False turns them off
-for one launcher.
+can run; ``never`` (or ``0``) copies back.
 
 ``EVTC_UNALIGNED_STAGING`` (or :attr:`evtc.Gemm.unaligned_staging`) selects: ``auto`` (the
 cost model, default), ``always`` (stage whenever it can), ``never`` (today's unaligned
@@ -327,7 +326,7 @@ class StagedLauncher:
             mn = set(self.loads) | set(self.stores)
             entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
         idx, by = entry
-        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), self.packed, os.environ.get(PACKED_ENV),
+        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), os.environ.get(PACKED_ENV),
              tuple(ptrs[i] & (ALIGN - 1) for i in idx))
         d = by.get(k)
         if d is None:
@@ -376,9 +375,6 @@ class StagedLauncher:
             return dataclasses.replace(d, outputs=outs, packed=spec)
         return decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
 
-    #: write misaligned caller outputs with the packed-store variant (False: copy them back)
-    packed = True
-
     def packed_spec(self, sig, gviews: Mapping[str, TensorView]):
         """The packed-store variant (NOTE [Stores into packed rows], evtc/plan/sm90.py) of the member
         the aligned problem runs on, when it can write this call's outputs in place and
@@ -387,14 +383,12 @@ class StagedLauncher:
         ``auto`` an epilogue with one M x N output (with two, aux_heavy at 4096 x 50257 x 4096
         took 2.7x the aligned time against 1.3x with copies back, H100: NOTE [Padded staging for
         unaligned rows]); else None."""
-        from evtc.family.spec import KernelSpec
-
         gemm = self.gemm
         how = os.environ.get(PACKED_ENV, "auto").strip().lower() or "auto"
         if how not in ("auto", "always", "never", "1", "0"):
             raise ArgumentError(f"{PACKED_ENV}={how!r} is not one of auto, always, never",
                                 hint=f"set {PACKED_ENV} to auto, always or never (or unset it)")
-        if not self.packed or gemm.arch != "sm90" or how in ("never", "0") or \
+        if gemm.arch != "sm90" or how in ("never", "0") or \
                 (how == "auto" and len(self.stores) != 1):
             return None
         for n, v in gviews.items():
@@ -404,7 +398,7 @@ class StagedLauncher:
         spec = gemm.choose(sig.M, sig.N, sig.K, sig.L)
         if spec.arch != "sm90" or spec.config.swap_ab or spec.config.unaligned:
             return None
-        return KernelSpec(spec.name + "_packed", spec.config.replace(packed_stores=True), spec.arch)
+        return spec.packed_variant()
 
     def run(self, key, ptrs, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         sig = self._check(key, ptrs, A, B, kwargs, out)

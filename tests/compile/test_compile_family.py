@@ -27,11 +27,7 @@ def built():
         a = evtc.e4m3 if name == "fp8_out" else bf16
         g = evtc.Gemm(E.REFERENCE[name], a=a, b=a)
         if member.endswith("+packed"):
-            from evtc.family.spec import KernelSpec
-
-            base = g.kernel(member.split("+")[0]).spec
-            kernels[(name, member)] = g.kernel(KernelSpec(base.name + "_packed",
-                                                          base.config.replace(packed_stores=True), base.arch))
+            kernels[(name, member)] = g.kernel(g.kernel(member.split("+")[0]).spec.packed_variant())
         else:
             kernels[(name, member)] = g.kernel(member)
     res = build_many([k.job() for k in kernels.values()], workers=2)

@@ -46,16 +46,10 @@ def staged_red(acc, bias: evtc.RowVector[f32]):
 
 # (M, N, K, L): odd N, enough 128x256 tiles for the ``large`` member in both
 SHAPES = [(2048, 2049, 256, 1), (1024, 2049, 256, 2)]
-# and for the packed stores: a ragged M (1003) on fewer tiles (another member), N = 37 (every
-# row has a head and a tail, no whole 16-byte vector in some) over 3 batches 38258 bytes apart
-# (not a multiple of 16), a long-N row
+# and for the packed stores: a ragged M (1003) on fewer tiles (another member), N = 37 (a full
+# subtile of 32 columns and one of 5) over 3 batches 38258 bytes apart (not a multiple of 16), a
+# long-N row
 PACKED_SHAPES = [(1003, 2049, 256, 1), (517, 37, 128, 3), (256, 50257, 128, 1)]
-
-
-def _packed_variant(spec):
-    from evtc.family.spec import KernelSpec
-
-    return KernelSpec(spec.name + "_packed", spec.config.replace(packed_stores=True), spec.arch)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +66,7 @@ def gemms():
             spec = g.choose(*shape)
             jobs.append(g.kernel(spec).job())
             if not spec.config.swap_ab:
-                jobs.append(g.kernel(_packed_variant(spec)).job())
+                jobs.append(g.kernel(spec.packed_variant()).job())
         jobs.append(g.kernel("unaligned").job())
     build_many(list({j.source: j for j in jobs}.values()), workers=int(os.environ.get("EVTC_BUILD_JOBS", 16)))
     return out
