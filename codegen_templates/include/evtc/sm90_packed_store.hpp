@@ -275,13 +275,8 @@ struct Sm90AuxStorePacked {
     // the generic copy (a layout fast_layout() rejects, a subtile Fast doesn't cover): element
     // u of the subtile's rows x EpiN to thread u mod Threads, consecutive threads on
     // consecutive columns of a row
-    // Out of line: inlined into every subtile of the collective's unrolled loop, it took a quarter
-    // of the kernel's code even where the fast copy always runs (bias_relu's ping-pong kernel:
-    // 142 KB of cubin, 105 KB out of line; ptxas spill stores 84 bytes, 52; H100, 4096 x 50257 x
-    // 4096 with the caller's packed out=: 1.114 -> 1.116 of the aligned time back to back, 1.081 ->
-    // 1.036 in CUDA graphs, 69 GPU staging tests passed).
     template <class STensor2>
-    __device__ __noinline__ void
+    CUTLASS_DEVICE void
     copy_rows(STensor2 const& s, Element* base, int64_t ld, int rows, int cols) {
       for (int u = thread_idx; u < rows * EpiN; u += Threads) {
         int r = u / EpiN, c = u % EpiN;
