@@ -118,8 +118,8 @@ N = 50264 in the same run, docs/performance.md):
   stores) spills more registers than the aligned one (ptxas: 208-252 bytes of spill stores
   against 40), which wasn't worked out.
 
-Tried and left out (H100, 2026-11-26, night; benchmarks/experiments/packed_loads, docs/performance.md):
-reading the caller's packed *inputs* in the kernel instead of staging them. Three designs, each
+Tried and left out (H100, 2026-11-26, night; benchmarks/experiments/packed_loads,
+docs/performance.md): reading the caller's packed *inputs* in the kernel instead of staging them. Three designs, each
 exact and each slower than the copy for bias_relu (1.22-1.25x with C staged): the epilogue
 threads loading rows into a subtile through the collective's barriers (1.45-1.88x: the loads'
 latency sits in the epilogue, and the registers make ping-pong spill), the producer load warp's
