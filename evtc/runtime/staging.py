@@ -119,14 +119,15 @@ N = 50264 in the same run, docs/performance.md):
   against 40), which wasn't worked out.
 
 Tried and left out (H100, 2026-11-26, night; benchmarks/experiments/packed_loads,
-docs/performance.md): reading the caller's packed *inputs* in the kernel instead of staging them. Three designs, each
-exact and each slower than the copy for bias_relu (1.22-1.25x with C staged): the epilogue
-threads loading rows into a subtile through the collective's barriers (1.45-1.88x: the loads'
-latency sits in the epilogue, and the registers make ping-pong spill), the producer load warp's
-``cp.async`` from each row's 16-byte boundary with the consumers reading shifted rows (1.44x:
-instructions and bank conflicts), and the same warp shifting the rows back into the stock stages
-(1.99x: one warp does all of it). TMA itself faults on a box that starts at a column whose byte
-offset is not a multiple of 16, so per-row-phase descriptors don't remove the shift.
+docs/performance.md): reading the caller's packed *inputs* in the kernel instead of staging
+them. Three designs, each exact and each slower than the copy for bias_relu (1.22-1.25x with C
+staged): the epilogue threads loading rows into a subtile through the collective's barriers
+(1.45-1.88x: the loads' latency sits in the epilogue, and the registers make ping-pong spill),
+the producer load warp's ``cp.async`` from each row's 16-byte boundary with the consumers
+reading shifted rows (1.44x: instructions and bank conflicts), and the same warp shifting the
+rows back into the stock stages (1.99x: one warp does all of it). TMA itself faults on a box
+that starts at a column whose byte offset is not a multiple of 16, so per-row-phase descriptors
+don't remove the shift.
 
 So ``EVTC_PACKED_STORES`` selects: ``auto`` (default) the packed stores for epilogues with one
 M x N output and copies back for more; ``always`` (or ``1``) the packed stores wherever they
