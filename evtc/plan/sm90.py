@@ -858,11 +858,8 @@ def _plan_unaligned(req: PlanRequest) -> Plan:
     direct = frozenset(n.name for n in _aux_loads(graph)) | frozenset(s.name for s in stores)
     cand = Candidate(None, top, et, 1, min(2, epi_tiles), False, False, direct)
     storage = shared_storage(tree, cand, config)
-    stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
-    if stages < req.need:
-        raise PlanError(f"the unaligned variant leaves {stages} mainloop stages at tile {config.tile}",
-                        epilogue=graph.name, hint="use a smaller tile")
-    stages = config.stages or stages
+    stages = _void_cd_stages(req, "the unaligned variant",
+                             mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes))
     offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
     for v in tree.visitors():
         n = v.node
@@ -897,6 +894,19 @@ def _void_cd_tree(req: PlanRequest, variant: str):
         raise PlanError(f"the column reductions need more than the epilogue tile {et} of '{top.name}' as scratch",
                         epilogue=graph.name, hint="use a larger epilogue_tile")
     return stores, top, tree, et, (tm // et[0]) * (tn // et[1])
+
+
+def _void_cd_stages(req: PlanRequest, variant: str, stages: int) -> int:
+    """The mainloop stages of a void-C-and-D variant: ``config.stages`` if pinned, else the
+    ``stages`` its epilogue leaves, which must be at least the mainloop's minimum.
+
+    Raises:
+        PlanError: fewer stages are left than the mainloop needs.
+    """
+    if stages < req.need:
+        raise PlanError(f"{variant} leaves {stages} mainloop stages at tile {req.config.tile}",
+                        epilogue=req.graph.name, hint="use a smaller tile")
+    return req.config.stages or stages
 
 
 def _void_d_buffers(storage, top, cand: Candidate):
@@ -969,10 +979,7 @@ def _plan_packed(req: PlanRequest) -> Plan:
         stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
         if stages >= req.need:
             break
-    if stages < req.need:
-        raise PlanError(f"the packed-store variant leaves {stages} mainloop stages at tile {config.tile}",
-                        epilogue=graph.name, hint="use a smaller tile")
-    stages = config.stages or stages
+    stages = _void_cd_stages(req, "the packed-store variant", stages)
     offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
     for v in tree.visitors():
         n = v.node
