@@ -950,8 +950,10 @@ def _plan_packed(req: PlanRequest) -> Plan:
     that need no layout arithmetic per element (the header says why and what was measured).
     On the H100 at 4096 x 50257 x 4096 (caller's packed tensors, over the aligned N = 50264): a
     row-max epilogue 1.04x, bias_relu 1.20x (its staged C alone 1.12x); an epilogue with two
-    outputs and two loads 2.7x (1.65x without any copy: this plan spills), which the staging
-    route therefore copies back by default (``EVTC_PACKED_STORES``, evtc/runtime/staging.py).
+    outputs and two loads 2.7x (1.65x without any copy; 1.9x on the spill-free `large` and
+    pp64x256 tiles, so not its spills: Nsight Compute puts 32 % of its stalls on instruction
+    fetch, docs/performance.md), which the staging route therefore copies back by default
+    (``EVTC_PACKED_STORES``, evtc/runtime/staging.py).
 
     The plan: void C and void D in the collective (as the unaligned variant), the output that
     would take the D slot stored by a packed store wrapped around the whole tree, every other M x

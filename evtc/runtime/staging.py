@@ -114,9 +114,10 @@ N = 50264 in the same run, docs/performance.md):
   a copy back: 1.356); the same kernel with its copies left out: 0.993;
 * bias_relu (C staged, D): 1.195 (a copy back: 1.280); C's staging alone: 1.117-1.126;
 * aux_heavy (two aux loads staged, D and F): 2.725 (a copy back: 1.31). Even with its copies
-  left out the two-output packed kernel took 1.649: its plan (void C and D, both outputs aux
-  stores) spills more registers than the aligned one (ptxas: 208-252 bytes of spill stores
-  against 40), which wasn't worked out.
+  left out the two-output packed kernel took 1.649. It spills more registers than the aligned
+  one (ptxas: 208-252 bytes of spill stores against 40), but that is not the cause: on the
+  spill-free `large` and pp64x256 tiles its packed-store kernel took 1.9x too, and Nsight
+  Compute puts 32 % of its stalls on instruction fetch (docs/performance.md); not worked out.
 
 Tried and left out (H100, 2026-11-26, night; benchmarks/experiments/packed_loads,
 docs/performance.md): reading the caller's packed *inputs* in the kernel instead of staging
