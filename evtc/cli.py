@@ -301,7 +301,7 @@ def gemm_request(many: bool = False) -> Callable:
                      help="mainloop stages (default: as many as fit)"),
         click.option("--epilogue-tile", "epilogue_tile", callback=_dims(2, "128x32"),
                      help="epilogue subtile MxN, e.g. 128x32 (default: the planner's choice)"),
-        click.option("--scheduler", type=click.Choice(["persistent", "streamk"]), default=None,
+        click.option("--scheduler", type=click.Choice(["persistent", "streamk", "batch_inner"]), default=None,
                      help="tile scheduler (default: persistent)"),
     ]
 

@@ -282,6 +282,9 @@ def _persistent_config(cfg: GemmConfig, a: DType, b: DType, kind: str, given: Ma
                               hint="use 'persistent'" + (" or 'streamk'" if cfg.schedule == PERSISTENT_SCHEDULE else ""),
                               anchor="conv-config")
         cfg = cfg.replace(scheduler="persistent")
+    if cfg.scheduler == "batch_inner":
+        raise ConfigError("scheduler 'batch_inner': the conv kernels take 'persistent' or 'streamk' (the batch-inner "
+                          "tile order is the GEMM's row-phase split's)", hint="use 'persistent'", anchor="conv-config")
     if "tile" not in given:
         cfg = cfg.replace(tile=(128, 256 if cfg.schedule == PERSISTENT_SCHEDULE else 128, cfg.tile[2]))
     validate_gemm_config(cfg, "sm90", a, b)

@@ -56,7 +56,9 @@ KERNEL_SCHEDULES = {
     ("cooperative", True): "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum",
     ("pingpong", True): "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum",
 }
-SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "streamk": "cutlass::gemm::StreamKScheduler"}
+SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "streamk": "cutlass::gemm::StreamKScheduler",
+              # NOTE [Batch-inner tile order] (codegen_templates/include/evtc/sm90_batch_inner.hpp)
+              "batch_inner": "evtc::BatchInnerScheduler"}
 
 
 def cxx_shape(*dims: int) -> str:
@@ -180,6 +182,7 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         stride_mn=mn_stride(plan),
         swap_ab=cfg.swap_ab,
         stream_k=cfg.scheduler == "streamk",
+        batch_inner=cfg.scheduler == "batch_inner",
         uses_reduction=any(r.is_reduction for r in uses),
         atomic_reduction=any(b.mode == "atomic" for b in plan.buffers),
     )

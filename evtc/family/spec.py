@@ -133,6 +133,14 @@ class KernelSpec:
     def with_runtime(self, **changes) -> KernelSpec:
         return dataclasses.replace(self, config=self.config.replace(**changes))
 
+    def batch_inner_variant(self) -> KernelSpec:
+        """This member with the batch-inner tile order (``<name>_bi``, ``scheduler="batch_inner"``:
+        NOTE [Batch-inner tile order]) if it has CUTLASS's persistent scheduler, else itself;
+        built on demand."""
+        if self.arch != "sm90" or self.config.scheduler != "persistent":
+            return self
+        return KernelSpec(self.name + "_bi", self.config.replace(scheduler="batch_inner"), self.arch)
+
     def packed_variant(self) -> KernelSpec:
         """This member's packed-store variant (``<name>_packed``, ``GemmConfig.packed_stores``:
         NOTE [Stores into packed rows] in evtc/plan/sm90.py), built on demand."""

@@ -25,7 +25,7 @@ from evtc.dtypes import DType
 from evtc.errors import ConfigError
 
 SCHEDULES_SM90 = ("cooperative", "pingpong")
-SCHEDULERS = ("persistent", "streamk")
+SCHEDULERS = ("persistent", "streamk", "batch_inner")
 # in the order of CUTLASS's RasterOrderOptions enumerators (tile_scheduler_detail.hpp): the
 # kernel's raster_order argument is the index
 RASTER_ORDERS = ("heuristic", "along_m", "along_n")
@@ -70,7 +70,11 @@ class GemmConfig:
         stages: mainloop pipeline stages, or None for as many as fit beside the epilogue's
             shared memory (CUTLASS ``StageCountAutoCarveout``).
         epilogue_tile: (M, N) of the epilogue subtile, or None to let the planner choose.
-        scheduler: ``"persistent"`` (data-parallel persistent tiles) or ``"streamk"``.
+        scheduler: ``"persistent"`` (data-parallel persistent tiles), ``"streamk"``, or (sm90)
+            ``"batch_inner"``: persistent tiles visited with the batch index fastest, so the L
+            batches of one output tile run at once (NOTE [Batch-inner tile order] in
+            ``codegen_templates/include/evtc/sm90_batch_inner.hpp``; what the row-phase split of
+            :mod:`evtc.runtime.phase_split` runs its main call on).
         warp_tile: sm80 warp tile (M, N, K).
         swizzle: log2 of the width, in tiles, of the bands the tile order is swizzled in, so that
             the tiles running at once share rows of A and columns of B in L2; None for the
@@ -257,6 +261,9 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     tm, tn, tk = config.tile
     if config.scheduler not in SCHEDULERS:
         raise ConfigError(f"scheduler '{config.scheduler}' is not one of {SCHEDULERS}")
+    if config.scheduler == "batch_inner" and arch != "sm90":
+        raise ConfigError(f"scheduler 'batch_inner' is an sm90 tile scheduler; {arch} has 'persistent' and 'streamk'",
+                          hint="use scheduler='persistent'")
     if config.raster not in RASTER_ORDERS:
         raise ConfigError(f"raster '{config.raster}' is not one of {RASTER_ORDERS}")
     if arch == "sm90":

@@ -2,7 +2,8 @@
 64x32, the stream-K scheduler (``kheavy``: split-K and stream-K decompositions at run time), the
 unaligned variant (void C and D, every M x N tensor register-direct), the packed-store variant of
 a member (``large+packed``: void C and D, every M x N output through evtc::Sm90AuxStorePacked),
-and an fp8 epilogue with a scalar reduction (whose kernel always initialises it). Each builds for
+the batch-inner tile order of a 2x1-cluster member (``pingpong+bi``: evtc::BatchInnerScheduler,
+the row-phase split's main call), and an fp8 epilogue with a scalar reduction (whose kernel always initialises it). Each builds for
 sm_90a, and the library reports the planner's shared-memory bytes and stages."""
 
 import pytest
@@ -14,7 +15,7 @@ from evtc.runtime.launch import KernelLibrary
 pytestmark = pytest.mark.compile
 
 MEMBERS = [("many_aux", "swap16"), ("row_stats", "kheavy"), ("gelu_aux", "unaligned"), ("fp8_out", "small"),
-           ("gelu_aux", "large+packed")]
+           ("gelu_aux", "large+packed"), ("bias_relu", "pingpong+bi")]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,8 @@ def built():
         g = evtc.Gemm(E.REFERENCE[name], a=a, b=a)
         if member.endswith("+packed"):
             kernels[(name, member)] = g.kernel(g.kernel(member.split("+")[0]).spec.packed_variant())
+        elif member.endswith("+bi"):
+            kernels[(name, member)] = g.kernel(g.kernel(member.split("+")[0]).spec.batch_inner_variant())
         else:
             kernels[(name, member)] = g.kernel(member)
     res = build_many([k.job() for k in kernels.values()], workers=2)
@@ -49,6 +52,7 @@ def test_member_builds_with_its_planned_bytes(built, case):
     cfg = info["static"]["plan"]["config"]
     assert cfg["swap_ab"] == case[1].startswith("swap") and cfg["unaligned"] == (case[1] == "unaligned")
     assert (cfg["scheduler"] == "streamk") == (case[1] == "kheavy")
+    assert (cfg["scheduler"] == "batch_inner") == case[1].endswith("+bi")
     assert cfg.get("packed_stores", False) == case[1].endswith("+packed")
 
 
@@ -58,3 +62,7 @@ def test_kinds_are_what_the_sources_say(built):
     packed = built[("gelu_aux", "large+packed")].source
     assert "#include <evtc/sm90_packed_store.hpp>" in packed and "evtc::Sm90AuxStorePacked<" in packed
     assert "sm90_packed_store" not in built[("gelu_aux", "unaligned")].source
+    bi = built[("bias_relu", "pingpong+bi")]
+    assert "using TileScheduler = evtc::BatchInnerScheduler;" in bi.source
+    assert "#include <evtc/sm90_batch_inner.hpp>" in bi.source and bi.plan.config.cluster == (2, 1, 1)
+    assert "sm90_batch_inner" not in built[("row_stats", "kheavy")].source
