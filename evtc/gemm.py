@@ -623,7 +623,9 @@ class Gemm:
             L for unbatched problems). M x N outputs evtc allocates (those not passed in ``out=``)
             have rows padded to 16 bytes: a strided (.., M, N) view whose row stride is N rounded
             up to a multiple of 16 bytes (N = 50257 bf16: 50264) and whose batch stride is M
-            times that; ``.contiguous()`` gives packed rows (a copy).
+            times that; ``.contiguous()`` gives packed rows (a copy). On the row-phase split
+            (a call whose M x N inputs have rows TMA can't address, :mod:`evtc.runtime.phase_split`)
+            they have the inputs' row layout instead: packed rows for packed inputs.
 
         The kernel is the family member :meth:`choose` picks for the problem (cached per call
         signature); one the cache lacks is built first. Zero sizes behave like torch (empty
@@ -631,9 +633,10 @@ class Gemm:
         exactly an M x N input (in place, ``out=C``), and the call can be captured in a CUDA
         graph (``torch.cuda.graph``): see :mod:`evtc.runtime.bind` for every rule. M x N inputs
         or ``out=`` tensors whose rows TMA can't address (e.g. packed rows of N = 50257 bf16) run
-        on the unaligned kernel or, where a cost model says it is faster, on an aligned one over
-        padded copies (:mod:`evtc.runtime.staging`; ``EVTC_UNALIGNED_STAGING``,
-        :meth:`set_unaligned_staging`).
+        on aligned members over strided views of them where they can (the row-phase split,
+        :mod:`evtc.runtime.phase_split`; ``EVTC_PHASE_SPLIT``), else on the unaligned kernel or,
+        where a cost model says it is faster, on an aligned one over padded copies
+        (:mod:`evtc.runtime.staging`; ``EVTC_UNALIGNED_STAGING``, :meth:`set_unaligned_staging`).
 
         Raises:
             ArgumentError: a missing, extra or malformed argument (named).

@@ -130,6 +130,16 @@ rows back into the stock stages (1.99x: one warp does all of it). TMA itself fau
 that starts at a column whose byte offset is not a multiple of 16, so per-row-phase descriptors
 don't remove the shift.
 
+Since 2026-11-26 (late night) the route's first choice for large problems is not a copy at all:
+the row-phase split (NOTE [Row-phase split] in :mod:`evtc.runtime.phase_split`) runs a call whose
+M x N tensors share one row layout as two batched launches of aligned members over strided views
+of the caller's memory (bias_relu 1.03x, aux_heavy 1.04x at 4096 x 50257 x 4096 with the caller's
+packed tensors, H100). :meth:`StagedLauncher.plan` takes it where it can run
+(:meth:`StagedLauncher.split_geometry`) and its fixed cost (``SPLIT_OVERHEAD_S``) is below
+``MARGIN`` times the unaligned kernel's penalty, with at least ``MIN_PHASE_ROWS`` rows a phase;
+``EVTC_PHASE_SPLIT`` (``auto``, ``always``, ``never``) overrides it. Everything below is the route
+for the calls it leaves.
+
 So ``EVTC_PACKED_STORES`` selects: ``auto`` (default) the packed stores for epilogues with one
 M x N output and copies back for more; ``always`` (or ``1``) the packed stores wherever they
 can run; ``never`` (or ``0``) copies back.
@@ -144,14 +154,15 @@ takes the unaligned kernel.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import sys
 from typing import Any, Mapping
 
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
-from evtc.ir.nodes import AuxLoad, Source, Store
-from evtc.runtime import tensors
+from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
+from evtc.runtime import phase_split, tensors
 from evtc.runtime.tensors import TensorView
 
 ALIGN = 16
@@ -161,6 +172,9 @@ ENV = "EVTC_UNALIGNED_STAGING"
 #: ``never`` (or ``0``) never (NOTE [Padded staging for unaligned rows])
 PACKED_ENV = "EVTC_PACKED_STORES"
 MODES = ("auto", "always", "never")
+#: the row-phase split (NOTE [Row-phase split] in evtc.runtime.phase_split): ``auto`` (default)
+#: where its cost model takes it, ``always`` wherever it can run, ``never``
+SPLIT_ENV = "EVTC_PHASE_SPLIT"
 
 #: the unaligned kernel's extra time per byte of an M x N load / store (NOTE [Padded staging
 #: for unaligned rows])
@@ -185,6 +199,19 @@ def mode(value: str | None = None) -> str:
     if m not in MODES:
         raise ArgumentError(f"unaligned staging mode {m!r} is not one of {', '.join(MODES)}",
                             hint=f"set {ENV} (or Gemm.unaligned_staging) to auto, always or never")
+    return m
+
+
+def split_mode() -> str:
+    """``EVTC_PHASE_SPLIT``: ``auto`` (default), ``always`` or ``never``.
+
+    Raises:
+        ArgumentError: another value.
+    """
+    m = os.environ.get(SPLIT_ENV, "auto").strip().lower() or "auto"
+    if m not in MODES:
+        raise ArgumentError(f"{SPLIT_ENV}={m!r} is not one of auto, always, never",
+                            hint=f"set {SPLIT_ENV} to auto, always or never (or unset it)")
     return m
 
 
@@ -230,6 +257,9 @@ class Decision:
     #: the misaligned caller outputs are written in place by the packed-store variant of this
     #: aligned member (NOTE [Stores into packed rows]) instead of being copied back; None: copied
     packed: Any = None
+    #: the call runs on the row-phase split (:mod:`evtc.runtime.phase_split`) with this geometry:
+    #: nothing is copied (``inputs`` and ``outputs`` are only what the other routes would copy)
+    split: Any = None
 
 
 def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[str, DType],
@@ -312,6 +342,11 @@ class StagedLauncher:
         self.staged = 0
         self.unstaged = 0
         self.packed_calls = 0
+        #: calls on the row-phase split (NOTE [Row-phase split])
+        self.split_calls = 0
+        self._kinds = {n.name: n for n in g.inputs}
+        self._rows = {n.name for n in g.inputs if isinstance(n, RowBroadcast)}
+        self._cols = {n.name for n in g.inputs if isinstance(n, ColBroadcast)}
 
     def __call__(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         from evtc.runtime.launch import probe_call
@@ -339,6 +374,7 @@ class StagedLauncher:
             entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
         idx, by = entry
         k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), os.environ.get(PACKED_ENV),
+             os.environ.get(SPLIT_ENV),
              tuple(ptrs[i] & (ALIGN - 1) for i in idx))
         d = by.get(k)
         if d is None:
@@ -380,12 +416,44 @@ class StagedLauncher:
         if sig.framework == "cupy" and any(dt.torch not in ("float32", "float16")
                                            for dt in (*self.loads.values(), *self.stores.values())):
             return Decision(False, ins, outs, 0.0, 0.0)
+        split = self.split_geometry(sig, kwargs, given, views, gviews)
+        if split is not None:
+            d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
+            cost = phase_split.SPLIT_OVERHEAD_S
+            if split_mode() == "always" or (how == "always" or cost < MARGIN * d.penalty_s) and \
+                    split.rows >= phase_split.MIN_PHASE_ROWS:
+                return dataclasses.replace(d, stage=True, stage_s=cost, split=split)
         spec = self.packed_spec(sig, gviews) if outs else None
         if spec is not None:
             # the outputs cost nothing more than aligned ones: only the inputs are copied
             d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, (), how)
             return dataclasses.replace(d, outputs=outs, packed=spec)
         return decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
+
+    def split_geometry(self, sig, kwargs: Mapping[str, Any], given: Mapping[str, Any],
+                       views: Mapping[str, TensorView], gviews: Mapping[str, TensorView]):
+        """The row-phase split of this call (NOTE [Row-phase split] in
+        :mod:`evtc.runtime.phase_split`) if it can take it, else None: ``EVTC_PHASE_SPLIT`` is not
+        ``never``; torch tensors; an unbatched problem; an epilogue without reductions; 2-D M x N
+        tensors with unit column stride, 1-D broadcasts; one split that fits the rows of every
+        M x N input and caller output."""
+        g = self.gemm.graph
+        if split_mode() == "never" or sig.framework != "torch" or sig.batched or sig.L != 1 or \
+                any(not isinstance(o, Store) for o in g.outputs):
+            return None
+        mn = [*views.values(), *gviews.values()]
+        if any(len(v.shape) != 2 or v.strides[1] != 1 or v.dtype is None for v in mn):
+            return None
+        for n, x in kwargs.items():
+            node = self._kinds.get(n)
+            if isinstance(node, (RowBroadcast, ColBroadcast)) and len(tensors.view(x, n, g.name).shape) != 1:
+                return None
+        torch = sys.modules.get("torch")
+        if torch is None or not all(isinstance(x, (torch.Tensor, numbers.Number))
+                                    for x in (*kwargs.values(), *given.values())):
+            return None
+        return phase_split.find_geometry(sig.M, sig.N, [(v.ptr, v.strides[0], v.dtype.bytes) for v in mn],
+                                         align_bytes=[dt.bytes for dt in self.stores.values()])
 
     def packed_spec(self, sig, gviews: Mapping[str, TensorView]):
         """The packed-store variant (NOTE [Stores into packed rows], evtc/plan/sm90.py) of the member
@@ -418,10 +486,15 @@ class StagedLauncher:
         ctx = _stream_context(sig.framework, stream) if d.stage else None
         if ctx is None:
             return self._unaligned(key, ptrs, A, B, kwargs, out, stream)
-        self.staged += 1
         g = self.gemm.graph
         fw, dev = sig.framework, sig.device
         given = _given(g, out)
+        if d.split is not None:
+            self.split_calls += 1
+            with ctx:
+                return phase_split.run(self.gemm, d.split, A, B, kwargs, given, stream, loads=self.loads,
+                                       stores=self.stores, rows=self._rows, cols=self._cols)
+        self.staged += 1
         with ctx:
             kw = dict(kwargs)
             for n in d.inputs:
