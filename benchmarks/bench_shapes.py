@@ -26,6 +26,7 @@ import common  # noqa: F401  (sets sys.path)
 
 import evtc
 from evtc import bf16, f32
+from evtc.runtime import phase_split
 
 
 @evtc.epilogue
@@ -80,6 +81,9 @@ def prebuild_gemms() -> list:
             spec = g.choose(M, N, K, L)
             if N % 8 and not spec.config.swap_ab:
                 out.append(g.kernel(spec.packed_variant()).job())
+            geom = phase_split.packed_geometry(g, M, N, K) if N % 8 and L == 1 else None
+            if geom is not None:  # the row-phase split's two batched calls (evtc/runtime/phase_split.py)
+                out += [g.kernel(s).job() for s in phase_split.members(g, geom, K)]
     return out
 
 
@@ -185,6 +189,8 @@ def main() -> None:
                                         device=torch.cuda.get_device_name())
                         if d.packed is not None:  # the caller's outputs written in place (NOTE [Stores into packed rows])
                             route, spec = "+staged+packed" if d.inputs else "+packed", d.packed
+                        if d.split is not None:  # NOTE [Row-phase split]: the main call's member
+                            route, spec = "+split", phase_split.members(g, d.split, K)[0]
             row = {"epilogue": name, "group": group, "shape": f"{M}x{N}x{K}" + (f"x{L}" if L > 1 else ""),
                    "member": spec.name + route, "staging": args.staging or mode_name(),
                    "evtc_outputs": bool(packed and args.evtc_outputs), "config": spec.config.schedule_name,
