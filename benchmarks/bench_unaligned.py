@@ -11,6 +11,8 @@ to back, host launch work overlapped; ``time_graphs``: the kernels alone):
 * ``split``, ``split_bi``, ``split_own``: ``EVTC_PHASE_SPLIT=always``, the row-phase split
   (NOTE [Row-phase split], evtc/runtime/phase_split.py) with its default tile order for the
   main call, the batch-inner order, CUTLASS's own order (NOTE [Batch-inner tile order]);
+* ``split_serial``: the split with its fringe call before the main call on one stream instead
+  of beside its tail (NOTE [The fringe in the main call's tail]);
 * ``fringe``: the split's fringe call alone, on stand-in data of its shape.
 
 Every ratio is time / the aligned neighbour's. The outputs of ``split`` and ``staged`` are
@@ -33,7 +35,7 @@ from evtc import bf16
 import bench_shapes as S
 
 PROBLEMS = ["4096x50257x4096", "2048x32001x4096", "1024x50257x4096"]
-ROUTES = ["auto", "staged", "split", "split_bi", "split_own", "fringe"]
+ROUTES = ["auto", "staged", "split", "split_serial", "split_bi", "split_own", "fringe"]
 
 
 def main() -> None:
@@ -74,12 +76,13 @@ def main() -> None:
             raise r
     common.fast_path()
 
-    def route(env: str | None, order: bool | None):
+    def route(env: str | None, order: bool | None, overlap: bool = True):
         if env is None:
             os.environ.pop(SPLIT_ENV, None)
         else:
             os.environ[SPLIT_ENV] = env
         ps.BATCH_INNER = order
+        ps.OVERLAP_FRINGE = overlap
 
     rows = []
     for name, g in gemms.items():
@@ -94,14 +97,15 @@ def main() -> None:
             A, B = ins["A"], ins["B"]
             outs = {r: {k: v.contiguous() for k, v in poisoned_outputs(g.graph, Problem(M, N, K)).items()}
                     for r in ROUTES[:-1]}
-            settings = {"auto": (None, None), "staged": ("never", None), "split": ("always", None),
-                        "split_bi": ("always", True), "split_own": ("always", False)}
+            settings = {"auto": (None, None, True), "staged": ("never", None, True), "split": ("always", None, True),
+                        "split_serial": ("always", None, False), "split_bi": ("always", True, True),
+                        "split_own": ("always", False, True)}
 
             def call(r):
-                env, order = settings[r]
+                env, order, overlap = settings[r]
 
                 def f():
-                    route(env, order)
+                    route(env, order, overlap)
                     return g(A, B, out=outs[r], **kw)
                 return f
 

@@ -39,8 +39,8 @@ positions ``l step .. l step + F`` of that list: the fringe is a second batched 
 form, ``(M/G, F, K, L = G)``, over a gathered copy of B's ``R + cmax`` rows (0.9 MB for
 N = 50257, K = 4096) and the gathered fringe elements of each M x N input, into scratch
 outputs that are then scattered into the caller's tensors (``take``/``put_`` with one pair of
-index tensors, cached per problem). The fringe runs first (so an in-place ``out=C`` reads C
-before the main call writes it) and its scatter last.
+index tensors, cached per problem). The gathers run first (so an in-place ``out=C`` has its
+fringe read before the main call writes C) and the scatter last.
 
 The price is B read once per phase: with CUTLASS's tile order the batches are the scheduler's
 outermost loop, so each phase reads all of B (a 50257 x 4096 B is 412 MB, larger than L2). Where
@@ -52,17 +52,19 @@ elsewhere it runs the member's batch-inner variant (``scheduler="batch_inner"``,
 visits the G phases of one output tile one after another so that B comes from HBM once. A
 member with a 2x1 cluster runs without it where a phase has an odd number of its M tiles (the
 cluster's second CTA would compute rows past the phase), and the fringe, a few tiles with the
-whole K each, runs on ``kheavy`` with split-K (:func:`members`). The auto route takes the split
-from ``MIN_PHASE_ROWS`` rows a phase on.
+whole K each, runs on ``kheavy`` with split-K (:func:`members`), on a side stream beside the main
+call's last wave (NOTE [The fringe in the main call's tail]). The auto route takes the split from
+``MIN_PHASE_ROWS`` rows a phase on.
 
 Measured on the H100 (2026-11-26, ``benchmarks/bench_unaligned.py``; the caller's packed C or
 aux loads and ``out=`` tensors; time over the aligned neighbour, back-to-back / CUDA graphs;
 docs/performance.md), against the staging route it replaces:
 
-* 4096 x 50257 x 4096: bias_relu 1.031 / 1.025 (1.188), aux_heavy (two aux loads, two outputs)
-  1.040 / 1.035 (1.441);
-* 2048 x 32001 x 4096: 1.131 / 1.104 (1.169) and 1.222 / 1.176 (1.498), batch-inner;
-* 1024 x 50257 x 4096: 1.179 / 1.179 (1.192) and 1.255 / 1.195 (1.507), batch-inner, 1x1 cluster;
+* 4096 x 50257 x 4096: bias_relu 1.027 / 1.017 (1.191), aux_heavy (two aux loads, two outputs)
+  1.032 / 1.031 (1.427);
+* 2048 x 32001 x 4096: 1.090 / 1.076 (1.170) and 1.231 / 1.206 (1.522), batch-inner;
+* 1024 x 50257 x 4096 (before the side stream): 1.179 / 1.179 (1.192) and 1.255 / 1.195 (1.507),
+  batch-inner, 1x1 cluster;
 * 512 x 32001 x 4096 (64 rows a phase): 3.6x and 3.9x (1.27 and 1.48): not taken.
 """
 
@@ -273,6 +275,25 @@ def launchers(gemm, geom: Geometry, K: int):
     return hit
 
 
+#: NOTE [The fringe in the main call's tail]: the fringe call runs on a side stream forked from
+#: the call's stream after the gathers and joined before the scatter, launched after the main
+#: call: the main call's persistent CTAs hold every SM (their shared memory), so the fringe's CTAs
+#: start on the SMs its last wave leaves idle. H100: bias_relu 1.025 against 1.041 with the fringe
+#: first on one stream at 4096 x 50257 x 4096, 1.088 against 1.122 at 2048 x 32001 x 4096;
+#: aux_heavy unchanged (1.036 / 1.029, 1.228 / 1.222). False: one stream, fringe first.
+OVERLAP_FRINGE = True
+_SIDE: dict[int, Any] = {}
+
+
+def _side_stream(torch, device):
+    """The side stream of ``device`` (one per device, made once)."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    s = _SIDE.get(i)
+    if s is None:
+        s = _SIDE[i] = torch.cuda.Stream(device=i)
+    return s
+
+
 _INDEX_LOCK = threading.Lock()
 _INDEX: dict[tuple, tuple[Any, Any]] = {}
 
@@ -385,8 +406,20 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
         out_main[n] = main_mn(y)
         bufs[n], out_fringe[n] = scratch(y.dtype, dt.bytes)
     main, fringe = launchers(gemm, geom, K)
-    fringe(A3, Bf, kw_fringe, out_fringe, stream)  # first: an in-place out=C still reads C
-    main(A3, B3, kw_main, out_main, stream)
+    # the gathers above ran first, so the two calls are independent (an in-place out=C: the
+    # fringe reads C's gathered copy, the main call C itself)
+    if OVERLAP_FRINGE and dev.type == "cuda":
+        # NOTE [The fringe in the main call's tail]
+        cur = torch.cuda.current_stream(dev)
+        side = _side_stream(torch, dev)
+        side.wait_stream(cur)
+        main(A3, B3, kw_main, out_main, cur)
+        with torch.cuda.stream(side):
+            fringe(A3, Bf, kw_fringe, out_fringe, side)
+        cur.wait_stream(side)
+    else:
+        fringe(A3, Bf, kw_fringe, out_fringe, stream)
+        main(A3, B3, kw_main, out_main, stream)
     for n, y in outs.items():
         _bits(torch, y).put_(dst, _bits(torch, bufs[n][:, :W]).take(src))
     if len(outs) == 1 and len(gemm.graph.outputs) == 1:

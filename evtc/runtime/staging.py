@@ -133,7 +133,7 @@ don't remove the shift.
 Since 2026-11-26 (late night) the route's first choice for large problems is not a copy at all:
 the row-phase split (NOTE [Row-phase split] in :mod:`evtc.runtime.phase_split`) runs a call whose
 M x N tensors share one row layout as two batched launches of aligned members over strided views
-of the caller's memory (bias_relu 1.03x, aux_heavy 1.04x at 4096 x 50257 x 4096 with the caller's
+of the caller's memory (bias_relu 1.03x, aux_heavy 1.03x at 4096 x 50257 x 4096 with the caller's
 packed tensors, H100). :meth:`StagedLauncher.plan` takes it where it can run
 (:meth:`StagedLauncher.split_geometry`) and its fixed cost (``SPLIT_OVERHEAD_S``) is below
 ``MARGIN`` times the unaligned kernel's penalty, with at least ``MIN_PHASE_ROWS`` rows a phase;

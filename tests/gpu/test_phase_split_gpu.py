@@ -119,13 +119,16 @@ def test_packed_tensors_on_the_split(gemms, name, shape, off, record_errors, mon
 @pytest.mark.parametrize("order", [True, False])
 def test_both_tile_orders_of_the_main_call(gemms, order, record_errors, monkeypatch):
     """NOTE [Batch-inner tile order]: the main call on the 2x1-cluster cooperative member with the
-    batch index fastest and with CUTLASS's own order, each against the reference."""
+    batch index fastest and with CUTLASS's own order (the fringe on a side stream, and on the
+    call's stream first), each against the reference."""
     import torch
 
     from evtc.runtime import phase_split as ps
 
     monkeypatch.setenv("EVTC_PHASE_SPLIT", "always")
     monkeypatch.setattr(ps, "BATCH_INNER", order)
+    # NOTE [The fringe in the main call's tail]: beside the main call (True), or before it
+    monkeypatch.setattr(ps, "OVERLAP_FRINGE", order)
     g = gemms["epi"]
     ins, _, outs = _inputs(g, ORDER_SHAPE, 0, seed=5 + order)
     geom = ps.find_geometry(*ORDER_SHAPE[:2], [(outs["D"].data_ptr(), ORDER_SHAPE[1], 2)], align_bytes=[2])
