@@ -623,9 +623,7 @@ class Gemm:
             L for unbatched problems). M x N outputs evtc allocates (those not passed in ``out=``)
             have rows padded to 16 bytes: a strided (.., M, N) view whose row stride is N rounded
             up to a multiple of 16 bytes (N = 50257 bf16: 50264) and whose batch stride is M
-            times that; ``.contiguous()`` gives packed rows (a copy). On the row-phase split
-            (a call whose M x N inputs have rows TMA can't address, :mod:`evtc.runtime.phase_split`)
-            they have the inputs' row layout instead: packed rows for packed inputs.
+            times that; ``.contiguous()`` gives packed rows (a copy).
 
         The kernel is the family member :meth:`choose` picks for the problem (cached per call
         signature); one the cache lacks is built first. Zero sizes behave like torch (empty

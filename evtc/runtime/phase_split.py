@@ -1,11 +1,12 @@
 """The row-phase split: a caller's packed M x N tensors on the aligned TMA kernels (issue 11).
 
-Input: a family Gemm's call (torch tensors, unbatched, an epilogue without reductions) whose M x N
-tensors (source C, aux loads, the caller's ``out=`` outputs) have rows TMA can't address, e.g. a
-packed vocabulary N = 50257 in bf16 (rows 100514 bytes apart), all with one row layout. Output:
-the same results, written in place into the caller's tensors, computed by two launches of
-*aligned* family members on strided views of the caller's own memory: no copy of the M x N
-tensors.
+Input: a family Gemm's call (torch tensors, unbatched, an epilogue without reductions, every
+M x N output passed with ``out=``) whose M x N tensors (source C, aux loads, the outputs) have
+rows TMA can't address, e.g. a packed vocabulary N = 50257 in bf16 (rows 100514 bytes apart),
+all with one row layout. Output: the same results, written in place into the caller's tensors,
+computed by launches of *aligned* family members on strided views of the caller's own memory:
+no copy of the M x N tensors. (Outputs evtc allocates have padded rows, which TMA addresses
+already: such calls stay on the staging route.)
 
 # NOTE [Row-phase split]
 TMA needs a tensor's base address and every stride to be multiples of 16 bytes
@@ -333,16 +334,16 @@ def _bits(torch, t):
 
 def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[str, Any], stream: Any, *,
         loads: Mapping[str, Any], stores: Mapping[str, Any], rows: set[str], cols: set[str]):
-    """One call on the split (inside the call's stream context): the fringe call, the main call, the
-    scatter; returns what :meth:`evtc.Gemm.__call__` would (the caller's outputs in place, the
-    others allocated with a row stride that fits the split).
+    """One call on the split (inside the call's stream context): the gathers, the main and fringe
+    calls, the scatter; returns what :meth:`evtc.Gemm.__call__` would (the caller's outputs,
+    written in place).
 
     Args:
         gemm: the family Gemm.
         geom: the split.
         A: (M, K) torch tensor; B: (N, K).
         kwargs: the epilogue's arguments (M x N loads fit ``geom``).
-        given: the caller's outputs by name (they fit ``geom``).
+        given: the caller's outputs by name, every M x N output of the epilogue (they fit ``geom``).
         loads, stores: the M x N inputs and outputs by name (their evtc dtypes).
         rows, cols: the names of the row and column broadcasts.
     """
@@ -393,16 +394,7 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
             kw_main[n] = kw_fringe[n] = x
     outs, out_main, out_fringe, bufs = {}, {}, {}, {}
     for n, dt in stores.items():
-        y = given.get(n)
-        if y is None:  # evtc's own output, laid out as the split needs
-            tdt = getattr(torch, dt.torch)
-            eb = dt.bytes
-            ld = row_stride_for(geom, N, eb)
-            per = ALIGN // eb if ALIGN % eb == 0 else 1
-            flat = torch.empty(geom.M * ld + per, dtype=tdt, device=dev)
-            off = next(o for o in range(per + 1) if (flat.data_ptr() + (o + shift) * eb) % ALIGN == 0)
-            y = flat.as_strided((geom.M, N), (ld, 1), off)
-        outs[n] = y
+        y = outs[n] = given[n]
         out_main[n] = main_mn(y)
         bufs[n], out_fringe[n] = scratch(y.dtype, dt.bytes)
     main, fringe = launchers(gemm, geom, K)

@@ -434,12 +434,14 @@ class StagedLauncher:
                        views: Mapping[str, TensorView], gviews: Mapping[str, TensorView]):
         """The row-phase split of this call (NOTE [Row-phase split] in
         :mod:`evtc.runtime.phase_split`) if it can take it, else None: ``EVTC_PHASE_SPLIT`` is not
-        ``never``; torch tensors; an unbatched problem; an epilogue without reductions; 2-D M x N
-        tensors with unit column stride, 1-D broadcasts; one split that fits the rows of every
-        M x N input and caller output."""
+        ``never``; torch tensors; an unbatched problem; an epilogue without reductions; every
+        M x N output passed by the caller (``out=``); 2-D M x N tensors with unit column stride,
+        1-D broadcasts; one split that fits the rows of every M x N input and output."""
         g = self.gemm.graph
         if split_mode() == "never" or sig.framework != "torch" or sig.batched or sig.L != 1 or \
-                any(not isinstance(o, Store) for o in g.outputs):
+                any(not isinstance(o, Store) for o in g.outputs) or any(n not in given for n in self.stores):
+            # outputs evtc allocates keep their padded rows on every route (the torch op's fake
+            # implementation promises those strides): the split takes calls that pass every output
             return None
         mn = [*views.values(), *gviews.values()]
         if any(len(v.shape) != 2 or v.strides[1] != 1 or v.dtype is None for v in mn):

@@ -1,6 +1,7 @@
 """The row-phase split on the H100 (NOTE [Row-phase split], evtc/runtime/phase_split.py): a
 caller's packed M x N tensors (odd and even-but-unaligned N, bases 2-14 bytes past a 16-byte
-boundary, in place ``out=C``, outputs evtc allocates, under a CUDA graph) through two batched
+boundary, in place ``out=C``, under a CUDA graph; a call whose outputs evtc allocates stays off
+it) through two batched
 aligned launches, every element against the float64 reference with NaN-poisoned outputs, and
 nothing outside the caller's tensors written."""
 
@@ -147,7 +148,6 @@ def test_both_tile_orders_of_the_main_call(gemms, order, record_errors, monkeypa
 def test_in_place_out_c_and_outputs_evtc_allocates(gemms, shape, record_errors, monkeypatch):
     import torch
 
-    from evtc.runtime import phase_split as ps
     from evtc.testing import check_outputs, failure_report
 
     monkeypatch.setenv("EVTC_PHASE_SPLIT", "always")
@@ -160,15 +160,15 @@ def test_in_place_out_c_and_outputs_evtc_allocates(gemms, shape, record_errors, 
     assert got is ins["C"]
     torch.cuda.synchronize()
     assert_outputs_match(g, ref, {"D": ins["C"]}, f"split in place {shape}", record_errors)
-    # no out=: evtc allocates D with a row stride the split's views fit
+    # no out=: evtc allocates D with padded rows (what the torch op's fake promises), so the call
+    # stays off the split (on the staging route)
     got = g(ins["A"], ins["B"], **dict(kw, C=ref["C"]))
     torch.cuda.synchronize()
-    assert _split_calls(g) == n + 2
-    geom = ps.find_geometry(shape[0], shape[1], [(ref["C"].data_ptr(), shape[1], 2)], align_bytes=[2])
-    assert got.shape == shape[:2] and ps.fits(geom, got.stride(0), 2)
+    assert _split_calls(g) == n + 1
+    assert got.shape == shape[:2] and got.stride() == ((shape[1] + 7) // 8 * 8, 1)
     results = check_outputs(g, ref, {"D": got}, padding=False)
     record_errors(results)
-    assert all(r.ok for r in results.values()), failure_report(results, "split, evtc's output:", g.graph)
+    assert all(r.ok for r in results.values()), failure_report(results, "evtc's own output:", g.graph)
 
 
 def test_the_split_in_a_cuda_graph_then_eagerly(gemms, record_errors, monkeypatch):

@@ -172,21 +172,3 @@ def test_a_whole_call_matches_the_unsplit_reference(M, N, K, off, in_place):
     for n in ("F",) + (() if in_place else ("D",)):
         b = bufs[n]
         assert torch.isnan(b[:off]).all() and torch.isnan(b[off + M * N:]).all()
-
-
-def test_outputs_evtc_allocates_get_a_row_stride_that_fits():
-    torch = _torch()
-    M, N, K = 32, 301, 16
-    g = torch.Generator().manual_seed(5)
-    A, B = torch.randn(M, K, generator=g).bfloat16(), torch.randn(N, K, generator=g).bfloat16()
-    _, C = _packed(M, N, torch.bfloat16, 1, torch.randn(M, N, generator=g))
-    _, R = _packed(M, N, torch.bfloat16, 1, torch.randn(M, N, generator=g))
-    kw = {"C": C, "R": R, "bias": torch.randn(N, generator=g), "scale": torch.randn(M, generator=g), "alpha": 1.5}
-    geom = ps.find_geometry(M, N, [(t.data_ptr(), N, 2) for t in (C, R)], align_bytes=[2, 2])
-    got = ps.run(_Gemm(split_epi.graph), geom, A, B, kw, {}, None, loads={"C": bf16, "R": bf16},
-                 stores={"D": bf16, "F": bf16}, rows={"bias"}, cols={"scale"})
-    acc = (A.double() @ B.double().T).numpy()
-    ref = interpret(split_epi.graph, acc, {k: (v.double().numpy() if hasattr(v, "dim") else v) for k, v in kw.items()})
-    for n in ("D", "F"):
-        assert got[n].shape == (M, N) and ps.fits(geom, got[n].stride(0), 2)
-        np.testing.assert_array_equal(got[n].double().numpy(), ref[n].reshape(got[n].shape), err_msg=n)
