@@ -706,6 +706,8 @@ class Gemm:
         self._fast_refused.clear()  # another launcher may take the key now
         if self._fast is not None:
             self._fast.clear()
+        if "evtc.runtime.phase_split" in sys.modules:  # the row-phase split's members, chosen again
+            sys.modules["evtc.runtime.phase_split"].forget(self)
 
     def _register_fast(self, launcher: Launcher, key: tuple, A: Any, B: Any, kwargs: Mapping[str, Any]) -> None:
         """Hand a call the Python path just checked and launched to the torch fast path (torch

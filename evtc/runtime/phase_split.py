@@ -276,6 +276,14 @@ def launchers(gemm, geom: Geometry, K: int):
     return hit
 
 
+def forget(gemm) -> None:
+    """Drop the cached members of ``gemm``'s splits (after tuning changed its choices)."""
+    try:
+        _LAUNCHERS.pop(gemm, None)
+    except TypeError:
+        pass
+
+
 #: NOTE [The fringe in the main call's tail]: the fringe call runs on a side stream forked from
 #: the call's stream after the gathers and joined before the scatter, launched after the main
 #: call: the main call's persistent CTAs hold every SM (their shared memory), so the fringe's CTAs

@@ -172,3 +172,13 @@ def test_a_whole_call_matches_the_unsplit_reference(M, N, K, off, in_place):
     for n in ("F",) + (() if in_place else ("D",)):
         b = bufs[n]
         assert torch.isnan(b[:off]).all() and torch.isnan(b[off + M * N:]).all()
+
+
+def test_the_members_launchers_are_cached_per_gemm_and_forgotten_after_tuning():
+    fake = _Gemm(split_epi.graph)
+    geom = ps.find_geometry(4096, 50257, [(0, 50257, 2)], align_bytes=[2])
+    first = ps.launchers(fake, geom, 4096)
+    assert ps.launchers(fake, geom, 4096) is first
+    assert ps.launchers(fake, geom, 2048) is not first  # another K: chosen on its own
+    ps.forget(fake)  # what Gemm._forget_dispatch calls (a new tuning, a new staging setting)
+    assert ps.launchers(fake, geom, 4096) is not first
