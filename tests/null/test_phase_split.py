@@ -182,3 +182,15 @@ def test_the_members_launchers_are_cached_per_gemm_and_forgotten_after_tuning():
     assert ps.launchers(fake, geom, 2048) is not first  # another K: chosen on its own
     ps.forget(fake)  # what Gemm._forget_dispatch calls (a new tuning, a new staging setting)
     assert ps.launchers(fake, geom, 4096) is not first
+
+
+def test_the_switch_comes_from_the_environment_and_is_checked(monkeypatch):
+    from evtc.runtime import staging
+
+    monkeypatch.delenv(staging.SPLIT_ENV, raising=False)
+    assert staging.split_mode() == "auto"
+    monkeypatch.setenv(staging.SPLIT_ENV, " Never ")
+    assert staging.split_mode() == "never"
+    monkeypatch.setenv(staging.SPLIT_ENV, "sometimes")
+    with pytest.raises(evtc.ArgumentError, match="EVTC_PHASE_SPLIT='sometimes' is not one of auto, always, never"):
+        staging.split_mode()
