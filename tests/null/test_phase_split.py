@@ -125,10 +125,11 @@ class _Gemm:
             y.copy_(torch.from_numpy(res[n]).to(y.dtype))
 
 
-def _packed(M, N, dtype, off, fill=None):
+def _packed(M, N, dtype, off, fill=None, gap=0):
+    """(buffer, an (M, N) tensor in it ``off`` elements in, rows N + ``gap`` apart)."""
     torch = _torch()
-    buf = torch.full((M * N + 16,), float("nan"), dtype=dtype)
-    t = buf[off:off + M * N].view(M, N)
+    buf = torch.full((M * (N + gap) + 16,), float("nan"), dtype=dtype)
+    t = buf.as_strided((M, N), (N + gap, 1), off)
     if fill is not None:
         t.copy_(fill)
     return buf, t
@@ -148,10 +149,12 @@ def test_a_whole_call_matches_the_unsplit_reference(M, N, K, off, in_place):
     ref_in = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in kw.items()}
     bufs, given = {}, {}
     for n in ("D", "F"):
-        bufs[n], given[n] = _packed(M, N, torch.bfloat16, off)
+        # F's rows 8 elements further apart than C's: another row stride, the same phases
+        bufs[n], given[n] = _packed(M, N, torch.bfloat16, off, gap=8 if n == "F" else 0)
     if in_place:
         given["D"] = C
     views = [(t.data_ptr(), t.stride(0), 2) for t in (C, R, *given.values())]
+    assert given["F"].stride(0) == N + 8
     geom = ps.find_geometry(M, N, views, align_bytes=[2, 2])
     assert geom is not None and geom.groups == 8
     fake = _Gemm(graph)
@@ -168,10 +171,11 @@ def test_a_whole_call_matches_the_unsplit_reference(M, N, K, off, in_place):
     for n in ("D", "F"):
         assert not torch.isnan(got[n]).any(), f"{n}: an element was never written"
         np.testing.assert_array_equal(got[n].double().numpy(), ref[n].reshape(got[n].shape), err_msg=n)
-    # nothing outside the caller's tensors was written
+    # nothing outside the caller's tensors was written (F's gaps between rows included)
     for n in ("F",) + (() if in_place else ("D",)):
-        b = bufs[n]
-        assert torch.isnan(b[:off]).all() and torch.isnan(b[off + M * N:]).all()
+        outside = torch.ones(bufs[n].shape, dtype=torch.bool)
+        outside.as_strided(given[n].shape, given[n].stride(), off).fill_(False)
+        assert torch.isnan(bufs[n][outside]).all(), n
 
 
 def test_the_members_launchers_are_cached_per_gemm_and_forgotten_after_tuning():
