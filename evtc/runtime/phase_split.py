@@ -356,8 +356,8 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
         rows, cols: the names of the row and column broadcasts.
     """
     torch = sys.modules["torch"]
-    G, Mb, Nb, F, Fn, W, R, cmax = (geom.groups, geom.rows, geom.main_n, geom.fringe, geom.fringe_n,
-                                    geom.width, geom.right, geom.cmax)
+    G, Mb, Nb, Fn, W, R, cmax = (geom.groups, geom.rows, geom.main_n, geom.fringe_n, geom.width, geom.right,
+                                 geom.cmax)
     N, step, shift = geom.N, geom.step, geom.shift
     dev = A.device
     K = A.shape[1]
@@ -372,13 +372,16 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
         buf = torch.empty((geom.M, ld), dtype=dtype, device=dev)
         return buf, buf.as_strided((G, Mb, Fn), (ld + step, G * ld, 1))
 
+    def gathered(x):
+        """The gathered list of ``x``'s N rows (B) or elements (a row broadcast): its rows
+        ``N - R .. N``, then ``0 .. cmax``, then zeros up to W (they feed discarded columns)."""
+        pad = [x.new_zeros((W - R - cmax,) + tuple(x.shape[1:]))] if W > R + cmax else []
+        return torch.cat([x[N - R:], x[:cmax], *pad])
+
     sA, sB = A.stride(0), B.stride(0)
     A3 = A.as_strided((G, Mb, K), (sA, G * sA, 1), A.storage_offset())
     B3 = B.as_strided((G, Nb, K), (step * sB, sB, 1), B.storage_offset() + shift * sB)
-    parts = [B[N - R:], B[:cmax]]
-    if W > R + cmax:
-        parts.append(B.new_zeros((W - R - cmax, K)))
-    Bw = torch.cat(parts)
+    Bw = gathered(B)
     Bf = Bw.as_strided((G, Fn, K), (step * Bw.stride(0), Bw.stride(0), 1))
     kw_main: dict[str, Any] = {}
     kw_fringe: dict[str, Any] = {}
@@ -391,8 +394,7 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
         elif n in rows:
             v = x.reshape(-1)
             kw_main[n] = v.as_strided((G, Nb), (step * v.stride(0), v.stride(0)), v.storage_offset() + shift * v.stride(0))
-            vp = [v[N - R:], v[:cmax]] + ([v.new_zeros(W - R - cmax)] if W > R + cmax else [])
-            kw_fringe[n] = torch.cat(vp).as_strided((G, Fn), (step, 1))
+            kw_fringe[n] = gathered(v).as_strided((G, Fn), (step, 1))
         elif n in cols:
             v = x.reshape(-1)
             kw_main[n] = kw_fringe[n] = v.as_strided((G, Mb), (v.stride(0), G * v.stride(0))).contiguous()
