@@ -13,7 +13,9 @@ to back, host launch work overlapped; ``time_graphs``: the kernels alone):
   main call, the batch-inner order, CUTLASS's own order (NOTE [Batch-inner tile order]);
 * ``split_serial``: the split with its fringe call before the main call on one stream instead
   of beside its tail (NOTE [The fringe in the main call's tail]);
-* ``fringe``: the split's fringe call alone, on stand-in data of its shape.
+* ``fringe``: the split's fringe call alone, on stand-in data of its shape;
+* ``own``: a plain call without ``out=``, the outputs evtc allocates (packed after the packed
+  inputs: NOTE [The row layout of the outputs evtc allocates], evtc/gemm.py), default routes.
 
 Every ratio is time / the aligned neighbour's. The outputs of ``split`` and ``staged`` are
 compared (max |difference|, NaN): a speed number of a wrong result is worthless.
@@ -35,7 +37,7 @@ from evtc import bf16
 import bench_shapes as S
 
 PROBLEMS = ["4096x50257x4096", "2048x32001x4096", "1024x50257x4096"]
-ROUTES = ["auto", "staged", "split", "split_serial", "split_bi", "split_own", "fringe"]
+ROUTES = ["auto", "staged", "split", "split_serial", "split_bi", "split_own", "fringe", "own"]
 
 
 def main() -> None:
@@ -96,7 +98,7 @@ def main() -> None:
             kw = {k: v for k, v in ins.items() if k not in ("A", "B")}
             A, B = ins["A"], ins["B"]
             outs = {r: {k: v.contiguous() for k, v in poisoned_outputs(g.graph, Problem(M, N, K)).items()}
-                    for r in ROUTES[:-1]}
+                    for r in ROUTES if r not in ("fringe", "own")}
             settings = {"auto": (None, None, True), "staged": ("never", None, True), "split": ("always", None, True),
                         "split_serial": ("always", None, False), "split_bi": ("always", True, True),
                         "split_own": ("always", False, True)}
@@ -111,6 +113,12 @@ def main() -> None:
 
             fns = {"aligned": lambda: g(ins_a["A"], ins_a["B"], out=outs_a, **kw_a)}
             fns.update({r: call(r) for r in settings})
+
+            def own():
+                route(None, None)
+                return g(A, B, **kw)
+
+            fns["own"] = own
             geom = ps.find_geometry(M, N, [(outs["split"]["D"].data_ptr(), N, 2)], align_bytes=[2])
             if geom is not None:  # the fringe call alone, on stand-ins of its operands
                 G, Mb, Fn, step = geom.groups, geom.rows, geom.fringe_n, geom.step
@@ -129,20 +137,28 @@ def main() -> None:
                 f()
             torch.cuda.synchronize()
             diff = {k: (outs["split"][k].float() - outs["staged"][k].float()).abs().max().item() for k in outs["split"]}
+            mine = own()
+            mine = mine if isinstance(mine, dict) else {g.graph.outputs[0].name: mine}
+            torch.cuda.synchronize()
+            diff_own = {k: (outs["split"][k].float() - mine[k].float()).abs().max().item() for k in outs["split"]}
+            own_strides = {k: tuple(v.stride()) for k, v in mine.items()}
+            del mine
             nan = {r: any(torch.isnan(v).any().item() for v in o.values()) for r, o in outs.items()}
             t = time_interleaved(fns, args.iters, warmup_ms=200)
             tg = time_graphs(fns, max(5, args.iters // 2))
             route(None, None)
             row = {"epilogue": name, "problem": f"{M}x{N}x{K}", "aligned_ms": t["aligned"],
                    "split_member": ps.members(g, geom, K)[0].name if geom is not None else None,
-                   "max_diff_split_vs_staged": diff, "nan": nan}
+                   "max_diff_split_vs_staged": diff, "max_diff_split_vs_own": diff_own,
+                   "own_strides": own_strides, "nan": nan}
             for r in fns:
                 if r != "aligned":
                     row[r] = t[r] / t["aligned"]
                     row["graph_" + r] = tg[r] / tg["aligned"]
             rows.append(row)
             print(f"{name} {M}x{N}x{K} (aligned {t['aligned']:.3f} ms; split on {row['split_member']}; "
-                  f"max |split - staged| {max(diff.values()):.3g}, NaN {any(nan.values())})")
+                  f"max |split - staged| {max(diff.values()):.3g}, |split - own| {max(diff_own.values()):.3g}, "
+                  f"own's strides {own_strides}, NaN {any(nan.values())})")
             print("   " + "  ".join(f"{r} {row[r]:.3f}/{row['graph_' + r]:.3f}" for r in fns if r != "aligned"))
     print("(time / aligned neighbour: back-to-back / CUDA graphs)")
     common.write_json(args.json, {"device": common.device_name(), "rows": rows})

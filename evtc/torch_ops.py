@@ -15,9 +15,11 @@ this op by itself (:meth:`evtc.Gemm.__call__`); outside, :meth:`evtc.Gemm.torch_
 The op's schema: ``(Tensor A, Tensor B, Tensor <each tensor parameter>..., float <each scalar
 parameter>...) -> Tensor`` (one output) or a tuple of Tensors in the epilogue's output order.
 Scalars are Python numbers here (a device scalar is a tensor parameter). Outputs: stores (M, N)
-or (L, M, N) of the output dtype, with rows padded to 16 bytes as evtc allocates them (a strided
-view: row stride N rounded up to 16 bytes, batch stride M times that; the fake implementation
-gives the same strides, so Inductor plans with the real layout); row reductions (M,) / (L, M); column reductions (N,) / (L, N);
+or (L, M, N) of the output dtype, laid out as evtc allocates them: rows padded to 16 bytes (a
+strided view: row stride N rounded up to 16 bytes, batch stride M times that), or contiguous
+after contiguous M x N inputs whose rows are not 16-byte multiples (NOTE [The row layout of the
+outputs evtc allocates] in evtc/gemm.py); the fake implementation gives the same strides, so
+Inductor plans with the real layout; row reductions (M,) / (L, M); column reductions (N,) / (L, N);
 scalar reductions () / (L,) (as :meth:`evtc.Gemm.__call__` returns them).
 
 Raises (when the op is made): :class:`evtc.errors.ArgumentError` for a Gemm whose parameter
@@ -38,6 +40,11 @@ __all__ = ["TorchOp", "qualname", "torch_op"]
 _LOCK = threading.Lock()
 _OPS: dict[str, TorchOp] = {}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: the version of what the op promises beyond its schema (its outputs' strides), part of its name:
+#: Inductor's on-disk caches keep compiled graphs by op name, with the fake implementation's
+#: strides baked in, so a changed promise must change the name (2: NOTE [The row layout of the
+#: outputs evtc allocates], evtc/gemm.py)
+CONTRACT = 2
 #: words of the op schema language a parameter can't be named
 _RESERVED = {"Tensor", "float", "int", "bool", "str", "Scalar", "None", "True", "False", "out", "self"}
 
@@ -93,7 +100,7 @@ class TorchOp:
             return tuple(got[n] for n in out_names)
 
         def fake(A, B, *rest):
-            return self._fake_outputs(A, B)
+            return self._fake_outputs(A, B, dict(zip(names, rest)))
 
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",
                                           schema=self.schema)
@@ -108,12 +115,17 @@ class TorchOp:
         ns, name = self.qualname.split("::")
         return getattr(getattr(torch.ops, ns), name).default
 
-    def _fake_outputs(self, A, B):
+    def _fake_outputs(self, A, B, kwargs):
+        from evtc.runtime.bind import contiguous_strides, follows_packed_inputs
         from evtc.runtime.staging import padded_strides
 
         batched = A.dim() == 3 or B.dim() == 3
         L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
         M, N = A.shape[-2], B.shape[-2]
+        mn = [(tuple(kwargs[n].shape), tuple(kwargs[n].stride()), eb) for n, eb in self.gemm._mn_loads]
+        # NOTE [The row layout of the outputs evtc allocates] (evtc/gemm.py): packed rows after
+        # packed inputs whose rows TMA can't address, else rows padded to 16 bytes
+        packed = bool(mn) and follows_packed_inputs(N, mn)
         outs = []
         for kind, axis, dtype in self._specs:
             shape = (M, N) if kind == "store" else tuple(axis.shape(M, N))
@@ -122,7 +134,7 @@ class TorchOp:
             if kind == "store":
                 # the strides the real call returns: evtc allocates M x N outputs with rows padded
                 # to 16 bytes (N = 50257 bf16: row stride 50264), a strided (.., M, N) view
-                strides = padded_strides(shape, dtype.itemsize)
+                strides = contiguous_strides(shape) if packed else padded_strides(shape, dtype.itemsize)
                 outs.append(A.new_empty_strided(shape, strides, dtype=dtype))
             else:
                 outs.append(A.new_empty(shape, dtype=dtype))
@@ -149,10 +161,11 @@ class TorchOp:
 
 
 def qualname(gemm) -> str:
-    """``"evtc::<epilogue>_<12 hex digits>"``: the hash of the Gemm's IR, dtypes, arch and family."""
+    """``"evtc::<epilogue>_<12 hex digits>"``: the hash of :data:`CONTRACT`, the Gemm's IR, dtypes,
+    arch and family."""
     from evtc.ir.printer import print_graph
 
-    key = json.dumps({"ir": print_graph(gemm.graph), "a": gemm.a.name, "b": gemm.b.name, "arch": gemm.arch,
+    key = json.dumps({"contract": CONTRACT, "ir": print_graph(gemm.graph), "a": gemm.a.name, "b": gemm.b.name, "arch": gemm.arch,
                       "family": {n: repr(s.config) for n, s in gemm.family.items()}}, sort_keys=True)
     return f"evtc::{gemm.graph.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 

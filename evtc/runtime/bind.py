@@ -183,6 +183,43 @@ class Signature:
         self.spans = tuple((i, j, *self.operands[i].span, *self.operands[j].span, ok) for i, j, ok in self.overlaps)
 
 
+def follows_packed_inputs(N: int, mn: list[tuple[tuple[int, ...], tuple[int, ...], int]]) -> bool:
+    """Whether the M x N outputs evtc allocates for a call take packed rows (contiguous strides)
+    instead of rows padded to 16 bytes: NOTE [The row layout of the outputs evtc allocates].
+
+    Args:
+        N: the problem's N.
+        mn: (shape, strides in elements, element bytes) of each M x N input of the call (source
+            C, aux loads), (M, N) or (L, M, N).
+
+    Returns:
+        True when there is at least one M x N input, every one is contiguous (torch's and numpy's
+        C order; a dimension of extent 1 may have any stride) and at least one has more than one
+        row and rows TMA can't address (``N * bytes`` not a multiple of 16). Only shapes and
+        strides decide it, never addresses, so the torch op's fake implementation
+        (:mod:`evtc.torch_ops`) gives the strides the real call returns.
+    """
+    found = False
+    for shape, strides, eb in mn:
+        want = 1
+        for extent, stride in zip(reversed(shape), reversed(strides)):
+            if extent != 1 and stride != want:
+                return False
+            want *= extent
+        if len(shape) >= 2 and shape[-2] > 1 and (N * eb) % ALIGN:
+            found = True
+    return found
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides (elements) of ``shape``."""
+    out, want = [], 1
+    for extent in reversed(shape):
+        out.append(want)
+        want *= max(extent, 1)
+    return tuple(reversed(out))
+
+
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 

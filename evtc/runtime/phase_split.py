@@ -5,8 +5,9 @@ M x N output passed with ``out=``) whose M x N tensors (source C, aux loads, the
 rows TMA can't address, e.g. a packed vocabulary N = 50257 in bf16 (rows 100514 bytes apart),
 all with one row layout. Output: the same results, written in place into the caller's tensors,
 computed by launches of *aligned* family members on strided views of the caller's own memory:
-no copy of the M x N tensors. (Outputs evtc allocates have padded rows, which TMA addresses
-already: such calls stay on the staging route.)
+no copy of the M x N tensors. (Outputs evtc allocates after packed inputs are packed too and
+are passed here as the caller's: NOTE [The row layout of the outputs evtc allocates] in
+evtc/gemm.py.)
 
 # NOTE [Row-phase split]
 TMA needs a tensor's base address and every stride to be multiples of 16 bytes

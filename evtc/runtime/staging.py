@@ -13,7 +13,9 @@ TMA:
 
 * outputs evtc allocates itself already have a padded row stride (N rounded up to a 16-byte
   multiple, :class:`evtc.runtime.bind.Alloc`; batch stride M times that) and are returned as
-  strided (.., M, N) views: nothing to copy, on every route;
+  strided (.., M, N) views: nothing to copy, on every route; except after M x N inputs that are
+  all contiguous with misaligned rows, where evtc allocates them packed (NOTE [The row layout of
+  the outputs evtc allocates] in evtc/gemm.py) and they take this route as ``out=`` tensors;
 * each misaligned M x N *input* (C, aux loads) is copied once into a fresh padded buffer of the
   framework (``strided_allocator``, then for torch evtc's row-copy kernel, NOTE [Copy kernels
   for staging], or one ``cudaMemcpy2DAsync`` of its rows, NOTE [Pitched copies for staging],
@@ -440,8 +442,8 @@ class StagedLauncher:
         g = self.gemm.graph
         if split_mode() == "never" or sig.framework != "torch" or sig.batched or sig.L != 1 or \
                 any(not isinstance(o, Store) for o in g.outputs) or any(n not in given for n in self.stores):
-            # outputs evtc allocates keep their padded rows on every route (the torch op's fake
-            # implementation promises those strides): the split takes calls that pass every output
+            # every output is in out= here: the caller's, or evtc's packed ones after packed inputs
+            # (NOTE [The row layout of the outputs evtc allocates], evtc/gemm.py); others are padded
             return None
         mn = [*views.values(), *gviews.values()]
         if any(len(v.shape) != 2 or v.strides[1] != 1 or v.dtype is None for v in mn):

@@ -1,7 +1,7 @@
 """The row-phase split on the H100 (NOTE [Row-phase split], evtc/runtime/phase_split.py): a
 caller's packed M x N tensors (odd and even-but-unaligned N, bases 2-14 bytes past a 16-byte
-boundary, in place ``out=C``, under a CUDA graph; a call whose outputs evtc allocates stays off
-it) through two batched
+boundary, in place ``out=C``, under a CUDA graph; outputs evtc allocates after packed inputs)
+through two batched
 aligned launches, every element against the float64 reference with NaN-poisoned outputs, and
 nothing outside the caller's tensors written."""
 
@@ -163,15 +163,20 @@ def test_in_place_out_c_and_outputs_evtc_allocates(gemms, shape, record_errors, 
     assert got is ins["C"]
     torch.cuda.synchronize()
     assert_outputs_match(g, ref, {"D": ins["C"]}, f"split in place {shape}", record_errors)
-    # no out=: evtc allocates D with padded rows (what the torch op's fake promises), so the call
-    # stays off the split (on the staging route)
-    got = g(ins["A"], ins["B"], **dict(kw, C=ref["C"]))
-    torch.cuda.synchronize()
-    assert _split_calls(g) == n + 1
-    assert got.shape == shape[:2] and got.stride() == ((shape[1] + 7) // 8 * 8, 1)
-    results = check_outputs(g, ref, {"D": got}, padding=False)
-    record_errors(results)
-    assert all(r.ok for r in results.values()), failure_report(results, "evtc's own output:", g.graph)
+    # no out=: after a packed C evtc allocates D packed too (NOTE [The row layout of the outputs
+    # evtc allocates], evtc/gemm.py), so the call takes the split where D's fresh (16-byte
+    # aligned) base has C's phases: a C whose base is too, not this one 6 bytes past a boundary
+    for off, splits in ((0, True), (3, False)):
+        C = _packed_like(ref["C"], off)[1]
+        n = _split_calls(g)
+        got = g(ins["A"], ins["B"], **dict(kw, C=C))
+        torch.cuda.synchronize()
+        assert _split_calls(g) == n + splits, off
+        assert got.shape == shape[:2] and got.stride() == (shape[1], 1)
+        results = check_outputs(g, ref, {"D": got}, padding=False)
+        record_errors(results)
+        assert all(r.ok for r in results.values()), failure_report(results, f"evtc's own output (C {off} in):",
+                                                                   g.graph)
 
 
 def test_the_split_in_a_cuda_graph_then_eagerly(gemms, record_errors, monkeypatch):
@@ -257,3 +262,19 @@ def test_every_reference_epilogue_with_packed_tensors(reference_gemms, name, rec
     splits = all(isinstance(o, Store) and o.dtype.bytes >= 2 for o in g.graph.outputs)
     assert (_split_calls(g) == n + 1) == splits
     assert_outputs_match(g, ins, outs, f"{name} with packed tensors", record_errors)
+    # the outputs evtc allocates: packed after packed M x N inputs (the same route), else padded
+    packed_in = any(hasattr(v, "dim") and v.dim() == 2 and v.shape == REFERENCE_SHAPE[:2] for v in kw.values())
+    got = g(ins["A"], ins["B"], **kw)
+    got = got if isinstance(got, dict) else {g.graph.outputs[0].name: got}
+    torch.cuda.synchronize()
+    assert (_split_calls(g) == n + 2) == (splits and packed_in)
+    N = REFERENCE_SHAPE[1]
+    for o in g.graph.outputs:
+        if isinstance(o, Store):
+            ld = N if packed_in else -(-N * o.dtype.bytes // 16) * 16 // o.dtype.bytes
+            assert got[o.name].stride() == (ld, 1), o.name
+    from evtc.testing import check_outputs, failure_report
+
+    results = check_outputs(g, ins, got, padding=False)  # evtc's padding holds nothing to check
+    record_errors(results)
+    assert all(r.ok for r in results.values()), failure_report(results, f"{name}, outputs evtc allocates:", g.graph)

@@ -93,6 +93,28 @@ def test_the_binder_allocates_the_padded_strides(dtype, N):
     assert staging.padded_strides((4, 100, 50257), 2) == (100 * 50264, 50264, 1)
 
 
+def test_outputs_follow_packed_inputs_only():
+    """NOTE [The row layout of the outputs evtc allocates]: packed outputs after contiguous M x N
+    inputs of which one at least has rows that are not 16-byte multiples; shapes and strides
+    decide, nothing else."""
+    from evtc.runtime.bind import contiguous_strides, follows_packed_inputs as f
+
+    assert f(50257, [((4096, 50257), (50257, 1), 2)])
+    assert f(50257, [((4096, 50257), (50257, 1), 2), ((4096, 50257), (50257, 1), 4)])  # bf16 and f32
+    assert f(63, [((3, 64, 63), (64 * 63, 63, 1), 2)])  # batched, contiguous
+    assert f(63, [((1, 64, 63), (7, 63, 1), 2)])  # an extent of 1 has any stride
+    assert not f(50257, [])  # no M x N input: padded
+    assert not f(50257, [((4096, 50257), (50264, 1), 2)])  # padded input: padded output
+    assert not f(50257, [((4096, 50257), (50257, 1), 2), ((4096, 50257), (50264, 1), 2)])  # mixed
+    assert not f(50264, [((4096, 50264), (50264, 1), 2)])  # aligned rows: padding is a no-op
+    assert not f(50260, [((4096, 50260), (50260, 1), 4)])  # 16-byte f32 rows
+    assert f(50260, [((4096, 50260), (50260, 1), 2)])  # ... but 8-byte-aligned bf16 rows
+    assert not f(63, [((1, 63), (63, 1), 2)])  # one row: its stride never matters
+    assert not f(63, [((64, 63), (1, 64), 2)])  # column-major
+    assert contiguous_strides((3, 64, 63)) == (64 * 63, 63, 1) and contiguous_strides(()) == ()
+    assert contiguous_strides((0, 5)) == (5, 1)  # as torch.empty((0, 5)).stride()
+
+
 # ---- a family Gemm's call through the route, on fake tensors -------------------------------------
 
 
@@ -151,20 +173,35 @@ def test_large_packed_inputs_are_staged_and_the_aligned_kernel_runs(monkeypatch)
     out = h.g(A, B, **kw)
     assert h.launched("aligned") and not h.launched("unaligned")
     # C and R copied once each into fresh padded buffers, which the kernel read
-    assert [src for _, src in h.copies] == [kw["C"].ptr, kw["R"].ptr]
+    assert [src for _, src in h.copies[:2]] == [kw["C"].ptr, kw["R"].ptr]
     staged = {a.ptr: a for a in h.allocs}
-    for dst, _ in h.copies:
+    for dst, _ in h.copies[:2]:
         cai = staged[dst].__cuda_array_interface__
         assert cai["shape"] == (4096, 50257) and cai["strides"] == (50264 * 2, 2)
     call = h.launched("aligned")[0]
-    assert {dst for dst, _ in h.copies} <= set(call)
-    # the outputs evtc allocated: padded rows, (M, N) views, no copy-out
+    assert {dst for dst, _ in h.copies[:2]} <= set(call)
+    # the outputs evtc allocated after packed inputs: packed rows too (NOTE [The row layout of
+    # the outputs evtc allocates], evtc/gemm.py), computed padded here (these fakes are no torch
+    # tensors: no row-phase split) and copied into them
+    for name in ("D", "F"):
+        cai = out[name].__cuda_array_interface__
+        assert cai["shape"] == (4096, 50257) and cai["strides"] == (50257 * 2, 2)
+    assert sorted(dst for dst, _ in h.copies[2:]) == sorted(out[n].ptr for n in ("D", "F"))
+    assert all(src in call for _, src in h.copies[2:])
+    # the second call takes the cached route and copies again
+    h.g(A, B, **kw)
+    assert len(h.copies) == 8 and len(h.launched("aligned")) == 2
+
+
+def test_outputs_after_padded_inputs_keep_padded_rows_and_need_no_copy(monkeypatch):
+    h = Harness(monkeypatch)
+    A, B, kw = aux_args(4096, 50257, packed=False)
+    out = h.g(A, B, **kw)
+    assert h.launched("aligned") and not h.copies
     for name in ("D", "F"):
         cai = out[name].__cuda_array_interface__
         assert cai["shape"] == (4096, 50257) and cai["strides"] == (50264 * 2, 2)
-    # the second call takes the cached route and copies again
-    h.g(A, B, **kw)
-    assert len(h.copies) == 4 and len(h.launched("aligned")) == 2
+        assert out[name].ptr in h.launched("aligned")[0]
 
 
 def test_small_problems_and_never_keep_the_unaligned_kernel(monkeypatch):
@@ -179,7 +216,7 @@ def test_small_problems_and_never_keep_the_unaligned_kernel(monkeypatch):
     # the switch on the Gemm overrides the environment, for every later call
     h.g.set_unaligned_staging("always")
     h.g(A, B, **kw)
-    assert h.launched("aligned") and len(h.copies) == 2
+    assert h.launched("aligned") and len(h.copies) == 4  # C and R in, D and F (packed, as C) back
     with pytest.raises(evtc.ArgumentError):
         h.g.set_unaligned_staging("maybe")
 
@@ -207,10 +244,13 @@ def test_batched_inputs_are_staged_with_a_padded_batch_stride(monkeypatch):
     kw = {"C": Fake((L, M, N)), "R": Fake((L, M, N)), "bias": Fake((N,), "<f4")}
     out = h.g(Fake((L, M, K)), Fake((L, N, K)), **kw)
     assert h.launched("aligned")
-    for dst, _ in h.copies:
+    for dst, _ in h.copies[:2]:
         (a,) = [x for x in h.allocs if x.ptr == dst]
         assert a.__cuda_array_interface__["strides"] == (M * 64 * 2, 64 * 2, 2)
-    assert out["D"].__cuda_array_interface__["strides"] == (M * 64 * 2, 64 * 2, 2)
+    # after packed inputs, packed outputs (contiguous batches), computed padded and copied back
+    for name in ("D", "F"):
+        assert out[name].__cuda_array_interface__["strides"] == (M * N * 2, N * 2, 2)
+    assert sorted(dst for dst, _ in h.copies[2:]) == sorted(out[n].ptr for n in ("D", "F"))
 
 
 def test_packed_out_tensors_are_written_in_place_by_the_packed_stores(monkeypatch):

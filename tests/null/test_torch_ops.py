@@ -18,6 +18,7 @@ import epilogues as E
 
 from evtc.ir.interpret import interpret
 from evtc.ir.nodes import Store
+from evtc.runtime.bind import follows_packed_inputs
 from evtc.runtime.staging import padded_strides
 
 from test_runtime_launch import Fake  # noqa: E402
@@ -43,10 +44,12 @@ def op_with_cpu_kernel(g):
         acc = A.double().numpy() @ np.swapaxes(B.double().numpy(), -1, -2)
         res = interpret(g.graph, acc, {k: (v.double().numpy() if torch.is_tensor(v) else v) for k, v in kw.items()})
         outs = []
+        mn = [(tuple(kw[n].shape), kw[n].stride(), eb) for n, eb in g._mn_loads]
+        packed = follows_packed_inputs(B.shape[-2], mn)
         for o in g.graph.outputs:
             x = torch.from_numpy(np.asarray(res[o.name])).to(getattr(torch, o.dtype.torch))
             x = x if A.dim() == 3 or B.dim() == 3 else x[0]
-            if x.dim() >= 2 and isinstance(o, Store):  # evtc's padded rows, as the fake says
+            if x.dim() >= 2 and isinstance(o, Store) and not packed:  # evtc's padded rows, as the fake says
                 x = torch.empty_strided(x.shape, padded_strides(tuple(x.shape), o.dtype.bytes), dtype=x.dtype).copy_(x)
             outs.append(x)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -86,40 +89,63 @@ def test_fake_outputs_have_the_call_s_shapes_and_dtypes():
                 "row_sum": (lead + (300,), torch.float32, "cuda")}
 
 
-def test_fake_outputs_have_the_padded_strides_evtc_allocates():
+@pytest.mark.parametrize("c_rows", ["padded", "packed"])
+def test_fake_outputs_have_the_strides_evtc_allocates(monkeypatch, c_rows):
     """An M x N output's rows are padded to 16 bytes (N = 201 bf16: row stride 208), as the
-    binder allocates them; the fake must say so, or Inductor would read the real output with
-    the wrong strides."""
+    binder allocates them, except after packed M x N inputs (NOTE [The row layout of the outputs
+    evtc allocates], evtc/gemm.py), where they are contiguous as the Gemm's call allocates them;
+    the fake must say so, or Inductor would read the real output with the wrong strides."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from evtc.ir.nodes import ColBroadcast
+    from evtc.runtime import tensors
 
     g = gemm("row_stats")
     op = g.torch_op()
+    f16 = evtc.Gemm(E.REFERENCE["row_stats"], a=evtc.f16, b=evtc.f16, c=evtc.f16, d=evtc.f16)
+    made = {}
+
+    def strided_allocator(framework, device, shape, strides, dtype):
+        return lambda: (made.setdefault("D", (tuple(shape), tuple(strides))), 0)
+
+    monkeypatch.setattr(tensors, "strided_allocator", strided_allocator)
     for L in (None, 3):
         lead = () if L is None else (L,)
         shapes = {"A": lead + (300, 64), "B": lead + (201, 64)}
+        c_strides = (300 * 208, 208, 1)[-len(lead) - 2:] if c_rows == "padded" else (300 * 201, 201, 1)[-len(lead) - 2:]
         with FakeTensorMode():
             A = torch.empty(*shapes["A"], dtype=torch.bfloat16, device="cuda")
             B = torch.empty(*shapes["B"], dtype=torch.bfloat16, device="cuda")
-            kw = {n: torch.empty(*lead, 300, 201, dtype=torch.bfloat16, device="cuda") if n == "C" else
-                  torch.empty(201, device="cuda") for n in op.tensor_names}
+            kw = {n: torch.empty_strided(lead + (300, 201), c_strides, dtype=torch.bfloat16, device="cuda")
+                  if n == "C" else torch.empty(201, device="cuda") for n in op.tensor_names}
             out = op(A, B, **kw, **{n: 1.0 for n in op.scalar_names})
             D = out["D"]
-            assert D.stride() == ((300 * 208, 208, 1) if L else (208, 1))
+            if c_rows == "padded":
+                assert D.stride() == ((300 * 208, 208, 1) if L else (208, 1))
+            else:
+                assert D.stride() == ((300 * 201, 201, 1) if L else (201, 1))
             assert out["row_max"].stride() == ((300, 1) if L else (1,))
-        from evtc.ir.nodes import ColBroadcast
-
-        f16 = evtc.Gemm(E.REFERENCE["row_stats"], a=evtc.f16, b=evtc.f16, c=evtc.f16, d=evtc.f16)
+        # the eager call allocates the same: the binder's padded rows, or packed ones first
         cols = {n.name for n in f16.graph.inputs if isinstance(n, ColBroadcast)}
-        args = {n: (Fake(lead + (300, 201), "<f2", strides=(300 * 208, 208, 1)[-len(lead) - 2:]) if n == "C" else
+        args = {n: (Fake(lead + (300, 201), "<f2", strides=c_strides) if n == "C" else
                     Fake((300,) if n in cols else (201,), "<f4")) for n in op.tensor_names}
-        sig, _ = f16._binder.signature(Fake(shapes["A"], "<f2"), Fake(shapes["B"], "<f2"),
-                                       args | {n: 1.0 for n in op.scalar_names})
-        assert {a.name: a.strides for a in sig.allocs}["D"] == tuple(D.stride())
+        args |= {n: 1.0 for n in op.scalar_names}
+        made.clear()
+        a, b = Fake(shapes["A"], "<f2"), Fake(shapes["B"], "<f2")
+        got = f16._packed_outputs(a, b, args, None)
+        if c_rows == "padded":
+            assert got is None and not made
+            sig, _ = f16._binder.signature(a, b, args)
+            assert {a.name: a.strides for a in sig.allocs}["D"] == tuple(D.stride())
+        else:
+            assert set(got) == {"D"} and made["D"] == (tuple(D.shape), tuple(D.stride()))
 
 
-def test_odd_n_call_under_inductor_reads_the_padded_output():
-    """N = 61 bf16: the op returns rows padded to 64 elements (the CPU kernel as evtc's
-    allocation, the fake the same); Inductor's code after the op reads them right."""
+@pytest.mark.parametrize("c_rows", ["packed", "padded"])
+def test_odd_n_call_under_inductor_reads_the_output(c_rows):
+    """N = 61 bf16: the op returns rows padded to 64 elements after a padded C and packed rows
+    after a packed one (the CPU kernel as evtc's allocation, the fake the same); Inductor's code
+    after the op reads them right."""
     g = gemm()
     op_with_cpu_kernel(g)
 
@@ -130,6 +156,8 @@ def test_odd_n_call_under_inductor_reads_the_padded_output():
     A = torch.randn(40, 32, generator=gen).bfloat16()
     B = torch.randn(61, 32, generator=gen).bfloat16()
     C = torch.randn(40, 61, generator=gen).bfloat16()
+    if c_rows == "padded":
+        C = torch.empty_strided((40, 61), (64, 1), dtype=torch.bfloat16).copy_(C)
     bias = torch.randn(61, generator=gen)
     torch._dynamo.reset()
     y = torch.compile(f, fullgraph=True)(A, B, C, bias)
