@@ -12,7 +12,8 @@ family Gemm: the member its heuristic picks, or the tuned one with --tuned), cuB
 (default mode) of the same function; device time per call (median of back-to-back samples, CUDA
 events, evtc.bench.time_interleaved); ratios to cuBLAS, geometric means per epilogue and per
 group; the member each problem ran on. Packed (contiguous) tensors for the unaligned-N problems,
-as a user has them (``--evtc-outputs``: evtc allocates their outputs, padded); ``--staging``
+as a user has them (``--evtc-outputs``: evtc allocates their outputs, packed after the packed
+inputs: NOTE [The row layout of the outputs evtc allocates] in evtc/gemm.py); ``--staging``
 selects the padded staging route for them (evtc/runtime/staging.py).
 """
 
@@ -110,8 +111,8 @@ def main() -> None:
                     help="the padded staging route for the unaligned-N problems (default: EVTC_UNALIGNED_STAGING, "
                          "else auto; evtc/runtime/staging.py)")
     ap.add_argument("--evtc-outputs", action="store_true",
-                    help="unaligned-N problems: let evtc allocate the outputs (padded rows) instead of passing "
-                         "packed out= tensors")
+                    help="unaligned-N problems: let evtc allocate the outputs (packed after packed inputs) "
+                         "instead of passing packed out= tensors")
     args = ap.parse_args()
     import torch
 
@@ -182,7 +183,9 @@ def main() -> None:
                 from evtc.runtime.staging import mode
 
                 if mode(g.unaligned_staging) != "never":
-                    d = g._staged_launcher(spec).plan(A, B, kw, None if packed and args.evtc_outputs else outs)
+                    # a plain call passes the outputs evtc allocates as out= tensors (evtc/gemm.py)
+                    given = g._packed_outputs(A, B, kw, None) if packed and args.evtc_outputs else outs
+                    d = g._staged_launcher(spec).plan(A, B, kw, given)
                     if d.stage:
                         route = "+staged"
                         spec = g.choose(M, N, K, L, aligned_mn=True, sm_count=sms,
