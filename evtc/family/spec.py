@@ -55,8 +55,8 @@ import math
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig, default_config, default_swizzle
 
-__all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "fit_swizzle", "on_demand",
-           "scheduled_tiles"]
+__all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "fit_cluster", "fit_swizzle",
+           "on_demand", "scheduled_tiles"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +345,38 @@ def fit_swizzle(spec: KernelSpec, p: Problem) -> KernelSpec:
     return dataclasses.replace(spec, config=cfg.replace(swizzle=0))
 
 
+#: the most padding tiles a cluster's rounding may add, as a share of the problem's tiles, before
+#: the member runs without its cluster (NOTE [Cluster padding])
+CLUSTER_WASTE = 0.10
+
+
+def fit_cluster(spec: KernelSpec, p: Problem) -> KernelSpec:
+    """``spec`` without its cluster (``<name>_c1``, cluster 1x1x1, built on demand) where CUTLASS's
+    rounding of the tile counts to the cluster would add more than :data:`CLUSTER_WASTE` of
+    padding tiles; else ``spec``.
+
+    NOTE [Cluster padding]: CUTLASS's sm90 schedulers round each batch's M and N tile counts up
+    to a multiple of the cluster's extents (:func:`scheduled_tiles`), and a padding tile costs a
+    whole tile's MMAs (NOTE [Swizzle padding]). A 2x1 cluster over one M tile a batch computes
+    twice the rows: on the H100 (2026-11-26, the row-phase split's main call, 8 batches of 128
+    rows x 50257 x 4096, bias_relu) ``pingpong`` took 2.45-2.55x the aligned time and the same
+    member without its cluster 1.17x. What the cluster buys (A and B tiles multicast to its two
+    CTAs) was 2.6 % where it wastes nothing (aux_heavy at 2048 x 32008 x 4096: ``pingpong`` 1.004,
+    ``pingpong_c1`` 1.030 of the family's pick, H100, 2026-11-27). So a waste above 10 % drops
+    the cluster; an LM head at 128 tokens (128 x 50264 x 4096 on ``large``: one M tile scheduled
+    as two) is the common problem this catches."""
+    cfg = spec.config
+    if spec.arch != "sm90" or cfg.cluster is None or tuple(cfg.cluster[:2]) == (1, 1):
+        return spec
+    M, N = (p.N, p.M) if cfg.swap_ab else (p.M, p.N)
+    tm, tn = cfg.tile[:2]
+    exact = math.ceil(M / tm) * math.ceil(N / tn)
+    padded = scheduled_tiles(cfg, M, N, 1, swizzle=0)
+    if exact == 0 or padded <= (1 + CLUSTER_WASTE) * exact:
+        return spec
+    return KernelSpec(spec.name + "_c1", cfg.replace(cluster=(1, 1, 1)), spec.arch)
+
+
 def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType,
            traits: EpilogueTraits = EpilogueTraits()) -> KernelSpec:
     """The kernel for problem ``p``, by a heuristic that is good without tuning (measured on the
@@ -359,7 +391,9 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     wave is fuller (NOTE [Wave quantisation between large and ping-pong]); long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
     128x128 tiles to ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
-    ``traits`` change three of them (NOTE [Epilogue-aware choices]).
+    ``traits`` change three of them (NOTE [Epilogue-aware choices]). The member then drops its
+    cluster where the cluster's rounding pads the tiles (:func:`fit_cluster`, NOTE [Cluster
+    padding]) and narrows its tile order's band where that pads them (:func:`fit_swizzle`).
 
     NOTE [Epilogue-aware choices]: measured on the H100 (2026-11-23,
     benchmarks/explore_members.py, time / cuBLAS's plain GEMM in CUDA graphs):
@@ -382,7 +416,7 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
       max was the other way (0.189 / 0.181): ``unaligned_pingpong`` only for epilogues with
       reductions.
     """
-    return fit_swizzle(_choose(family, p, arch, a, b, traits), p)
+    return fit_swizzle(fit_cluster(_choose(family, p, arch, a, b, traits), p), p)
 
 
 def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DType,

@@ -209,22 +209,19 @@ def members(gemm, geom: Geometry, K: int):
     """(main, fringe): the KernelSpecs the split's two batched calls run on (to prebuild them, or
     to name the route in a benchmark).
 
-    * main: the member the family picks for ``(M/G, Nb, K, L = G)``; without its 2x1 cluster
-      where a phase has an odd number of its M tiles (the cluster's second CTA would compute a
-      tile of rows past the phase: half the machine at M/G = 128); with the batch-inner tile
+    * main: the member the family picks for ``(M/G, Nb, K, L = G)`` (without its 2x1 cluster
+      where a phase has few and an odd number of its M tiles: NOTE [Cluster padding] in
+      evtc/family/spec.py; half the machine at M/G = 128 otherwise); with the batch-inner tile
       order (NOTE [Batch-inner tile order]) where reading B once per phase would not hide
       under the MMAs (:func:`reread_ok`), the member's own order otherwise (measured faster
       there: 1.036 against 1.073 at 4096 x 50257 x 4096 bias_relu, H100);
     * fringe: ``(M/G, F, K, L = G)`` is a few tiles with the whole K each; on the ``kheavy``
       member with split-K where its tiles fill less than half the SMs.
     """
-    from evtc.family.spec import KernelSpec, _tiles
+    from evtc.family.spec import _tiles
 
     G, Mb = geom.groups, geom.rows
-    main = gemm.choose(Mb, geom.main_n, K, G)
-    cm = (main.config.cluster or (1, 1, 1))[0]
-    if main.arch == "sm90" and cm > 1 and -(-Mb // main.config.tile[0]) % cm:
-        main = KernelSpec(main.name + "_c1", main.config.replace(cluster=(1, 1, 1)), main.arch)
+    main = gemm.choose(Mb, geom.main_n, K, G)  # without its cluster where that pads (NOTE [Cluster padding])
     inner = BATCH_INNER if BATCH_INNER is not None else not reread_ok(geom.M, geom.N, K, G, gemm.b.bytes)
     if G > 1 and inner:
         main = main.batch_inner_variant()

@@ -129,8 +129,9 @@ def family_gemm():
 
 def test_family_dispatch_end_to_end(family_gemm, record_errors):
     """A family Gemm picks swap-AB for decode shapes, the unaligned variant for odd N, an sm80
-    kernel for K whose rows TMA can't read, and retries a misaligned base address; every result
-    matches the reference."""
+    kernel for K whose rows TMA can't read, a member without its cluster where the cluster pads
+    the tiles (built on demand), and retries a misaligned base address; every result matches
+    the reference."""
     import torch
 
     from evtc.testing import Problem, make_inputs, poisoned_outputs
@@ -140,7 +141,9 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
              ((4096, 2048, 1024, 1), "large", False),
              ((2048, 2048, 4096, 1), "streamk", False),
              ((256, 256, 8192, 1), "kheavy", False), ((300, 515, 256, 1), "unaligned", True),
-             ((300, 512, 1023, 1), "unaligned_k", True)]
+             ((300, 512, 1023, 1), "unaligned_k", True),
+             # NOTE [Cluster padding]: one M tile (an LM head's 128 tokens), batches of 3 M tiles
+             ((128, 50264, 512, 1), "large_c1", False), ((384, 4096, 512, 16), "pingpong_c1", False)]
     for shape, member, packed in cases:
         assert g.choose(*shape[:3], aligned_mn=not (packed and shape[1] % 8),
                         aligned_k=not (packed and shape[2] % 8)).name == member

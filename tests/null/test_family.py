@@ -109,6 +109,28 @@ def test_the_tile_order_band_never_pads_the_problem(family):
     assert pick(family, 8192, 8192, 8192).config.swizzle in (None, 0)
 
 
+def test_a_cluster_that_pads_the_tiles_is_dropped(family):
+    """NOTE [Cluster padding]: a 2x1 cluster over an odd number of M tiles schedules a tile row
+    of padding; above 10 % of the tiles the member runs without its cluster (``_c1``)."""
+    # an LM head at 128 tokens: one M tile of `large` scheduled as two
+    s = pick(family, 128, 50264, 4096)
+    assert s.name == "large_c1" and tuple(s.config.cluster) == (1, 1, 1)
+    assert s.config.replace(cluster=family["large"].config.cluster) == family["large"].config.replace(
+        swizzle=s.config.swizzle)
+    # 9 tiles of 128 rows scheduled as 10 (11 %): dropped; 11 as 12 (9 %): kept
+    assert pick(family, 1152, 50264, 4096).name == "pingpong_c1"
+    assert pick(family, 1408, 50264, 4096).name == "pingpong"
+    # batched: the rounding is per batch (8 batches of 3 tiles scheduled as 4)
+    assert pick(family, 384, 8192, 4096, 8).name == "large_c1"
+    assert scheduled_tiles(family["large"].config, 384, 8192, 8, swizzle=0) == 4 * 32 * 8
+    # nothing padded: the cluster stays
+    for shape in ((4096, 50264, 4096), (2048, 14336, 4096), (8192, 8192, 8192), (1024, 14336, 4096)):
+        assert not pick(family, *shape).name.endswith("_c1"), shape
+    # a pinned Gemm keeps its configuration whatever it pads
+    pinned = evtc.Gemm("D = acc", a=bf16, b=bf16, config=family["large"].config)
+    assert pinned.choose(128, 50264, 4096).config.cluster == family["large"].config.cluster
+
+
 def test_split_count_fills_the_machine_without_tiny_splits():
     assert split_count(132, 1000, 132) == 1
     assert split_count(32, 1000, 132) == 4  # 128 CTAs: one wave

@@ -98,10 +98,12 @@ class _Gemm:
         self.family = {}
 
     def choose(self, M, N, K, L):
-        from evtc.family.spec import KernelSpec
+        """The family's ``pingpong`` member, without its cluster where that pads (as evtc.Gemm.choose)."""
+        from evtc.family.spec import KernelSpec, Problem, fit_cluster
         from evtc.plan.config import GemmConfig
 
-        return KernelSpec("pingpong", GemmConfig(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"), "sm90")
+        spec = KernelSpec("pingpong", GemmConfig(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"), "sm90")
+        return fit_cluster(spec, Problem(M, N, K, L))
 
     def launcher(self, spec):
         def launch(A, B, kwargs, out, stream):
@@ -164,8 +166,8 @@ def test_a_whole_call_matches_the_unsplit_reference(M, N, K, off, in_place):
     Mb = M // 8
     assert fake.launches == [((8, Mb, K), (8, geom.fringe_n, K)), ((8, Mb, K), (8, geom.main_n, K))]
     # the fringe, then the main call: on the batch-inner tile order (B's reads would not hide at
-    # this size), without the 2x1 cluster (one M tile of a phase)
-    assert fake.specs == ["pingpong", "pingpong_c1_bi"]
+    # this size), both without the 2x1 cluster (one M tile a phase: NOTE [Cluster padding])
+    assert fake.specs == ["pingpong_c1", "pingpong_c1_bi"]
     acc = (A.double() @ B.double().T).numpy()
     ref = interpret(graph, acc, {k: (v.double().numpy() if hasattr(v, "dim") else v) for k, v in ref_in.items()})
     for n in ("D", "F"):
