@@ -17,6 +17,7 @@ are cached on disk. A pinned :class:`~evtc.plan.config.GemmConfig` is a family o
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -332,6 +333,8 @@ class Gemm:
         self._mn_loads = tuple((n.name, n.dtype.bytes) for n in self.graph.used_inputs
                                if isinstance(n, (Source, AuxLoad)))
         self._mn_stores = tuple((o.name, o.dtype) for o in self.graph.outputs if isinstance(o, Store))
+        # rows of a multiple of this many elements are 16-byte multiples in every M x N input
+        self._mn_row_quantum = max([ALIGN // math.gcd(ALIGN, eb) for _, eb in self._mn_loads] or [1])
         self._tuned = None
         self._torch_op = self._torch_op_error = None
         if "torch" in sys.modules:
@@ -725,12 +728,17 @@ class Gemm:
         Shapes and strides alone decide it (:func:`evtc.runtime.bind.follows_packed_inputs`),
         so :mod:`evtc.torch_ops`'s fake implementation gives the same strides.
         """
-        missing = [(n, dt) for n, dt in self._mn_stores if out is None or out.get(n) is None]
-        if not missing:
-            return out
         name = self.graph.name
         try:
-            va, vb = tensors.view(A, "A", name), tensors.view(B, "B", name)
+            shape = getattr(B, "shape", None)  # torch, cupy: without a view (the common, aligned case)
+            vb = tensors.view(B, "B", name) if shape is None else None
+            shape = vb.shape if vb is not None else shape
+            if len(shape) in (2, 3) and shape[-2] % self._mn_row_quantum == 0:
+                return out  # rows of N elements are 16-byte multiples: padding changes nothing
+            missing = [(n, dt) for n, dt in self._mn_stores if out is None or out.get(n) is None]
+            if not missing:
+                return out
+            va, vb = tensors.view(A, "A", name), vb or tensors.view(B, "B", name)
             mn = []
             for n, eb in self._mn_loads:
                 x = kwargs.get(n)
@@ -738,9 +746,10 @@ class Gemm:
                     return out
                 v = tensors.view(x, n, name)
                 mn.append((tuple(v.shape), tuple(v.strides), eb))
-        except ArgumentError:
-            return out  # the binder says what is wrong with the call
-        if len(va.shape) not in (2, 3) or len(vb.shape) not in (2, 3) or va.device < 0 or not follows_packed_inputs(vb.shape[-2], mn):
+        except (ArgumentError, TypeError, ValueError, IndexError):
+            return out  # a malformed call: the binder says what is wrong with it
+        if len(va.shape) not in (2, 3) or len(vb.shape) not in (2, 3) or va.device < 0 or \
+                not follows_packed_inputs(vb.shape[-2], mn):
             return out
         M, N = va.shape[-2], vb.shape[-2]
         batched = len(va.shape) == 3 or len(vb.shape) == 3
