@@ -125,7 +125,7 @@ class TorchOp:
         mn = [(tuple(kwargs[n].shape), tuple(kwargs[n].stride()), eb) for n, eb in self.gemm._mn_loads]
         # NOTE [The row layout of the outputs evtc allocates] (evtc/gemm.py): packed rows after
         # packed inputs whose rows TMA can't address, else rows padded to 16 bytes
-        packed = bool(mn) and follows_packed_inputs(N, mn)
+        packed = follows_packed_inputs(N, mn)  # False without M x N inputs
         outs = []
         for kind, axis, dtype in self._specs:
             shape = (M, N) if kind == "store" else tuple(axis.shape(M, N))
@@ -165,8 +165,9 @@ def qualname(gemm) -> str:
     arch and family."""
     from evtc.ir.printer import print_graph
 
-    key = json.dumps({"contract": CONTRACT, "ir": print_graph(gemm.graph), "a": gemm.a.name, "b": gemm.b.name, "arch": gemm.arch,
-                      "family": {n: repr(s.config) for n, s in gemm.family.items()}}, sort_keys=True)
+    key = json.dumps({"contract": CONTRACT, "ir": print_graph(gemm.graph), "a": gemm.a.name, "b": gemm.b.name,
+                      "arch": gemm.arch, "family": {n: repr(s.config) for n, s in gemm.family.items()}},
+                     sort_keys=True)
     return f"evtc::{gemm.graph.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 

@@ -197,11 +197,8 @@ def mode(value: str | None = None) -> str:
     Raises:
         ArgumentError: an unknown mode.
     """
-    m = (value if value is not None else os.environ.get(ENV, "auto")).strip().lower() or "auto"
-    if m not in MODES:
-        raise ArgumentError(f"unaligned staging mode {m!r} is not one of {', '.join(MODES)}",
-                            hint=f"set {ENV} (or Gemm.unaligned_staging) to auto, always or never")
-    return m
+    return _checked_mode(value if value is not None else os.environ.get(ENV, "auto"), "unaligned staging mode {!r}",
+                         f"set {ENV} (or Gemm.unaligned_staging) to auto, always or never")
 
 
 def split_mode() -> str:
@@ -210,10 +207,16 @@ def split_mode() -> str:
     Raises:
         ArgumentError: another value.
     """
-    m = os.environ.get(SPLIT_ENV, "auto").strip().lower() or "auto"
+    return _checked_mode(os.environ.get(SPLIT_ENV, "auto"), SPLIT_ENV + "={!r}",
+                         f"set {SPLIT_ENV} to auto, always or never (or unset it)")
+
+
+def _checked_mode(raw: str, what: str, hint: str) -> str:
+    """``raw`` stripped and lower-cased (empty: ``auto``), one of :data:`MODES`, else an
+    ArgumentError saying ``what`` (formatted with the value) is not one of them."""
+    m = raw.strip().lower() or "auto"
     if m not in MODES:
-        raise ArgumentError(f"{SPLIT_ENV}={m!r} is not one of auto, always, never",
-                            hint=f"set {SPLIT_ENV} to auto, always or never (or unset it)")
+        raise ArgumentError(f"{what.format(m)} is not one of {', '.join(MODES)}", hint=hint)
     return m
 
 
