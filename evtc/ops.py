@@ -159,7 +159,7 @@ register(OpDef("sigmoid", 1, _np_sigmoid, lambda t, a: t.sigmoid(a), None,
 register(OpDef("tanh", 1, np.tanh, lambda t, a: t.tanh(a), None, "cutlass::epilogue::thread::Tanh",
                doc="hyperbolic tangent"))
 register(OpDef("gelu", 1, _np_gelu, lambda t, a: t.nn.functional.gelu(a), None,
-               "cutlass::epilogue::thread::GELU", doc="a * Phi(a), the erf form"))
+               "evtc::Gelu", doc="a * Phi(a), the erf form"))
 register(OpDef("gelu_tanh", 1, _np_gelu_tanh, lambda t, a: t.nn.functional.gelu(a, approximate="tanh"),
                None, "cutlass::epilogue::thread::GELU_taylor", doc="the tanh approximation of gelu"))
 register(OpDef("gelu_grad", 1, _np_gelu_grad, None, None, "evtc::GeluGrad",

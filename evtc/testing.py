@@ -43,9 +43,9 @@ computed from. Its sources:
   rounding, 2^-24 relative, for IEEE add/mul/div/sqrt/fma; CUDA's documented ulp errors for
   ``expf`` (2), ``logf`` (1), ``erff`` (2), ``rsqrtf`` (2), ``powf``; PTX's ``tanh.approx.f32``,
   which CUTLASS's ``Tanh`` and ``GELU_taylor`` use, at 2^-10.987 relative; sums of those for
-  the composite activations, ``gelu`` being ``0.5 x (1 + erff(x / sqrt 2))`` with an absolute
-  error proportional to ``|x|``), and scaled input errors are carried to its result: by the
-  op's Lipschitz constant (``LIPSCHITZ``: gelu, erf, tanh...) or, for every other op, by
+  the composite activations, ``gelu`` (evtc's ``x Phi(x)`` with ``Phi`` through one ``ex2``, NOTE
+  [GELU without erff]) with an absolute error proportional to ``|x|``), and scaled input errors
+  are carried to its result: by the op's Lipschitz constant (``LIPSCHITZ``: gelu, erf, tanh...) or, for every other op, by
   evaluating its float64 rule at the corners of its inputs' error intervals (exact for the
   monotone and bilinear ops; a comparison whose operands' intervals overlap may flip, and a
   ``where`` then allows the difference of its two branches).
@@ -180,7 +180,9 @@ F32_ERROR: dict[str, Callable[..., Any]] = {
     "sigmoid": lambda a, r: 8 * _U * _abs(r) + 2.0 ** -126,  # 1 / (1 + expf(-x))
     "silu": lambda a, r: 12 * _U * _abs(r) + 2.0 ** -126,  # x * sigmoid(x)
     "hardswish": lambda a, r: 4 * _U * _abs(r),
-    # 0.5 x (1 + erff(x / sqrt 2)): erff's 2 ulp of a value up to 1 times |x| / 2, plus roundings
+    # x Phi(x) with Phi = 1 - h or h, h = 0.5 erfc(|x| / sqrt 2) within 2.4 u (evtc::Gelu, NOTE
+    # [GELU without erff] in functors.hpp): 3.4 u |x| + u |r|; granted as for erff's form,
+    # 0.5 x (1 + erff(x / sqrt 2)) (2 ulp of a value up to 1 times |x| / 2, plus roundings)
     "gelu": lambda a, r: 8 * _U * (_abs(a[0]) + _abs(r)),
     # 0.5 x (1 + tanh.approx(...)): tanh's 2^-11 absolute times |x| / 2, doubled
     "gelu_tanh": lambda a, r: 2.0 ** -11 * _abs(a[0]) + 8 * _U * (_abs(a[0]) + _abs(r)),

@@ -88,7 +88,8 @@ def tanh(x):
 
 
 def gelu(x):
-    """x * Phi(x) with the exact erf form (``cutlass::epilogue::thread::GELU``)."""
+    """x * Phi(x) with the exact erf form (``cutlass::epilogue::thread::GELU``'s expression; ``evtc::Gelu``
+    evaluates CUDA's ``erff`` without its branch, NOTE [A branch-free erff] in functors.hpp)."""
     return _call("gelu", x)
 
 

@@ -83,7 +83,7 @@ def test_unknown_function_lists_epilogues():
 
 def test_ops_lists_functors():
     r = run("ops", "--cpp")
-    assert "gelu(x)" in r.output and "cutlass::epilogue::thread::GELU" in r.output
+    assert "gelu(x)" in r.output and "evtc::Gelu" in r.output and "cutlass::epilogue::thread::ReLu" in r.output
 
 
 def test_plan_takes_fixed_decisions_as_json():

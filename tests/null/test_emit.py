@@ -65,7 +65,7 @@ def test_every_node_kind_has_its_visitor():
                     r"Sm90AuxStore<\d, EpilogueTile, cutlass::float_e4m3_t", r"evtc::Sm90Immediate<0x3f000000u>",
                     r"Sm90Compute<evtc::Where", r"Sm90Compute<evtc::Greater", r"evtc::Sm90ColReductionAtomic<cutlass::maximum, cutlass::maximum, cutlass::atomic_maximum",
                     r"evtc::Sm90RowReductionParallel<cutlass::plus", r"Sm90ScalarReduction<cutlass::minimum, evtc::atomic_minimum",
-                    r"GELU, float"]:
+                    r"Sm90Compute<evtc::Gelu, float"]:
         assert lines_matching(src, pattern), pattern
     # every positional initializer line of the fusion arguments names its visitor
     lines = src.splitlines()

@@ -203,7 +203,7 @@ def test_every_node_kind_has_its_visitor():
                     r"VisitorAuxLoad<OutputTileThreadMap, cutlass::float_e5m2_t",
                     r"VisitorAuxStore<OutputTileThreadMap, cutlass::float_e4m3_t",
                     r"VisitorAuxStore<OutputTileThreadMap, cutlass::bfloat16_t", r"evtc::Sm80Immediate<0x3f000000u>",
-                    r"VisitorCompute<evtc::Where", r"VisitorCompute<evtc::Greater", r"GELU, float",
+                    r"VisitorCompute<evtc::Where", r"VisitorCompute<evtc::Greater", r"VisitorCompute<evtc::Gelu, float",
                     # evtc's row reduction (over N) is CUTLASS's VisitorColReduction and vice versa
                     r"VisitorColReduction<cutlass::maximum, cutlass::atomic_maximum, OutputTileThreadMap, float, float, .*cute::Stride<cute::_1, cute::_0, int64_t>>",
                     r"VisitorRowReduction<cutlass::plus, cutlass::atomic_add, OutputTileThreadMap, float, float, .*cute::Stride<cute::_0, cute::_1, int64_t>>",
