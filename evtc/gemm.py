@@ -37,7 +37,7 @@ from evtc.ir.printer import print_graph
 from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue, on_demand
 from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
 from evtc.runtime import tensors
-from evtc.runtime.bind import ALIGN, Binder, contiguous_strides, follows_packed_inputs
+from evtc.runtime.bind import ALIGN, Binder, batch_count, contiguous_strides, follows_packed_inputs
 from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
 
 if TYPE_CHECKING:  # imported by the calls that need it (_staging): not on an aligned cache hit's path
@@ -557,7 +557,7 @@ class Gemm:
                                 epilogue=g.name)
         M, K = va.shape[-2:]
         N = vb.shape[-2]
-        L = max(va.shape[0] if len(va.shape) == 3 else 1, vb.shape[0] if len(vb.shape) == 3 else 1)
+        L = batch_count(va.shape, vb.shape)
         aligned_k = _aligned_rows(va, self.a.bytes) and _aligned_rows(vb, self.b.bytes)
         aligned_mn = True
         mxn = [(kwargs[n.name], n.dtype) for n in g.used_inputs
@@ -753,8 +753,7 @@ class Gemm:
             return out
         M, N = va.shape[-2], vb.shape[-2]
         batched = len(va.shape) == 3 or len(vb.shape) == 3
-        shape = (max(va.shape[0] if len(va.shape) == 3 else 1, vb.shape[0] if len(vb.shape) == 3 else 1), M, N) \
-            if batched else (M, N)
+        shape = (batch_count(va.shape, vb.shape), M, N) if batched else (M, N)
         got = dict(out or {})
         for n, dt in missing:
             got[n], _ = tensors.strided_allocator(va.framework, va.device, shape, contiguous_strides(shape), dt)()

@@ -116,11 +116,11 @@ class TorchOp:
         return getattr(getattr(torch.ops, ns), name).default
 
     def _fake_outputs(self, A, B, kwargs):
-        from evtc.runtime.bind import contiguous_strides, follows_packed_inputs
+        from evtc.runtime.bind import batch_count, contiguous_strides, follows_packed_inputs
         from evtc.runtime.staging import padded_strides
 
         batched = A.dim() == 3 or B.dim() == 3
-        L = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
+        L = batch_count(A.shape, B.shape)
         M, N = A.shape[-2], B.shape[-2]
         mn = [(tuple(kwargs[n].shape), tuple(kwargs[n].stride()), eb) for n, eb in self.gemm._mn_loads]
         # NOTE [The row layout of the outputs evtc allocates] (evtc/gemm.py): packed rows after

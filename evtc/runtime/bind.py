@@ -183,6 +183,14 @@ class Signature:
         self.spans = tuple((i, j, *self.operands[i].span, *self.operands[j].span, ok) for i, j, ok in self.overlaps)
 
 
+def batch_count(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+    """L, the batch count of a GEMM of A (M x K, or L x M x K) and B (N x K, or L x N x K): the
+    larger leading extent of the 3-D operands (a 2-D one is shared by every batch), 1 where
+    neither is 3-D. One rule for the Python path, the outputs evtc allocates and the torch op's
+    fake implementation."""
+    return max(a_shape[0] if len(a_shape) == 3 else 1, b_shape[0] if len(b_shape) == 3 else 1)
+
+
 def follows_packed_inputs(N: int, mn: list[tuple[tuple[int, ...], tuple[int, ...], int]]) -> bool:
     """Whether the M x N outputs evtc allocates for a call take packed rows (contiguous strides)
     instead of rows padded to 16 bytes: NOTE [The row layout of the outputs evtc allocates].
