@@ -11,6 +11,11 @@ Pinned configurations keep their default tile order (no ``fit_swizzle``): with a
 8-tile bands, an M of 8 tiles is scheduled as 16 (NOTE [Swizzle padding] in evtc/family/spec.py);
 the ``_sw0`` / ``_sw1`` columns set the band explicitly. ``--configs`` picks columns by name.
 
+``--activations`` instead times fc1's shape (M x 14336 x 4096 + bias[n], M = 1024, 2048, 8192)
+with four epilogues, bias only, + ReLU, + GELU's tanh approximation and + the exact GELU, on the
+members ``--configs`` names (default ``pp64x256,pp128x192_c2x1``), twice: what each activation
+costs on the same tile (NOTE [GELU without erff] in codegen_templates/include/evtc/functors.hpp).
+
 ``--profile`` instead runs the whole block (bench_torch.py's) under eager PyTorch, torch.compile
 and the evtc backend at 1024, 2048 and 8192 tokens inside torch.profiler and prints each mode's
 kernels with their device time per call: cuBLAS's kernel names (their tiles and clusters) and
@@ -33,6 +38,7 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--iters", type=int, default=20)
 ap.add_argument("--configs", help="comma-separated names of CFG to time (default: all)")
 ap.add_argument("--profile", action="store_true", help="profile the whole block's kernels instead")
+ap.add_argument("--activations", action="store_true", help="time fc1's shape with four epilogues instead")
 ap.add_argument("--json")
 args = ap.parse_args()
 fc1, fc2 = bench_torch.gemms()
@@ -96,8 +102,62 @@ def profile() -> None:
     common.write_json(args.json, {"device": common.device_name(), "profile": out})
 
 
+@evtc.epilogue
+def fc1_bias(acc, bias: evtc.RowVector[bf16]):
+    return acc + bias
+
+
+@evtc.epilogue
+def fc1_relu(acc, bias: evtc.RowVector[bf16]):
+    return evtc.relu(acc + bias)
+
+
+@evtc.epilogue
+def fc1_gelu_tanh(acc, bias: evtc.RowVector[bf16]):
+    return evtc.gelu_tanh(acc + bias)
+
+
+@evtc.epilogue
+def fc1_gelu(acc, bias: evtc.RowVector[bf16]):
+    return evtc.gelu(acc + bias)
+
+
+def activations() -> None:
+    """fc1's shape with four epilogues on pinned members, CUDA graphs, / cuBLAS, two runs."""
+    names = args.configs.split(",") if args.configs else ["pp64x256", "pp128x192_c2x1"]
+    unknown = sorted(set(names) - set(CFG))
+    if unknown:
+        raise SystemExit(f"unknown --configs {unknown}; known: {', '.join(CFG)}")
+    eps = {"bias": fc1_bias, "relu": fc1_relu, "gelu_tanh": fc1_gelu_tanh, "gelu": fc1_gelu}
+    pinned = {(e, n): evtc.Gemm(ep, a=bf16, b=bf16, d=bf16, arch="sm90", config=CFG[n])
+              for e, ep in eps.items() for n in names}
+    common.build_all(list(pinned.values()), "activations")
+    rows = []
+    for M in (1024, 2048, 8192):
+        p = Problem(M, F, D, 1)
+        fns, keep = {}, []
+        A = B = None
+        for (e, n), g in pinned.items():
+            ins = make_inputs(g.graph, bf16, bf16, p, seed=M)  # the same seed: the same A, B, bias
+            outs = poisoned_outputs(g.graph, p)
+            A, B = (ins["A"], ins["B"]) if A is None else (A, B)
+            keep.append(outs)
+            fns[f"{e}:{n}"] = (lambda g=g, outs=outs, bias=ins["bias"]: g(A, B, out=outs, bias=bias))
+        Bt, plain = B.transpose(-1, -2), torch.empty(M, F, dtype=A.dtype, device=A.device)
+        fns["cublas"] = lambda: torch.matmul(A, Bt, out=plain)
+        runs = [time_graphs(fns, args.iters) for _ in range(2)]
+        cub = [t["cublas"] for t in runs]
+        print(f"fc1 shape {M}x{F}x{D} cuBLAS {cub[0] * 1e3:7.1f} us " + " ".join(
+            f"{k}={runs[0][k] / cub[0]:.3f}/{runs[1][k] / cub[1]:.3f}" for k in fns if k != "cublas"), flush=True)
+        rows.append({"shape": [M, F, D], "runs_ms": runs})
+    common.write_json(args.json, {"device": common.device_name(), "activations": rows})
+
+
 if args.profile:
     profile()
+    raise SystemExit(0)
+if args.activations:
+    activations()
     raise SystemExit(0)
 if args.configs:
     CFG = {k: v for k, v in CFG.items() if k in args.configs.split(",")}
