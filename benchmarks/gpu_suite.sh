@@ -16,8 +16,10 @@
 # (the run-time checks and CUDA-graph GPU tests; prebuild group runtime), host (host time per
 # call, bench_host.py; prebuild group host), small (explore_small.py: candidate kernels for small
 # problems), build (build times: bench_build.py; run it first, alone), launch (the host cost of a
-# bare kernel launch by parameter size: benchmarks/micro/launch_cost.cu), prebuild:G1,G2 (build
-# prebuild.py's groups G1, G2 on this machine's cores).
+# bare kernel launch by parameter size: benchmarks/micro/launch_cost.cu), gelu (evtc's exact GELU over
+# all 2^32 inputs against float64, benchmarks/micro/gelu_check.cu; then probe_mlp_gemms.py
+# --activations), mlp (bench_torch.py: the MLP block under eager, torch.compile and the evtc
+# backend), prebuild:G1,G2 (build prebuild.py's groups G1, G2 on this machine's cores).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out" "$EVTC_CACHE_DIR"
@@ -60,6 +62,15 @@ for stage in "$@"; do
     build)          python3 benchmarks/bench_build.py --json "$out/build.json" 2>&1 | tee "$out/build.log" | tail -20 ;;
     launch)         nvcc -O2 -std=c++17 -arch=sm_90a -o "$out/launch_cost" benchmarks/micro/launch_cost.cu \
                       && "$out/launch_cost" 2>&1 | tee "$out/launch_cost.log" | tail -12; rm -f "$out/launch_cost" ;;
+    gelu)           inc=$(python3 -c 'import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))')/source/include
+                    nvcc -O3 -std=c++17 -arch=sm_90a -I codegen_templates/include -I "$inc" -o "$out/gelu_check" \
+                      benchmarks/micro/gelu_check.cu && "$out/gelu_check" | tee "$out/gelu_check.json"
+                    st=${PIPESTATUS[0]}; rm -f "$out/gelu_check"
+                    python3 benchmarks/probe_mlp_gemms.py --activations --json "$out/activations.json" 2>&1 \
+                      | tee "$out/activations.log" | tail -4
+                    [ "$st" = 0 ] || rc=1 ;;
+    mlp)            python3 benchmarks/bench_torch.py --modes eager,default,evtc --tokens 1,1024,1536,2048,8192 \
+                      --json "$out/bench_torch.json" 2>&1 | tee "$out/bench_torch.log" | tail -9 ;;
     prebuild:*)     # prebuild:GROUP,GROUP... builds those prebuild.py groups here, on every core
                     IFS=, read -ra groups <<< "${stage#prebuild:}"
                     python3 benchmarks/prebuild.py "${groups[@]}" 2>&1 | tail -3 ;;
