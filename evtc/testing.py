@@ -45,10 +45,10 @@ computed from. Its sources:
   which CUTLASS's ``Tanh`` and ``GELU_taylor`` use, at 2^-10.987 relative; sums of those for
   the composite activations, ``gelu`` (evtc's ``x Phi(x)`` with ``Phi`` through one ``ex2``, NOTE
   [GELU without erff]) with an absolute error proportional to ``|x|``), and scaled input errors
-  are carried to its result: by the op's Lipschitz constant (``LIPSCHITZ``: gelu, erf, tanh...) or, for every other op, by
-  evaluating its float64 rule at the corners of its inputs' error intervals (exact for the
-  monotone and bilinear ops; a comparison whose operands' intervals overlap may flip, and a
-  ``where`` then allows the difference of its two branches).
+  are carried to its result: by the op's Lipschitz constant (``LIPSCHITZ``: gelu, erf, tanh...)
+  or, for every other op, by evaluating its float64 rule at the corners of its inputs' error
+  intervals (exact for the monotone and bilinear ops; a comparison whose operands' intervals
+  overlap may flip, and a ``where`` then allows the difference of its two branches).
 * Reductions (row, column, scalar): a sum over n terms adds the terms' bounds and the f32
   rounding of the sum, ``LAMBDA * 2^-24 * sqrt(n) * (|sum| + 4 ||v||_2)``: the probabilistic
   bound of Higham and Mary (SIAM J. Sci. Comput. 41(5), 2019) with the partial sums of any
