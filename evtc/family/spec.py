@@ -369,8 +369,7 @@ def fit_cluster(spec: KernelSpec, p: Problem) -> KernelSpec:
     if spec.arch != "sm90" or cfg.cluster is None or tuple(cfg.cluster[:2]) == (1, 1):
         return spec
     M, N = (p.N, p.M) if cfg.swap_ab else (p.M, p.N)
-    tm, tn = cfg.tile[:2]
-    exact = math.ceil(M / tm) * math.ceil(N / tn)
+    exact = _tiles(M, N, 1, cfg.tile)
     padded = scheduled_tiles(cfg, M, N, 1, swizzle=0)
     if exact == 0 or padded <= (1 + CLUSTER_WASTE) * exact:
         return spec
