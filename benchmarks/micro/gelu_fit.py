@@ -8,16 +8,20 @@ ex2.approx's 2 ulp on top (in u = 2^-24), and whether Q decreases on [0, 1e38] (
     python benchmarks/micro/gelu_fit.py
 
 prints the coefficients, highest degree first, as the C++ hex literals functors.hpp uses.
+tests/null/test_gelu_polynomial.py applies :func:`worst_u` and :func:`decreasing` to the
+coefficients the header has.
 """
 import math
 
 import numpy as np
 
 DEGREE, T_MAX = 8, 5.6
+U = 2.0 ** -24
 erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
-def fit() -> np.ndarray:
+def fit() -> list[float]:
+    """The float32 coefficients of Q, highest degree first."""
     t = np.linspace(0.0, T_MAX, 40001)
     h = 0.5 * erfc(t / math.sqrt(2.0))
     y = np.log2(h)
@@ -28,23 +32,38 @@ def fit() -> np.ndarray:
         c, *_ = np.linalg.lstsq(V * ww[:, None], y * ww, rcond=None)
         err = (V @ c - y) * w
         ww = ww * (1 + 2 * np.abs(err) / np.abs(err).max())
-    return c.astype(np.float32)
+    return [float(v) for v in c.astype(np.float32)[::-1]]
+
+
+def h32(c: list[float], t: np.ndarray) -> np.ndarray:
+    """2^Q(t) with Q's Horner steps in float32, as the device does them (numpy's float32 product
+    and sum: two roundings where the device's FMA makes one), the power in float64."""
+    tf = t.astype(np.float32)
+    q = np.full_like(tf, np.float32(c[0]))
+    for k in c[1:]:
+        q = (q * tf + np.float32(k)).astype(np.float32)
+    return np.exp2(q.astype(np.float64))
+
+
+def worst_u(c: list[float], points: int = 400001) -> float:
+    """The largest |h32 - 0.5 erfc(t / sqrt 2)| on [0, 8] with ex2.approx's 2 ulp (2^-22
+    relative) added, in u."""
+    t = np.linspace(0.0, 8.0, points)
+    return float(np.abs(h32(c, t) * (1 + 2.0 ** -22) - 0.5 * erfc(t / math.sqrt(2.0))).max() / U)
+
+
+def decreasing(c: list[float]) -> bool:
+    """Whether Q (float64) decreases on [0, 1e38]: then 2^Q needs no clamp past the fit."""
+    t = np.concatenate([np.linspace(0.0, 100.0, 100001), np.logspace(2, 38, 1000)])
+    return bool(c[0] < 0 and (np.diff(np.polyval(np.array(c, dtype=np.float64), t)) <= 0).all())
 
 
 def main() -> None:
     c = fit()
-    t = np.linspace(0.0, 8.0, 400001)
-    tf = t.astype(np.float32)
-    q = np.full_like(tf, c[-1])
-    for k in range(DEGREE - 1, -1, -1):
-        q = (q * tf + c[k]).astype(np.float32)
-    h = np.exp2(q.astype(np.float64)) * (1 + 2.0 ** -22)
-    worst = np.abs(h - 0.5 * erfc(t / math.sqrt(2.0))).max() / 2.0 ** -24
-    far = np.concatenate([np.linspace(0, 100, 100001), np.logspace(2, 38, 1000)])
-    decreasing = bool((np.diff(np.polyval(c[::-1].astype(np.float64), far)) <= 0).all())
     print("coefficients, highest degree first:")
-    print("  " + ", ".join(f"{float(v).hex().replace('0000000p', 'p')}f" for v in c[::-1]))
-    print(f"largest |h error| on [0, 8] with ex2's 2 ulp: {worst:.2f} u; Q decreasing on [0, 1e38]: {decreasing}")
+    print("  " + ", ".join(f"{v.hex().replace('0000000p', 'p')}f" for v in c))
+    print(f"largest |h error| on [0, 8] with ex2's 2 ulp: {worst_u(c):.2f} u; "
+          f"Q decreasing on [0, 1e38]: {decreasing(c)}")
 
 
 if __name__ == "__main__":
