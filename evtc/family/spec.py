@@ -16,12 +16,16 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   warpgroup's epilogue running beside the other's MMAs pays;
 * ``streamk``: cooperative 128x128x64, cluster 1x1, the stream-K scheduler, run data-parallel:
   problems of most of a wave of 128x128 tiles but less than one of 128x256 (batched mid sizes,
-  512x4096x4096, 2048x2048x8192);
+  512x4096x4096, 2048x2048x8192) whose epilogue reduces through the workspace (the rest take
+  ``pp128``), and the tuner's split-K and stream-K candidates;
 * ``kheavy``: cooperative 128x64x64, cluster 1x1, stream-K scheduler: long K over few tiles
   (1024x1024x16384, 512x512x32768), split-K where the tiles leave SMs idle; the partial
   accumulators are reduced before the epilogue runs once per tile, so aux stores and reductions
   are exact;
 * ``small``: ping-pong 64x128x64, cluster 1x1: few tiles (768x768x3072, 1000^3) and M of 65-256;
+* ``pp128``: ping-pong 128x128x64, cluster 1x1: most of a wave to two of 128x128 tiles, less
+  than a wave of 128x256 (NOTE [Ping-pong 128x128 tiles below two waves]; ``streamk`` keeps the
+  epilogues with reductions through the workspace there);
 * ``pp64x256``: ping-pong 64x256x64, cluster 1x1: M of 2048 or less against a long N (NOTE [The
   64x256 ping-pong tile]);
 * ``swap16``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64: decode-sized M (<= 32), where the
@@ -178,6 +182,7 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("streamk", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("kheavy", GemmConfig(tile=(128, 64, k), cluster=(1, 1, 1), scheduler="streamk"), arch),
         KernelSpec("small", GemmConfig(tile=(64, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
+        KernelSpec("pp128", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("pp64x256", GemmConfig(tile=(64, 256, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("swap", GemmConfig(tile=(64, 32, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True), arch),
         KernelSpec("swap16", GemmConfig(tile=(64, 16, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True),
@@ -212,7 +217,9 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
     graphs, / cuBLAS): ``pingpong`` 1.180 / 1.005 / 1.186 at 2048x1280x11520, 1536x1536x12288 and
     1280x2048x12288, where ``streamk`` (CUTLASS's heuristic decomposition: stream-K over 1-2
     waves) took 1.599 / 1.410 / 1.616 and ``large`` 2.442 / 1.581 / 1.815. At 2560x1280x10240
-    (140 ping-pong tiles, over a wave) ``streamk`` stays: 1.084 against ping-pong's 1.610. The
+    (140 ping-pong tiles, over a wave) the 128x192 tile lost: 1.610 against ``streamk``'s 1.084
+    (that problem takes ``pp128`` since 2026-11-27: NOTE [Ping-pong 128x128 tiles below two
+    waves]). The
     same shapes are the UNet's 1280-channel 3x3 convolutions as implicit GEMMs
     (docs/performance.md, "It is not the im2col mainloop"). Heavy epilogues take it too, unlike
     every other ping-pong rule: with one tile per CTA no warpgroup's epilogue waits for another's
@@ -240,6 +247,28 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
     waves = math.ceil(tiles / sm_count)
     return tiles / (waves * sm_count)
 
+
+# NOTE [Ping-pong 128x128 tiles below two waves]: the problems of most of a wave to two of 128x128
+# tiles that have less than a wave of 128x256 ones, with an M above 256 (the down-projection of a
+# transformer's MLP at 1024 tokens, 1024x4096x14336; 512x4096x4096; 2048x2048x8192; batched mid
+# sizes such as 512x1024x4096x8) run best on the 128x128 tile of the ping-pong kernel, not of the
+# cooperative one (``streamk``, run data-parallel, before 2026-11-27). On the H100 (2026-11-27,
+# .carry probe, CUDA graphs, / cuBLAS's plain GEMM, two runs; pp128 against streamk):
+#   1024x4096x14336: bias_relu 1.014 / 1.022 against 1.038 / 1.033, rowmax 1.030 / 1.026 against
+#     1.055 / 1.051, aux_heavy 1.048 / 1.063 against 1.069 / 1.088, fc2 (+ bias + residual) 1.008
+#     / 1.016 against 1.040 / 1.046;
+#   1024x4096x11008: 1.020 / 1.016, 1.030 / 1.034, 1.055 / 1.063, 1.014 / 1.017 against 1.045 -
+#     1.098;
+#   2048x2048x8192: 1.033 / 1.034, 1.032 / 1.118, 1.112 / 1.137, 1.112 / 1.025 against 1.066 /
+#     1.064, 1.068 / 1.066, 1.138 / 1.158, 1.074 / 1.070 (the one shape where single runs lost);
+#   512x1024x4096x8: 1.094 / 1.061, 1.086 / 1.056, 1.223 / 1.215, 1.089 / 1.054 against 1.117 -
+#     1.341;
+#   512x4096x4096: 1.103 / 1.110, 1.165 / 1.167, 1.267 / 1.274, 1.094 / 1.090 against 1.114 -
+#     1.322.
+# The same tile with a 2x1 cluster was no better (1.013-1.267), the cooperative 128x256 tile with a
+# 1x2 cluster close at 1024-2048 rows (1.020-1.100) and 1.86-2.03 at 512 (32 tiles). Reductions
+# through the workspace were not measured on it and keep ``streamk`` (:meth:`EpilogueTraits.
+# takes_pingpong`).
 
 # NOTE [The 64x256 ping-pong tile]: an M of 2048 or less against a long N (the up-projection of a
 # transformer's MLP at 1024-2048 tokens) runs best on 64x256 ping-pong tiles, where their last
@@ -389,8 +418,9 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     tile]); a wave or more of 128x256 tiles to the large kernel, or to ping-pong where its last
     wave is fuller (NOTE [Wave quantisation between large and ping-pong]); long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
-    128x128 tiles to ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
-    ``traits`` change three of them (NOTE [Epilogue-aware choices]). The member then drops its
+    128x128 tiles to ``pp128`` (NOTE [Ping-pong 128x128 tiles below two waves]), or ``streamk``
+    (data-parallel) for reductions through the workspace; the rest (few tiles, M of 65-256) to ``small``.
+    ``traits`` change four of them (NOTE [Epilogue-aware choices]). The member then drops its
     cluster where the cluster's rounding pads the tiles (:func:`fit_cluster`, NOTE [Cluster
     padding]) and narrows its tile order's band where that pads them (:func:`fit_swizzle`).
 
@@ -478,5 +508,8 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
                              p.sm_count)
         return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "data_parallel")
     if p.M > 256 and 4 * tiles128 >= 3 * p.sm_count:
+        if has("pp128") and pingpong_ok:
+            # NOTE [Ping-pong 128x128 tiles below two waves]
+            return family["pp128"]
         return family["streamk"].with_runtime(split_k=1, decomposition="data_parallel")
     return family["small"]

@@ -40,7 +40,7 @@ def member_config(name: str, variant: str) -> evtc.GemmConfig:
                                split_k=int(arg), decomposition="split_k")
     if kind == "kheavy":
         return fam["kheavy"].config.replace(split_k=int(arg or 1), decomposition="split_k" if arg else "data_parallel")
-    if kind in ("small", "pp64x256", "pingpong"):
+    if kind in ("small", "pp128", "pp64x256", "pingpong"):
         return fam[kind].config
     if kind in ("unaligned", "unaligned_pingpong"):
         return on_demand("sm90", a, a, kind).config
@@ -57,6 +57,7 @@ VARIANTS = {
     "swap16": [(1, 4096, 256, 1), (29, 1031, 512, 2)],
     "kheavy:4": [(200, 300, 16384, 1)],
     "small": [(77, 1031, 1024, 2), (1000, 1000, 1000, 1)],
+    "pp128": [(1003, 2049, 4096, 1), (777, 1031, 1024, 2)],
     "pp64x256": [(1003, 2049, 512, 1), (77, 1031, 1024, 2)],
     "pingpong": [(1003, 2049, 4096, 1), (777, 1031, 1024, 2)],
     "unaligned": [(333, 517, 256, 2), (129, 1031, 80, 1)],
@@ -139,7 +140,7 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
     g = family_gemm
     cases = [((16, 4096, 1024, 1), "swap16", False), ((48, 4096, 1024, 1), "swap", False),
              ((4096, 2048, 1024, 1), "large", False),
-             ((2048, 2048, 4096, 1), "streamk", False),
+             ((2048, 2048, 4096, 1), "pp128", False),
              ((256, 256, 8192, 1), "kheavy", False), ((300, 515, 256, 1), "unaligned", True),
              ((300, 512, 1023, 1), "unaligned_k", True),
              # NOTE [Cluster padding]: one M tile (an LM head's 128 tokens), batches of 3 M tiles

@@ -25,7 +25,8 @@ def pick(family, *shape, **kw):
 
 
 def test_the_default_family_is_few_legal_kernels(family):
-    assert list(family) == ["large", "pingpong", "streamk", "kheavy", "small", "pp64x256", "swap", "swap16"]
+    assert list(family) == ["large", "pingpong", "streamk", "kheavy", "small", "pp128", "pp64x256", "swap",
+                            "swap16"]
     for s in family.values():
         evtc.plan.validate(s.config, "sm90", bf16, bf16)
     assert family["large"].config == evtc.plan.default_config("sm90", bf16, bf16)
@@ -44,7 +45,9 @@ def test_heuristic_by_shape(family):
         (64, 8192, 8192): "swap", (16, 4096, 14336): "swap",  # M of 33-64, or K > 2N: the 32-wide tile
         (128, 14336, 4096): "small", (256, 4096, 14336): "small", (1000, 1000, 1000): "small",
         (768, 768, 3072): "small",  # long K relative to M and N, but too few K tiles to split
-        (512, 4096, 4096): "streamk", (2048, 2048, 8192): "streamk", (512, 1024, 4096, 8): "streamk",
+        # NOTE [Ping-pong 128x128 tiles below two waves]
+        (512, 4096, 4096): "pp128", (2048, 2048, 8192): "pp128", (512, 1024, 4096, 8): "pp128",
+        (1024, 4096, 14336): "pp128",
         (1024, 1024, 16384): "kheavy", (512, 512, 32768): "kheavy",
     }
     for shape, name in expect.items():
@@ -72,11 +75,35 @@ def test_the_64x256_ping_pong_tile_takes_m_up_to_2048_against_a_long_n(family):
     # a wave of 128x64 tiles already: no split, and data-parallel (no stream-K workspace)
     s = pick(family, 1024, 1024, 16384)
     assert (s.config.split_k, s.config.decomposition) == (1, "data_parallel")
-    assert pick(family, 512, 4096, 4096).config.decomposition == "data_parallel"
+    sums = EpilogueTraits(reductions=True, workspace_reductions=True)
+    s = choose(family, Problem(512, 4096, 4096), "sm90", bf16, bf16, sums)
+    assert (s.name, s.config.decomposition) == ("streamk", "data_parallel")
     # alignment
     assert pick(family, 4096, 4095, 4096, aligned_mn=False).config.unaligned
     s = pick(family, 4096, 4096, 4095, aligned_k=False)
     assert s.arch == "sm80"
+
+
+def test_ping_pong_128x128_takes_most_of_a_wave_to_two(family):
+    """NOTE [Ping-pong 128x128 tiles below two waves]: the problems that went to ``streamk``
+    data-parallel take ``pp128``, except epilogues whose reductions go through the workspace and
+    aux stores below K = 4096 (the ping-pong rules' exclusions); around them nothing changes."""
+    from evtc.family.spec import EpilogueTraits
+
+    assert family["pp128"].config.schedule == "pingpong" and family["pp128"].config.tile[:2] == (128, 128)
+    assert tuple(family["pp128"].config.cluster) == (1, 1, 1)
+    fc2 = Problem(1024, 4096, 14336)
+    for traits in (EpilogueTraits(), EpilogueTraits(reductions=True), EpilogueTraits(aux_stores=True)):
+        assert choose(family, fc2, "sm90", bf16, bf16, traits).name == "pp128", traits
+    sums = EpilogueTraits(reductions=True, workspace_reductions=True)
+    assert choose(family, fc2, "sm90", bf16, bf16, sums).name == "streamk"
+    aux = EpilogueTraits(aux_stores=True)
+    assert choose(family, Problem(2048, 2048, 2048), "sm90", bf16, bf16, aux).name == "streamk"  # K < 4096
+    assert choose(family, Problem(2048, 2048, 2048), "sm90", bf16, bf16).name == "pp128"
+    # a wave of 128x256 tiles, few tiles (M <= 256) or under 3/4 of a wave of 128x128: not this rule
+    assert pick(family, 2048, 4096, 14336).name == "large"
+    assert pick(family, 256, 4096, 14336).name == "small"
+    assert pick(family, 384, 2048, 4096).name == "small"
 
 
 def test_the_tile_order_band_never_pads_the_problem(family):
@@ -376,14 +403,16 @@ def test_one_wave_of_pingpong_tiles_over_a_long_k(family):
     """NOTE [One wave of ping-pong tiles over a long K]: one to two waves of 128x128 tiles, K of
     4 max(M, N) or more, ping-pong's tiles in one wave: ping-pong (measured 1.0-1.19 of cuBLAS
     against stream-K's 1.41-1.62; heavy epilogues too: 1.24-1.38 against 1.56-1.75); over a wave
-    of ping-pong tiles stream-K stays; shorter K, the rules before."""
+    of ping-pong tiles the 128x128 rule applies; shorter K, the rules before."""
     import epilogues as E
 
     for shape in ((2048, 1280, 11520), (1536, 1536, 12288), (1280, 2048, 12288)):
         assert pick(family, *shape).name == "pingpong", shape
-    assert pick(family, 2560, 1280, 10240).name == "streamk"  # 140 ping-pong tiles: more than a wave
+    # 140 ping-pong tiles, more than a wave: not the 128x192 tile but 200 of 128x128 (NOTE [Ping-pong
+    # 128x128 tiles below two waves]; ``streamk`` before)
+    assert pick(family, 2560, 1280, 10240).name == "pp128"
     assert pick(family, 2048, 1280, 4096).name != "pingpong"  # K < 4 max(M, N)
     assert pick(family, 1024, 1024, 16384).name == "kheavy"   # under a wave of 128x128 tiles
     heavy = evtc.Gemm(E.REFERENCE["gelu_aux"])
     assert heavy.choose(2048, 1280, 11520).name == "pingpong"
-    assert heavy.choose(2560, 1280, 10240).name == "streamk"
+    assert heavy.choose(2560, 1280, 10240).name == "pp128"
