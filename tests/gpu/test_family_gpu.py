@@ -146,7 +146,7 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
              # NOTE [Cluster padding]: one M tile (an LM head's 128 tokens), batches of 3 M tiles
              ((128, 50264, 512, 1), "large_c1", False), ((384, 4096, 512, 16), "pingpong_c1", False)]
     for shape, member, packed in cases:
-        assert g.choose(*shape[:3], aligned_mn=not (packed and shape[1] % 8),
+        assert g.choose(*shape, aligned_mn=not (packed and shape[1] % 8),
                         aligned_k=not (packed and shape[2] % 8)).name == member
         p = Problem(*shape)
         ins, outs = make_inputs(g.graph, g.a, g.b, p, seed=7), poisoned_outputs(g.graph, p)
