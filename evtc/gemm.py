@@ -37,8 +37,9 @@ from evtc.ir.printer import print_graph
 from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue, on_demand
 from evtc.ir.nodes import AuxLoad, Reduction, Source, Store
 from evtc.runtime import tensors
-from evtc.runtime.bind import ALIGN, Binder, batch_count, contiguous_strides, follows_packed_inputs
+from evtc.runtime.bind import ALIGN, Binder, batch_count, follows_packed_inputs
 from evtc.runtime.launch import KernelLibrary, Launcher, probe_call
+from evtc.runtime.tensors import contiguous_strides
 
 if TYPE_CHECKING:  # imported by the calls that need it (_staging): not on an aligned cache hit's path
     from evtc.runtime import staging

@@ -116,7 +116,8 @@ class TorchOp:
         return getattr(getattr(torch.ops, ns), name).default
 
     def _fake_outputs(self, A, B, kwargs):
-        from evtc.runtime.bind import batch_count, contiguous_strides, follows_packed_inputs
+        from evtc.runtime.bind import batch_count, follows_packed_inputs
+        from evtc.runtime.tensors import contiguous_strides
         from evtc.runtime.staging import padded_strides
 
         batched = A.dim() == 3 or B.dim() == 3

@@ -219,15 +219,6 @@ def follows_packed_inputs(N: int, mn: list[tuple[tuple[int, ...], tuple[int, ...
     return found
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """C-order strides (elements) of ``shape``."""
-    out, want = [], 1
-    for extent in reversed(shape):
-        out.append(want)
-        want *= max(extent, 1)
-    return tuple(reversed(out))
-
-
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 

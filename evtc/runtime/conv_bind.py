@@ -69,7 +69,7 @@ from evtc.runtime.bind import (
     Signature,
     _span,
 )
-from evtc.runtime.tensors import TensorView
+from evtc.runtime.tensors import TensorView, contiguous_strides
 
 __all__ = [
     "CONV_FIELDS",
@@ -407,17 +407,9 @@ def from_nhwc(shape: tuple[int, ...], strides: tuple[int, ...], layout: str) -> 
     return shape, strides
 
 
-def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
-
-
 def is_packed(v: TensorView) -> bool:
     """Row-major packed in the view's order, ignoring the strides of extent-1 dimensions."""
-    return all(s == 1 or st == ps for s, st, ps in zip(v.shape, v.strides, packed_strides(v.shape)))
+    return all(s == 1 or st == ps for s, st, ps in zip(v.shape, v.strides, contiguous_strides(v.shape)))
 
 
 def as_rows(v: TensorView, rows: int, cols: int, col_dims: int = 1) -> TensorView | None:
@@ -576,7 +568,7 @@ class ConvBinder(Binder):
                                      f"rows of {N} contiguous elements with one row stride",
                                      hint=self._layout_hint(v))
             else:
-                want = from_nhwc(out_nhwc, packed_strides(out_nhwc), self.layout)[0]
+                want = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), self.layout)[0]
                 raise self.error(f"argument '{name}' has shape {tuple(v.shape)}, expected the output's {want} or "
                                  f"the implicit GEMM's ({M}, {N})")
             self._check(mv, name, dtype, [(M, N)], dev, True, tma=self.arch == "sm90", output=output)
@@ -631,7 +623,7 @@ class ConvBinder(Binder):
                         raise self.error(f"output '{nm}' would have rows of {N} x {eb} bytes: its packed "
                                          f"{'NHWC' if self.layout == 'nhwc' else 'channels-last'} rows must be "
                                          "multiples of 16 bytes", hint="use a wider dtype for it, or pad the channels")
-                    shape, strides = from_nhwc(out_nhwc, packed_strides(out_nhwc), self.layout)
+                    shape, strides = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), self.layout)
                     allocs.append(Alloc(nm, shape, strides, o.dtype, index))
                     add(None, label, f"p_{nm}", o.dtype, output=True, mask=0, rows=None, inplace=False)
                     ld = N

@@ -33,8 +33,8 @@ from evtc.errors import ArgumentError
 from evtc.ir.nodes import AuxLoad, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN
-from evtc.runtime.conv_bind import as_rows, from_nhwc, packed_strides, to_nhwc
-from evtc.runtime.tensors import TensorView
+from evtc.runtime.conv_bind import as_rows, from_nhwc, to_nhwc
+from evtc.runtime.tensors import TensorView, contiguous_strides
 
 if TYPE_CHECKING:
     from evtc.conv import Conv
@@ -88,7 +88,7 @@ def mn_view(obj: Any, name: str, M: int, N: int, out_nhwc: tuple[int, ...], layo
             raise ArgumentError(f"argument '{name}' (shape {tuple(v.shape)}, strides {tuple(v.strides)}) is not M "
                                 f"rows of {N} contiguous elements with one row stride", epilogue=epilogue, hint=hint)
         return mv
-    want = from_nhwc(out_nhwc, packed_strides(out_nhwc), layout)[0]
+    want = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), layout)[0]
     raise ArgumentError(f"argument '{name}' has shape {tuple(v.shape)}, expected the output's {want} or the "
                         f"implicit GEMM's ({M}, {N})", epilogue=epilogue)
 
@@ -227,7 +227,7 @@ class GemmRoute:
             if o.name in given:
                 outs[o.name] = mn_view(given[o.name], f"out['{o.name}']", M, N, out_nhwc, layout, name)
             else:
-                shape, strides = from_nhwc(out_nhwc, packed_strides(out_nhwc), layout)
+                shape, strides = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), layout)
                 allocate.append((o.name, shape, strides, o.dtype, vx.framework, vx.device))
         for nm, v in given.items():
             if nm not in outs:

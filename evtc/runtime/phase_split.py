@@ -238,18 +238,23 @@ def members(gemm, geom: Geometry, K: int):
 
 
 def packed_geometry(gemm, M: int, N: int, K: int) -> Geometry | None:
-    """The split the auto route takes for a call whose M x N tensors are all packed (row stride
-    N, 16-byte-aligned bases) in the Gemm's C and D dtypes, or None (no split, or fewer than
-    ``MIN_PHASE_ROWS`` rows a phase)."""
+    """The split the route takes for a call whose M x N tensors are all packed (row stride N,
+    16-byte-aligned bases) in the Gemm's C and D dtypes, or None: no split fits, or the route's
+    rule (:func:`evtc.runtime.staging.split_taken`, the one a call applies) doesn't take it."""
     from evtc.ir.nodes import Store
+    from evtc.runtime import staging
 
-    if any(not isinstance(o, Store) for o in gemm.graph.outputs):
+    g = gemm.graph
+    if any(not isinstance(o, Store) for o in g.outputs) or staging.split_mode() == "never":
         return None
     ts = [(0, N, dt.bytes) for dt in (gemm.c, gemm.d) if dt is not None]
     geom = find_geometry(M, N, ts, align_bytes=[gemm.d.bytes])
-    if geom is None or geom.rows < MIN_PHASE_ROWS:
+    if geom is None:
         return None
-    return geom
+    loads, stores = staging.mn_tensors(g)
+    how = staging.mode(getattr(gemm, "unaligned_staging", None))
+    penalty = staging.decide(M, N, 1, loads, stores, (), (), how).penalty_s
+    return geom if how != "never" and staging.split_taken(geom, penalty, how) else None
 
 
 #: gemm -> {(geom, K, BATCH_INNER): (main launcher, fringe launcher)}: choosing the members and

@@ -211,10 +211,23 @@ def split_mode() -> str:
                          f"set {SPLIT_ENV} to auto, always or never (or unset it)")
 
 
-def _checked_mode(raw: str, what: str, hint: str) -> str:
-    """``raw`` stripped and lower-cased (empty: ``auto``), one of :data:`MODES`, else an
-    ArgumentError saying ``what`` (formatted with the value) is not one of them."""
+def packed_mode() -> str:
+    """``EVTC_PACKED_STORES``: ``auto`` (default), ``always`` (or ``1``) or ``never`` (or ``0``).
+
+    Raises:
+        ArgumentError: another value.
+    """
+    return _checked_mode(os.environ.get(PACKED_ENV, "auto"), PACKED_ENV + "={!r}",
+                         f"set {PACKED_ENV} to auto, always or never (or unset it)",
+                         aliases={"1": "always", "0": "never"})
+
+
+def _checked_mode(raw: str, what: str, hint: str, aliases: Mapping[str, str] | None = None) -> str:
+    """``raw`` stripped and lower-cased (empty: ``auto``; an alias: its mode), one of
+    :data:`MODES`, else an ArgumentError saying ``what`` (formatted with the value) is not one of
+    them."""
     m = raw.strip().lower() or "auto"
+    m = (aliases or {}).get(m, m)
     if m not in MODES:
         raise ArgumentError(f"{what.format(m)} is not one of {', '.join(MODES)}", hint=hint)
     return m
@@ -265,6 +278,26 @@ class Decision:
     #: the call runs on the row-phase split (:mod:`evtc.runtime.phase_split`) with this geometry:
     #: nothing is copied (``inputs`` and ``outputs`` are only what the other routes would copy)
     split: Any = None
+
+
+def mn_tensors(graph) -> tuple[dict[str, DType], dict[str, DType]]:
+    """The M x N tensors of an epilogue Graph: (inputs it reads: source C and aux loads, outputs it
+    writes: D and aux stores), name -> dtype."""
+    return ({n.name: n.dtype for n in graph.used_inputs if isinstance(n, (Source, AuxLoad))},
+            {o.name: o.dtype for o in graph.outputs if isinstance(o, Store)})
+
+
+def split_taken(geom, penalty_s: float, how: str) -> bool:
+    """Whether the route takes the row-phase split ``geom`` (a :class:`phase_split.Geometry`) for a
+    call whose unaligned kernel would cost ``penalty_s`` seconds more than the aligned one (a
+    :class:`Decision`'s ``penalty_s``) under staging mode ``how``: ``EVTC_PHASE_SPLIT=always``
+    wherever it can run; else with at least ``MIN_PHASE_ROWS`` rows a phase, where ``how`` is
+    ``always`` or the split's fixed cost is below ``MARGIN`` times the penalty (NOTE [Row-phase
+    split] in :mod:`evtc.runtime.phase_split`)."""
+    if split_mode() == "always":
+        return True
+    return geom.rows >= phase_split.MIN_PHASE_ROWS and \
+        (how == "always" or phase_split.SPLIT_OVERHEAD_S < MARGIN * penalty_s)
 
 
 def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[str, DType],
@@ -336,8 +369,7 @@ class StagedLauncher:
         self.fallback = fallback
         self.checker = checker
         g = gemm.graph
-        self.loads = {n.name: n.dtype for n in g.used_inputs if isinstance(n, (Source, AuxLoad))}
-        self.stores = {o.name: o.dtype for o in g.outputs if isinstance(o, Store)}
+        self.loads, self.stores = mn_tensors(g)
         self._sigs: dict[tuple, Any] = {}
         #: probe key -> (indices of the M x N pointers, {(switches, their low bits): Decision})
         self._plans: dict[tuple, tuple[tuple[int, ...], dict]] = {}
@@ -424,10 +456,8 @@ class StagedLauncher:
         split = self.split_geometry(sig, kwargs, given, views, gviews)
         if split is not None:
             d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
-            cost = phase_split.SPLIT_OVERHEAD_S
-            if split_mode() == "always" or (how == "always" or cost < MARGIN * d.penalty_s) and \
-                    split.rows >= phase_split.MIN_PHASE_ROWS:
-                return dataclasses.replace(d, stage=True, stage_s=cost, split=split)
+            if split_taken(split, d.penalty_s, how):
+                return dataclasses.replace(d, stage=True, stage_s=phase_split.SPLIT_OVERHEAD_S, split=split)
         spec = self.packed_spec(sig, gviews) if outs else None
         if spec is not None:
             # the outputs cost nothing more than aligned ones: only the inputs are copied
@@ -471,12 +501,8 @@ class StagedLauncher:
         took 2.7x the aligned time against 1.3x with copies back, H100: NOTE [Padded staging for
         unaligned rows]); else None."""
         gemm = self.gemm
-        how = os.environ.get(PACKED_ENV, "auto").strip().lower() or "auto"
-        if how not in ("auto", "always", "never", "1", "0"):
-            raise ArgumentError(f"{PACKED_ENV}={how!r} is not one of auto, always, never",
-                                hint=f"set {PACKED_ENV} to auto, always or never (or unset it)")
-        if gemm.arch != "sm90" or how in ("never", "0") or \
-                (how == "auto" and len(self.stores) != 1):
+        how = packed_mode()
+        if gemm.arch != "sm90" or how == "never" or (how == "auto" and len(self.stores) != 1):
             return None
         for n, v in gviews.items():
             eb = self.stores[n].bytes

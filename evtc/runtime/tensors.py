@@ -64,17 +64,29 @@ def _torch_view(t) -> TensorView:
 _TYPESTR = {"<f4": dtypes.f32, "<f2": dtypes.f16}
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides, in elements, of ``shape``: a contiguous tensor's, as torch gives them (an
+    extent of 0 counts as 1, so a tensor with no elements still has the strides torch reports).
+
+    Example::
+
+        >>> contiguous_strides((2, 3, 4))
+        (12, 4, 1)
+    """
+    out, want = [], 1
+    for extent in reversed(shape):
+        out.append(want)
+        want *= max(extent, 1)
+    return tuple(reversed(out))
+
+
 def _cai_view(obj) -> TensorView:
     cai = obj.__cuda_array_interface__
     shape = tuple(int(s) for s in cai["shape"])
     typestr = cai["typestr"]
     itemsize = int(typestr[2:])
-    if cai.get("strides") is None:
-        strides, acc = [], 1
-        for s in reversed(shape):
-            strides.append(acc)
-            acc *= s
-        strides = tuple(reversed(strides))
+    if cai.get("strides") is None:  # C-contiguous (the interface's version 2 and later)
+        strides = contiguous_strides(shape)
     else:
         strides = tuple(int(s) // itemsize for s in cai["strides"])
     device = 0
@@ -112,12 +124,8 @@ def _dlpack_view(obj) -> TensorView:
     shape = tuple(t.shape[i] for i in range(t.ndim))
     if t.strides:
         strides = tuple(t.strides[i] for i in range(t.ndim))
-    else:
-        strides, acc = [], 1
-        for s in reversed(shape):
-            strides.append(acc)
-            acc *= s
-        strides = tuple(reversed(strides))
+    else:  # NULL strides: C-contiguous (DLPack)
+        strides = contiguous_strides(shape)
     dt = dtypes.from_dlpack(t.dtype.code, t.dtype.bits)
     device = t.device.device_id if t.device.device_type == KDL_CUDA else -1
     ptr = (t.data or 0) + t.byte_offset

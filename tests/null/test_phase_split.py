@@ -200,3 +200,27 @@ def test_the_switch_comes_from_the_environment_and_is_checked(monkeypatch):
     monkeypatch.setenv(staging.SPLIT_ENV, "sometimes")
     with pytest.raises(evtc.ArgumentError, match="EVTC_PHASE_SPLIT='sometimes' is not one of auto, always, never"):
         staging.split_mode()
+
+
+def test_packed_geometry_applies_the_route_s_rule(monkeypatch):
+    """``packed_geometry`` (what benchmarks prebuild for packed calls) answers as a call would:
+    a split that fits but whose fixed cost is not below MARGIN x the unaligned kernel's penalty
+    (1024 x 4097 bias_relu: 35 us of penalty) or with under MIN_PHASE_ROWS rows a phase is not
+    taken; EVTC_PHASE_SPLIT=always takes every split that fits, never none."""
+    import epilogues as E
+
+    from evtc.runtime import staging
+
+    g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16)
+    monkeypatch.delenv(staging.SPLIT_ENV, raising=False)
+    fits = ps.find_geometry(1024, 4097, [(0, 4097, 2), (0, 4097, 2)], align_bytes=[2])
+    assert fits is not None and fits.rows >= ps.MIN_PHASE_ROWS
+    assert ps.packed_geometry(g, 1024, 4097, 4096) is None  # the cost rule
+    assert ps.packed_geometry(g, 4096, 4097, 4096) == ps.find_geometry(4096, 4097, [(0, 4097, 2)] * 2,
+                                                                          align_bytes=[2])
+    assert ps.packed_geometry(g, 4096, 50257, 4096) is not None
+    assert ps.packed_geometry(g, 512, 32001, 4096) is None  # 64 rows a phase
+    monkeypatch.setenv(staging.SPLIT_ENV, "always")
+    assert ps.packed_geometry(g, 1024, 4097, 4096) == fits
+    monkeypatch.setenv(staging.SPLIT_ENV, "never")
+    assert ps.packed_geometry(g, 4096, 50257, 4096) is None

@@ -97,7 +97,8 @@ def test_outputs_follow_packed_inputs_only():
     """NOTE [The row layout of the outputs evtc allocates]: packed outputs after contiguous M x N
     inputs of which one at least has rows that are not 16-byte multiples; shapes and strides
     decide, nothing else."""
-    from evtc.runtime.bind import contiguous_strides, follows_packed_inputs as f
+    from evtc.runtime.bind import follows_packed_inputs as f
+    from evtc.runtime.tensors import contiguous_strides
 
     assert f(50257, [((4096, 50257), (50257, 1), 2)])
     assert f(50257, [((4096, 50257), (50257, 1), 2), ((4096, 50257), (50257, 1), 4)])  # bf16 and f32
@@ -113,6 +114,22 @@ def test_outputs_follow_packed_inputs_only():
     assert not f(63, [((64, 63), (1, 64), 2)])  # column-major
     assert contiguous_strides((3, 64, 63)) == (64 * 63, 63, 1) and contiguous_strides(()) == ()
     assert contiguous_strides((0, 5)) == (5, 1)  # as torch.empty((0, 5)).stride()
+    assert contiguous_strides((5, 0, 3)) == (3, 3, 1)  # as torch.empty((5, 0, 3)).stride()
+
+
+def test_arrays_without_strides_are_c_contiguous():
+    """``__cuda_array_interface__`` with ``strides`` None (and DLPack with NULL strides) means
+    C-contiguous: the view gets :func:`contiguous_strides` of the shape, in elements."""
+    from evtc.runtime import tensors
+
+    class Arr:
+        __cuda_array_interface__ = {"shape": (3, 64, 63), "typestr": "<f2", "data": (4096, False),
+                                    "strides": None, "version": 3}
+
+    v = tensors.view(Arr(), "C")
+    assert v.shape == (3, 64, 63) and v.strides == (64 * 63, 63, 1)
+    Arr.__cuda_array_interface__ = dict(Arr.__cuda_array_interface__, strides=(2 * 64 * 64, 2 * 64, 2))
+    assert tensors.view(Arr(), "C").strides == (64 * 64, 64, 1)  # given in bytes
 
 
 # ---- a family Gemm's call through the route, on fake tensors -------------------------------------
@@ -306,6 +323,17 @@ def test_auto_takes_the_packed_stores_for_one_output_only(monkeypatch):
     h2 = Harness(monkeypatch, ep=lin, mode="always")
     with pytest.raises(evtc.ArgumentError, match="EVTC_PACKED_STORES"):
         h2.g(Fake((256, 64)), Fake((255, 64)), out=Fake((256, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+
+
+def test_packed_mode_reads_the_switch_and_its_aliases(monkeypatch):
+    for raw, want in (("", "auto"), (" Always ", "always"), ("1", "always"), ("0", "never"), ("never", "never")):
+        monkeypatch.setenv(staging.PACKED_ENV, raw)
+        assert staging.packed_mode() == want, raw
+    monkeypatch.delenv(staging.PACKED_ENV)
+    assert staging.packed_mode() == "auto"
+    monkeypatch.setenv(staging.PACKED_ENV, "2")
+    with pytest.raises(evtc.ArgumentError, match="EVTC_PACKED_STORES='2' is not one of auto, always, never"):
+        staging.packed_mode()
 
 
 def test_the_packed_kernel_is_the_aligned_member_s_variant(monkeypatch):
