@@ -61,6 +61,31 @@ SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "streamk": "cu
               "batch_inner": "evtc::BatchInnerScheduler"}
 
 
+#: the N extents of the sm90 WGMMA atoms CuTe's ``ss_op_selector`` (cute/arch/mma_sm90.hpp) picks
+#: from by default: the largest of them that divides the tile's N, one WGMMA per atom
+BASE_WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)
+
+
+def needs_extended_wgmma(tile_n: int) -> bool:
+    """Whether a CTA tile ``tile_n`` columns wide needs ``CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED``
+    for one WGMMA to span it.
+
+    NOTE [Extended WGMMA shapes]: ``ss_op_selector`` considers the other multiples of 8 up to 256
+    (24, 40, ..., 176, ..., 248; all legal ``wgmma.mma_async`` N extents, PTX ISA "Matrix shape")
+    only under that macro. Without it a 128x176 tile took the largest default divisor, 16: eleven
+    m64n16k16 WGMMAs per K step, each reading the 64-row A slice from shared memory again (the
+    PTX of the emitted kernel, 2026-11-27). On the H100 that tile ran 2.2-2.4x cuBLAS's time at
+    1024-2048 x 14336 x 4096 with either schedule (Nsight Compute: "Mem Busy" 93 % against 37 %
+    compute throughput) and 128x224 (seven m64n32k16) 1.5-1.7x (docs/performance.md, issue 13).
+    evtc defines the macro in the GEMM source of such tiles only, so the kernels of the other
+    tiles (every default family member) keep their sources and cache keys. The conv kernels'
+    160-wide members (five m64n32k16 today) are left as measured until they are measured with
+    it."""
+    base = max((n for n in BASE_WGMMA_N if tile_n % n == 0), default=0)
+    best = max((n for n in range(8, 257, 8) if tile_n % n == 0), default=0)
+    return best > base
+
+
 def cxx_shape(*dims: int) -> str:
     return "cute::Shape<" + ", ".join(f"cute::_{d}" for d in dims) + ">"
 
@@ -185,6 +210,7 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
         batch_inner=cfg.scheduler == "batch_inner",
         uses_reduction=any(r.is_reduction for r in uses),
         atomic_reduction=any(b.mode == "atomic" for b in plan.buffers),
+        extended_wgmma=needs_extended_wgmma(cfg.tile[1]),
     )
 
 

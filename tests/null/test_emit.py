@@ -161,3 +161,24 @@ def test_plan_is_printed_in_the_source():
     g = evtc.Gemm(E.residual_scale)
     assert f"static_assert(sizeof(typename CollectiveEpilogue::SharedStorage) == {g.plan.epilogue_smem_bytes}" in g.source
     assert re.search(r"//\s+epilogue smem: \d+ B", g.source)
+
+
+def test_tiles_of_other_widths_get_one_wgmma_across_n():
+    """NOTE [Extended WGMMA shapes]: a tile whose N is not one of CuTe's default WGMMA extents
+    (176, 160, 224, 80) defines CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED before CuTe is included, so
+    ``ss_op_selector`` picks one 64 x N atom instead of several narrow ones; the default family's
+    sources (and so their cache keys) don't change."""
+    import epilogues as E
+
+    from evtc.emit.sm90 import needs_extended_wgmma
+
+    assert [n for n in range(8, 257, 8) if not needs_extended_wgmma(n)] == [8, 16, 32, 64, 96, 128, 192, 256]
+    assert needs_extended_wgmma(176) and needs_extended_wgmma(320) and not needs_extended_wgmma(384)
+    define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1"
+    for n in (176, 160, 224, 80):
+        cfg = evtc.GemmConfig(tile=(128, n, 64), cluster=(1, 1, 1), schedule="cooperative")
+        src = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, config=cfg).source
+        assert define in src, n
+        assert src.index(define) < src.index("#include <cute/tensor.hpp>"), n
+    for k in evtc.Gemm(E.bias_relu, a=bf16, b=bf16).kernels():
+        assert "CUTE_SM90_EXTENDED" not in k.source, k.spec.name
