@@ -1,7 +1,8 @@
 """bench_torch.py's two MLP GEMMs, fc1 (+ bias + exact GELU) and fc2 (+ bias + residual), on the
-family's pick and on pinned configurations (128x224: 14336 output channels in 64 tiles), beside
-cuBLAS's plain GEMM and bench_shapes.py's bias_relu at fc1's shape (what the GELU costs), timed
-in CUDA graphs in one run (issue 13: where the block's time beyond cuBLAS goes).
+family's pick and on pinned configurations (128x224: 14336 output channels in 64 tiles; 128x176,
+cuBLAS's own fc1 tile at 1024 tokens: 82 tiles), beside cuBLAS's plain GEMM and bench_shapes.py's
+bias_relu at fc1's shape (what the GELU costs), timed in CUDA graphs in one run (issue 13: where
+the block's time beyond cuBLAS goes).
 
 On the GPU machine (builds its kernels first, in parallel):
 
@@ -45,6 +46,12 @@ fc1, fc2 = bench_torch.gemms()
 br = bench_shapes.gemms()["bias_relu"]
 G = evtc.GemmConfig
 CFG = {
+    # cuBLAS's fc1 tile at 1024 tokens (14336 = 82 tiles of 176: 4.97 waves); one m64n176k16 WGMMA
+    # a K step since NOTE [Extended WGMMA shapes] (evtc/emit/sm90.py), eleven m64n16k16 before
+    "coop128x176": G(tile=(128, 176, 64), cluster=(1, 1, 1), schedule="cooperative", swizzle=0),
+    "coop128x176_c1x2": G(tile=(128, 176, 64), cluster=(1, 2, 1), schedule="cooperative", swizzle=0),
+    "pp128x176": G(tile=(128, 176, 64), cluster=(1, 1, 1), schedule="pingpong"),
+    "pp128x176_c1x2": G(tile=(128, 176, 64), cluster=(1, 2, 1), schedule="pingpong"),
     "coop128x224_c2x1": G(tile=(128, 224, 64), cluster=(2, 1, 1), schedule="cooperative"),
     "coop128x224": G(tile=(128, 224, 64), cluster=(1, 1, 1), schedule="cooperative"),
     "coop128x256_c2x1": G(tile=(128, 256, 64), cluster=(2, 1, 1), schedule="cooperative"),
