@@ -76,11 +76,11 @@ def needs_extended_wgmma(tile_n: int) -> bool:
     m64n16k16 WGMMAs per K step, each reading the 64-row A slice from shared memory again (the
     PTX of the emitted kernel, 2026-11-27). On the H100 that tile ran 2.2-2.4x cuBLAS's time at
     1024-2048 x 14336 x 4096 with either schedule (Nsight Compute: "Mem Busy" 93 % against 37 %
-    compute throughput) and 128x224 (seven m64n32k16) 1.5-1.7x (docs/performance.md, issue 13).
+    compute throughput) and 128x224 (seven m64n32k16) 1.5-2.4x (docs/performance.md, issue 13).
     evtc defines the macro in the GEMM source of such tiles only, so the kernels of the other
     tiles (every default family member) keep their sources and cache keys. The conv kernels'
-    160-wide members (five m64n32k16 today) are left as measured until they are measured with
-    it."""
+    160-wide members (five m64n32k16 a K step: the PTX of ``coop160``, 2026-11-27) are left as
+    they were measured until they are measured with it."""
     base = max((n for n in BASE_WGMMA_N if tile_n % n == 0), default=0)
     best = max((n for n in range(8, 257, 8) if tile_n % n == 0), default=0)
     return best > base
