@@ -24,8 +24,8 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   are exact;
 * ``small``: ping-pong 64x128x64, cluster 1x1: few tiles (768x768x3072, 1000^3) and M of 65-256;
 * ``pp128``: ping-pong 128x128x64, cluster 1x1: most of a wave to two of 128x128 tiles, less
-  than a wave of 128x256 (NOTE [Ping-pong 128x128 tiles below two waves]; ``streamk`` keeps the
-  epilogues with reductions through the workspace there);
+  than a wave of 128x256, K of 4096 or more (NOTE [Ping-pong 128x128 tiles below two waves];
+  ``streamk`` keeps the epilogues with reductions through the workspace there);
 * ``pp64x256``: ping-pong 64x256x64, cluster 1x1: M of 2048 or less against a long N (NOTE [The
   64x256 ping-pong tile]);
 * ``swap16``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64: decode-sized M (<= 32), where the
@@ -268,7 +268,9 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
 # The same tile with a 2x1 cluster was no better (1.013-1.267), the cooperative 128x256 tile with a
 # 1x2 cluster close at 1024-2048 rows (1.020-1.100) and 1.86-2.03 at 512 (32 tiles). Reductions
 # through the workspace were not measured on it and keep ``streamk`` (:meth:`EpilogueTraits.
-# takes_pingpong`).
+# takes_pingpong`), and so do K below 4096: every problem measured had K of 4096-14336, and with
+# one or two tiles a CTA a short K leaves the last tile's epilogue (one warpgroup's, not two)
+# a larger share of the time.
 
 # NOTE [The 64x256 ping-pong tile]: an M of 2048 or less against a long N (the up-projection of a
 # transformer's MLP at 1024-2048 tokens) runs best on 64x256 ping-pong tiles, where their last
@@ -418,8 +420,8 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     tile]); a wave or more of 128x256 tiles to the large kernel, or to ping-pong where its last
     wave is fuller (NOTE [Wave quantisation between large and ping-pong]); long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
-    128x128 tiles to ``pp128`` (NOTE [Ping-pong 128x128 tiles below two waves]), or ``streamk``
-    (data-parallel) for reductions through the workspace; the rest (few tiles, M of 65-256) to ``small``.
+    128x128 tiles to ``pp128`` from K = 4096 on (NOTE [Ping-pong 128x128 tiles below two waves]),
+    else ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
     ``traits`` change four of them (NOTE [Epilogue-aware choices]). The member then drops its
     cluster where the cluster's rounding pads the tiles (:func:`fit_cluster`, NOTE [Cluster
     padding]) and narrows its tile order's band where that pads them (:func:`fit_swizzle`).
@@ -508,7 +510,7 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
                              p.sm_count)
         return spec.with_runtime(split_k=splits, decomposition="split_k" if splits > 1 else "data_parallel")
     if p.M > 256 and 4 * tiles128 >= 3 * p.sm_count:
-        if has("pp128") and pingpong_ok:
+        if has("pp128") and pingpong_ok and p.K >= 4096:
             # NOTE [Ping-pong 128x128 tiles below two waves]
             return family["pp128"]
         return family["streamk"].with_runtime(split_k=1, decomposition="data_parallel")

@@ -86,8 +86,8 @@ def test_the_64x256_ping_pong_tile_takes_m_up_to_2048_against_a_long_n(family):
 
 def test_ping_pong_128x128_takes_most_of_a_wave_to_two(family):
     """NOTE [Ping-pong 128x128 tiles below two waves]: the problems that went to ``streamk``
-    data-parallel take ``pp128``, except epilogues whose reductions go through the workspace and
-    aux stores below K = 4096 (the ping-pong rules' exclusions); around them nothing changes."""
+    data-parallel take ``pp128`` from K = 4096 on, except epilogues whose reductions go through
+    the workspace; around them nothing changes."""
     from evtc.family.spec import EpilogueTraits
 
     assert family["pp128"].config.schedule == "pingpong" and family["pp128"].config.tile[:2] == (128, 128)
@@ -97,9 +97,10 @@ def test_ping_pong_128x128_takes_most_of_a_wave_to_two(family):
         assert choose(family, fc2, "sm90", bf16, bf16, traits).name == "pp128", traits
     sums = EpilogueTraits(reductions=True, workspace_reductions=True)
     assert choose(family, fc2, "sm90", bf16, bf16, sums).name == "streamk"
-    aux = EpilogueTraits(aux_stores=True)
-    assert choose(family, Problem(2048, 2048, 2048), "sm90", bf16, bf16, aux).name == "streamk"  # K < 4096
-    assert choose(family, Problem(2048, 2048, 2048), "sm90", bf16, bf16).name == "pp128"
+    # K below 4096 (none measured): streamk, whatever the epilogue
+    for traits in (EpilogueTraits(), EpilogueTraits(aux_stores=True)):
+        assert choose(family, Problem(2048, 2048, 2048), "sm90", bf16, bf16, traits).name == "streamk"
+    assert choose(family, Problem(2048, 2048, 4096), "sm90", bf16, bf16).name == "pp128"
     # a wave of 128x256 tiles, few tiles (M <= 256) or under 3/4 of a wave of 128x128: not this rule
     assert pick(family, 2048, 4096, 14336).name == "large"
     assert pick(family, 256, 4096, 14336).name == "small"
