@@ -16,8 +16,8 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   warpgroup's epilogue running beside the other's MMAs pays;
 * ``streamk``: cooperative 128x128x64, cluster 1x1, the stream-K scheduler, run data-parallel:
   problems of most of a wave of 128x128 tiles but less than one of 128x256 (batched mid sizes,
-  512x4096x4096, 2048x2048x8192) whose epilogue reduces through the workspace (the rest take
-  ``pp128``), and the tuner's split-K and stream-K candidates;
+  512x4096x4096, 2048x2048x8192) with K below 4096 or an epilogue that reduces through the
+  workspace (the rest take ``pp128``), and the tuner's split-K and stream-K candidates;
 * ``kheavy``: cooperative 128x64x64, cluster 1x1, stream-K scheduler: long K over few tiles
   (1024x1024x16384, 512x512x32768), split-K where the tiles leave SMs idle; the partial
   accumulators are reduced before the epilogue runs once per tile, so aux stores and reductions
