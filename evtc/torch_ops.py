@@ -117,8 +117,8 @@ class TorchOp:
 
     def _fake_outputs(self, A, B, kwargs):
         from evtc.runtime.bind import batch_count, follows_packed_inputs
-        from evtc.runtime.tensors import contiguous_strides
         from evtc.runtime.staging import padded_strides
+        from evtc.runtime.tensors import contiguous_strides
 
         batched = A.dim() == 3 or B.dim() == 3
         L = batch_count(A.shape, B.shape)
