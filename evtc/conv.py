@@ -613,7 +613,7 @@ class Conv:
         self.pinned = config is not None
         self._config_given = bool(config)  # a configuration with fields (not None or {})
         if arch == "sm90" and kind in conv_family.FAMILIES and not self.pinned:
-            from evtc.plan.sm90 import column_reduction_tile_ok
+            from evtc.plan.config import column_reduction_tile_ok
 
             # each member's configuration (the heuristic's input; a member is planned when it
             # runs), without members whose tile the epilogue can't take (a column reduction: tile

@@ -29,7 +29,7 @@ from evtc.errors import ArgumentError, ConfigError, MisalignedError, api_boundar
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.plan import GemmConfig, default_config, get_target
-from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS, atomic_reduction
+from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS, atomic_reduction, column_reduction_tile_ok
 from evtc.plan.config import validate as validate_config
 from evtc.plan import make_plan
 from evtc.plan.model import Plan
@@ -316,7 +316,10 @@ class Gemm:
             check_decomposition(self._traced, config)
             self.family = {"pinned": KernelSpec("pinned", config, arch)}
         else:
-            self.family = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self._traits)}
+            # without members whose tile the epilogue can't take (a column reduction: tile N of at
+            # most 32 or a multiple of 64, so no pp128x176)
+            self.family = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self._traits)
+                           if s.arch != "sm90" or column_reduction_tile_ok(self.graph, s.config)}
         primary_spec = next(iter(self.family.values()))
         self._kernels: dict[str, Kernel] = {}
         self._primary = self._kernels[self._kernel_key(primary_spec)] = Kernel(

@@ -28,6 +28,10 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   ``streamk`` keeps the epilogues with reductions through the workspace there);
 * ``pp64x256``: ping-pong 64x256x64, cluster 1x1: M of 2048 or less against a long N (NOTE [The
   64x256 ping-pong tile]);
+* ``pp128x176``: ping-pong 128x176x64, cluster 1x1: M of 3072 or less against a long N where its
+  tiles fill the machine's waves at least as well as every other ping-pong tile's and ``large``'s
+  (NOTE [The 128x176 ping-pong tile]); its WGMMA is one m64n176k16 a K step (NOTE [Extended WGMMA
+  shapes] in evtc/emit/sm90.py);
 * ``swap16``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64: decode-sized M (<= 32), where the
   long N goes on the tile's M and the call's M on a 16-wide tile N;
 * ``swap``: the same on a 64x32 tile: M of 33-64, and M <= 32 with a long K (K > 2N).
@@ -184,6 +188,7 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("small", GemmConfig(tile=(64, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("pp128", GemmConfig(tile=(128, 128, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("pp64x256", GemmConfig(tile=(64, 256, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
+        KernelSpec("pp128x176", GemmConfig(tile=(128, 176, k), cluster=(1, 1, 1), schedule="pingpong"), arch),
         KernelSpec("swap", GemmConfig(tile=(64, 32, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True), arch),
         KernelSpec("swap16", GemmConfig(tile=(64, 16, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True),
                    arch),
@@ -248,6 +253,16 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
     return tiles / (waves * sm_count)
 
 
+def useful_fraction(p: Problem, tile: tuple[int, ...]) -> float:
+    """The fraction of the SM-waves a persistent kernel of ``tile`` spends on the problem's own
+    M x N x L elements: M N L / (SMs x waves x tile M x tile N). Unlike :func:`wave_efficiency` it
+    also counts the tiles' padding past M and N (14336 columns are 81.5 tiles of 176).
+    """
+    tiles = _tiles(p.M, p.N, p.L, tile)
+    waves = math.ceil(tiles / p.sm_count)
+    return p.M * p.N * p.L / (waves * p.sm_count * tile[0] * tile[1])
+
+
 # NOTE [Ping-pong 128x128 tiles below two waves]: the problems of most of a wave to two of 128x128
 # tiles that have less than a wave of 128x256 ones, with an M above 256 (the down-projection of a
 # transformer's MLP at 1024 tokens, 1024x4096x14336; 512x4096x4096; 2048x2048x8192; batched mid
@@ -271,6 +286,37 @@ def wave_efficiency(tiles: int, sm_count: int) -> float:
 # takes_pingpong`), and so do K below 4096: every problem measured had K of 4096-14336, and with
 # one or two tiles a CTA a short K leaves the last tile's epilogue (one warpgroup's, not two)
 # a larger share of the time.
+
+# NOTE [The 128x176 ping-pong tile]: an M of 3072 or less against a long N (N >= 8192, K <= 2N:
+# the up-projection of a transformer's MLP at 1024-3072 tokens) runs best on 128x176 ping-pong
+# tiles (cluster 1x1) wherever they fill the waves at least as well (:func:`useful_fraction`,
+# padding counted) as ``pingpong``'s 128x192, ``pp64x256``'s and ``large``'s 128x256 tiles, from
+# 3.5 waves on. Ties go to 128x176: it reuses each operand byte more than 64x256 (74 MMAs a byte
+# against 51) and measured 1-2 % faster at equal fill. Its WGMMA is one m64n176k16 a K step only
+# since NOTE [Extended WGMMA shapes] (evtc/emit/sm90.py); before, CUTLASS split the tile into
+# eleven m64n16k16 and it took 2.2x cuBLAS. On the H100 (2026-11-27, a .carry probe, CUDA graphs,
+# / cuBLAS's plain GEMM, two runs; fc1 = + bias + exact GELU, and bench_shapes.py's epilogues;
+# pp128x176 against the pick then; fill of 176 / of the pick's tile):
+#   1024x14336x4096 (0.99 / 0.97): fc1 1.041 / 1.045 against 1.067 / 1.067, bias_relu 1.033 / 1.032
+#     against 1.048 / 1.050, rowmax 1.034 / 1.027 against 1.050 / 1.036, aux_heavy 1.095 / 1.090
+#     against 1.140 / 1.134;
+#   2048x14336x4096 (0.99 / 0.97): 0.980 / 0.989, 0.981 / 0.982, 0.965 / 0.964, 1.052 / 1.009
+#     against 1.008 / 1.024, 1.044 / 1.061, 0.989 / 0.991, 1.099 / 1.078;
+#   1024x28672x4096 (0.99 / 0.97): 0.970 / 0.979, 0.968 / 0.972, 0.966 / 0.966, 1.011 / 1.015
+#     against 1.004 - 1.074;
+#   1024x11008x4096 (0.95 / large's 0.87): 1.076 / 1.075, 1.059 / 1.071, 1.067 / 1.075, 1.147 / 1.148
+#     against 1.198 - 1.313;
+#   2048x11008x4096 (0.95 / 0.95): 0.975 / 0.975, 0.964 / 0.966, 0.960 / 0.961, 1.015 / 1.010
+#     against 0.965 - 1.057;
+#   3072x14336x4096 (0.99 / 128x192's 0.97): 0.913 / 0.917, 0.906 / 0.903, 0.898 / 0.902, 0.948 /
+#     0.954 against 0.936 / 0.940, 0.922 / 0.917, 0.915 / 0.918, 0.971 / 0.970.
+# Where another tile fills the waves better, the rule keeps the pick: 1024x8192x8192 (0.94 /
+# pp64x256's 0.97): 1.051 - 1.084 against 1.009 - 1.054; 1536x14336x4096 (0.93 / 128x192's 0.97):
+# 0.964 - 1.013 against 0.919 - 0.983. At 8192x14336x4096 (fc1, three runs, past this rule's M) it
+# took 0.986 / 1.014 / 0.992 against ``pingpong``'s 0.995 / 1.017 / 1.006. The cooperative 128x176
+# tile took 1.12-1.36 at 1024-2048 rows (one 128x176 accumulator over two warpgroups: the tile's
+# epilogue is not hidden), so the member is ping-pong. Epilogues whose reductions go through the
+# workspace were not measured on it and keep the rest of the rules.
 
 # NOTE [The 64x256 ping-pong tile]: an M of 2048 or less against a long N (the up-projection of a
 # transformer's MLP at 1024-2048 tokens) runs best on 64x256 ping-pong tiles, where their last
@@ -416,8 +462,9 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     Rules, in order (NOTE [The default sm90 family]): rows that TMA can't read go to the
     on-demand unaligned kernels; M <= 32 to the 16-wide swap-AB tile ``swap16`` (unless K > 2N),
     M <= 64 to ``swap``; 15 waves or more of ping-pong tiles to
-    ping-pong; an M of 2048 or less against a long N to ``pp64x256`` (NOTE [The 64x256 ping-pong
-    tile]); a wave or more of 128x256 tiles to the large kernel, or to ping-pong where its last
+    ping-pong; an M of 3072 or less against a long N to ``pp128x176`` where its tiles fill the waves
+    best (NOTE [The 128x176 ping-pong tile]), else, for an M of 2048 or less, to ``pp64x256`` (NOTE
+    [The 64x256 ping-pong tile]); a wave or more of 128x256 tiles to the large kernel, or to ping-pong where its last
     wave is fuller (NOTE [Wave quantisation between large and ping-pong]); long K (>= 128 K tiles) over less
     than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
     128x128 tiles to ``pp128`` from K = 4096 on (NOTE [Ping-pong 128x128 tiles below two waves]),
@@ -480,6 +527,13 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
         # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)
         return family["pingpong"]
+    if has("pp128x176", "pp64x256", "pingpong") and pingpong_ok and not traits.workspace_reductions \
+            and p.M <= 3072 and p.N >= 8192 and p.K <= 2 * p.N:
+        # NOTE [The 128x176 ping-pong tile]
+        spec = family["pp128x176"]
+        if _tiles(p.M, p.N, p.L, spec.config.tile) >= 3.5 * p.sm_count and useful_fraction(p, spec.config.tile) >= max(
+                useful_fraction(p, family[n].config.tile) for n in ("pingpong", "pp64x256", "large")):
+            return spec
     if has("pp64x256", "pingpong") and not traits.workspace_reductions and p.M <= 2048 and p.N >= 8192 \
             and p.K <= 2 * p.N:
         # NOTE [The 64x256 ping-pong tile]

@@ -374,3 +374,17 @@ def _check_types(config: GemmConfig, arch: str) -> None:
             if getattr(config, name):
                 raise ConfigError(f"{name} = {getattr(config, name)!r}: an sm90 field ({why})",
                                   hint=f"leave {name} unset on sm80")
+
+
+def column_reduction_tile_ok(graph, config: GemmConfig) -> bool:
+    """A column reduction (``Sm90RowReduction``) needs a tile N of at most 32 or a multiple of 64:
+    its cross-warp step divides each lane's share of the CTA row (two values per 32-column
+    epilogue subtile) by the subtiles along N (``logical_divide`` in
+    ``sm90_visitor_store_tma_warpspecialized.hpp``), which an odd count above one doesn't divide
+    ("Shape Divisibility Condition"; found building a 128x160 conv kernel with nvcc 13.0; the
+    GEMM family's 192-wide tile builds and runs). Cheap to import, like :func:`atomic_reduction`:
+    a Gemm's family asks it for each member (the 128x176 ping-pong tile)."""
+    from evtc.ir.nodes import Reduction
+
+    tn = config.tile[1]
+    return tn <= 32 or tn % 64 == 0 or not any(isinstance(o, Reduction) and o.dim == 0 for o in graph.outputs)

@@ -79,7 +79,7 @@ from evtc.ir.nodes import AuxLoad, Leaf, Reduction, RowBroadcast, ScalarBroadcas
 from evtc.iterative import trampoline
 from evtc.lower import Role, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
-from evtc.plan.config import GemmConfig, atomic_reduction
+from evtc.plan.config import GemmConfig, atomic_reduction, column_reduction_tile_ok
 from evtc.plan.model import Buffer, Plan
 from evtc.plan.smem import EMPTY, CType, array_aligned, cute_tuple, round_up, struct, union, with_alignas
 from evtc.plan.target import Target
@@ -124,17 +124,6 @@ def stock_stages(epi_tiles: int, reuse: bool) -> tuple[int, int]:
     stages_d = min(epi_tiles, 2)
     stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse else min(epi_tiles, 4)
     return stages_c, stages_d
-
-
-def column_reduction_tile_ok(graph: Graph, config: GemmConfig) -> bool:
-    """A column reduction (``Sm90RowReduction``) needs a tile N of at most 32 or a multiple of 64:
-    its cross-warp step divides each lane's share of the CTA row (two values per 32-column
-    epilogue subtile) by the subtiles along N (``logical_divide`` in
-    ``sm90_visitor_store_tma_warpspecialized.hpp``), which an odd count above one doesn't divide
-    ("Shape Divisibility Condition"; found building a 128x160 conv kernel with nvcc 13.0; the
-    GEMM family's 192-wide tile builds and runs)."""
-    tn = config.tile[1]
-    return tn <= 32 or tn % 64 == 0 or not any(isinstance(o, Reduction) and o.dim == 0 for o in graph.outputs)
 
 
 def column_reduction_fits(graph: Graph, config: GemmConfig, epilogue_tile: tuple[int, int], d_slot: Store) -> bool:

@@ -25,8 +25,8 @@ def pick(family, *shape, **kw):
 
 
 def test_the_default_family_is_few_legal_kernels(family):
-    assert list(family) == ["large", "pingpong", "streamk", "kheavy", "small", "pp128", "pp64x256", "swap",
-                            "swap16"]
+    assert list(family) == ["large", "pingpong", "streamk", "kheavy", "small", "pp128", "pp64x256", "pp128x176",
+                            "swap", "swap16"]
     for s in family.values():
         evtc.plan.validate(s.config, "sm90", bf16, bf16)
     assert family["large"].config == evtc.plan.default_config("sm90", bf16, bf16)
@@ -60,8 +60,12 @@ def test_the_64x256_ping_pong_tile_takes_m_up_to_2048_against_a_long_n(family):
     from evtc.family.spec import EpilogueTraits
 
     for traits in (EpilogueTraits(), EpilogueTraits(aux_stores=True), EpilogueTraits(reductions=True)):
-        for shape in ((1024, 14336, 4096), (2048, 14336, 4096), (1024, 8192, 8192), (1024, 28672, 4096)):
-            assert choose(family, Problem(*shape), "sm90", bf16, bf16, traits).name == "pp64x256", (shape, traits)
+        # (1024 and 2048 x 14336, 1024 x 28672 take 128x176 tiles first: NOTE [The 128x176 ping-pong
+        # tile]; without it in the family, this rule decides)
+        no176 = {k: v for k, v in family.items() if k != "pp128x176"}
+        for shape in ((1024, 14336, 4096), (2048, 14336, 4096), (1024, 28672, 4096)):
+            assert choose(no176, Problem(*shape), "sm90", bf16, bf16, traits).name == "pp64x256", (shape, traits)
+        assert choose(family, Problem(1024, 8192, 8192), "sm90", bf16, bf16, traits).name == "pp64x256", traits
         for shape in ((1536, 14336, 4096), (3072, 14336, 4096), (8192, 14336, 4096), (2048, 2048, 2048, 4),
                       (2048, 4096, 4096), (1024, 4096, 14336), (2048, 4096, 14336), (512, 14336, 4096),
                       (128, 14336, 4096)):
@@ -82,6 +86,41 @@ def test_the_64x256_ping_pong_tile_takes_m_up_to_2048_against_a_long_n(family):
     assert pick(family, 4096, 4095, 4096, aligned_mn=False).config.unaligned
     s = pick(family, 4096, 4096, 4095, aligned_k=False)
     assert s.arch == "sm80"
+
+
+def test_the_128x176_ping_pong_tile_takes_a_long_n_where_it_fills_the_waves_best(family):
+    """NOTE [The 128x176 ping-pong tile]: the measured winners take it whatever the epilogue's
+    traits (but reductions through the workspace), the measured losers keep their pick, and an
+    epilogue with a column reduction doesn't have the member (its tile N is not a multiple of 64)."""
+    import epilogues as E
+    from evtc.family.spec import EpilogueTraits, useful_fraction
+
+    spec = family["pp128x176"]
+    assert spec.config.schedule == "pingpong" and spec.config.tile[:2] == (128, 176)
+    assert tuple(spec.config.cluster) == (1, 1, 1)
+    # 14336 columns are 81.5 tiles of 176: 656 tiles at 1024 rows, 5 waves of 132
+    assert useful_fraction(Problem(1024, 14336, 4096), (128, 176)) == 1024 * 14336 / (5 * 132 * 128 * 176)
+    assert useful_fraction(Problem(128, 128, 64), (128, 128)) == 1 / 132
+    for traits in (EpilogueTraits(), EpilogueTraits(aux_stores=True), EpilogueTraits(reductions=True)):
+        for shape in ((1024, 14336, 4096), (2048, 14336, 4096), (1024, 28672, 4096), (1024, 11008, 4096),
+                      (2048, 11008, 4096), (3072, 14336, 4096)):
+            assert choose(family, Problem(*shape), "sm90", bf16, bf16, traits).name == "pp128x176", (shape, traits)
+        # another tile fills the waves better (0.94 against pp64x256's 0.97; 0.93 against 128x192's
+        # 0.97); past M = 3072; under 3.5 waves; K > 2N; an N below 8192
+        expect = {(1024, 8192, 8192): "pp64x256", (1536, 14336, 4096): "pingpong", (8192, 14336, 4096): "pingpong",
+                  (4096, 14336, 4096): "pingpong", (512, 14336, 4096): "large", (1024, 4096, 14336): "pp128",
+                  (2048, 4096, 4096): "large"}
+        for shape, name in expect.items():
+            assert choose(family, Problem(*shape), "sm90", bf16, bf16, traits).name == name, (shape, traits)
+    # aux stores below K = 4096 stay off ping-pong; reductions through the workspace were not measured
+    assert choose(family, Problem(1024, 14336, 2048), "sm90", bf16, bf16,
+                  EpilogueTraits(aux_stores=True)).name != "pp128x176"
+    sums = EpilogueTraits(reductions=True, workspace_reductions=True)
+    assert choose(family, Problem(1024, 14336, 4096), "sm90", bf16, bf16, sums).name != "pp128x176"
+    # a column reduction (the bias gradient): the member is not in the family at all
+    bgrad = evtc.Gemm(E.REFERENCE["dgelu_bgrad"])
+    assert "pp128x176" not in bgrad.family and "pp128x176" in evtc.Gemm(E.bias_relu).family
+    assert "pp128x176" in evtc.Gemm(E.REFERENCE["row_stats"]).family  # a row reduction takes any tile N
 
 
 def test_ping_pong_128x128_takes_most_of_a_wave_to_two(family):
@@ -116,16 +155,16 @@ def test_the_tile_order_band_never_pads_the_problem(family):
     assert scheduled_tiles(large, 1024, 14336, swizzle=2) == 8 * 56
     s = pick(family, 512, 14336, 4096)
     assert s.name == "large" and s.config.swizzle < 3
-    # (1536 and 3072 rows take ping-pong: NOTE [Wave quantisation between large and ping-pong];
-    # 1024 the 64x256 ping-pong tile: NOTE [The 64x256 ping-pong tile])
-    assert all(pick(family, M, 14336, 4096).name == "pingpong" for M in (1536, 3072))
-    assert pick(family, 1024, 14336, 4096).name == "pp64x256"
+    # (1536 rows take ping-pong: NOTE [Wave quantisation between large and ping-pong];
+    # 1024, 2048 and 3072 the 128x176 ping-pong tile: NOTE [The 128x176 ping-pong tile])
+    assert pick(family, 1536, 14336, 4096).name == "pingpong"
+    assert all(pick(family, M, 14336, 4096).name == "pp128x176" for M in (1024, 2048, 3072))
     assert scheduled_tiles(s.config, 512, 14336) <= 1.03 * scheduled_tiles(s.config, 512, 14336, swizzle=0)
     # a heavy epilogue keeps the large kernel there, with the band narrowed
     import epilogues as E
 
     heavy = evtc.Gemm(E.REFERENCE["gelu_aux"])
-    assert heavy.choose(1024, 14336, 4096).name == "pp64x256"  # NOTE [The 64x256 ping-pong tile]
+    assert heavy.choose(1024, 14336, 4096).name == "pp128x176"  # NOTE [The 128x176 ping-pong tile]
     for M in (1536, 3072):  # K = 2048: an epilogue with aux stores stays off ping-pong
         s = heavy.choose(M, 14336, 2048)
         assert s.name == "large" and s.config.swizzle < 3, M
@@ -322,13 +361,13 @@ def test_wave_quantisation_between_large_and_pingpong():
 
     assert wave_efficiency(132, 132) == 1.0 and abs(wave_efficiency(448, 132) - 448 / 528) < 1e-12
     light = evtc.Gemm(E.bias_relu)
-    # (1024 and 2048 x 14336 x 4096 take the 64x256 ping-pong tile first: NOTE [The 64x256
-    # ping-pong tile]; without it in the family, the rule decides)
-    fam = {k: v for k, v in light.family.items() if k != "pp64x256"}
+    # (1024 and 2048 x 14336 x 4096 take the 128x176 ping-pong tile first: NOTE [The 128x176
+    # ping-pong tile]; without it and the 64x256 one in the family, the rule decides)
+    fam = {k: v for k, v in light.family.items() if k not in ("pp64x256", "pp128x176")}
     rule = lambda *shape: choose(fam, Problem(*shape), "sm90", bf16, bf16, light._traits).name  # noqa: E731
     assert rule(1024, 14336, 4096) == "pingpong"  # 0.91 against 0.85
     assert rule(2048, 14336, 4096) == "large"  # 0.91 against 0.97
-    assert light.choose(1024, 14336, 4096).name == light.choose(2048, 14336, 4096).name == "pp64x256"
+    assert light.choose(1024, 14336, 4096).name == light.choose(2048, 14336, 4096).name == "pp128x176"
     assert light.choose(4096, 4096, 4096).name == "large"  # 0.89 against 0.97
     assert light.choose(8192, 4096, 14336).name == "large"  # 0.97 both
     assert light.choose(1536, 4096, 14336).name == "pingpong"  # fc2 at 1536 tokens: 1.00 against 0.73
