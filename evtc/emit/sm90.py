@@ -77,7 +77,7 @@ def needs_extended_wgmma(tile_n: int) -> bool:
     PTX of the emitted kernel, 2026-11-27). On the H100 that tile ran 2.2-2.4x cuBLAS's time at
     1024-2048 x 14336 x 4096 with either schedule (Nsight Compute: "Mem Busy" 93 % against 37 %
     compute throughput) and 128x224 (seven m64n32k16) 1.5-2.4x (docs/performance.md, issue 13).
-    With it (one m64n176k16 a K step, 168 registers, no spills) the ping-pong 128x176 tile ran
+    With it (one m64n176k16 a K step, no spills in ptxas -v) the ping-pong 128x176 tile ran
     fc1 of the MLP block (+ bias + exact GELU) at 1.028-1.039x cuBLAS at 1024 x 14336 x 4096 and
     0.973-0.983 at 2048 rows (H100, 2026-11-27; every configuration checked against float64):
     the family's ``pp128x176`` (NOTE [The 128x176 ping-pong tile] in evtc/family/spec.py).
