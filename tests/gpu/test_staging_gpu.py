@@ -239,11 +239,44 @@ def test_packed_stores_write_in_place(gemms, name, shape, layout, record_errors,
     place by the packed-store variant: every element against the float64 reference (NaN
     poison), and not one element of the buffer outside the tensor touched (the gaps between rows,
     the 16 elements before and after it)."""
+    _check_packed_in_place(gemms[name], name, shape, layout, record_errors, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def gemms_176():
+    """staged_lin and staged_red on their pick at a long odd N, pp128x176 (NOTE [The 128x176
+    ping-pong tile]), and its packed-store variant: only those kernels."""
+    import os
+
+    from evtc.compiler import build_many
+
+    out = {n: evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16) for n, ep in (("lin", staged_lin), ("red", staged_red))}
+    jobs = []
+    for g in out.values():
+        spec = g.choose(*SHAPE_176)
+        assert spec.name == "pp128x176", spec.name
+        jobs += [g.kernel(spec).job(), g.kernel(spec.packed_variant()).job()]
+    build_many(jobs, workers=int(os.environ.get("EVTC_BUILD_JOBS", 16)))
+    return out
+
+
+#: 14337 columns: 81 full tiles of 176 and one of 81 columns, the last epilogue subtile of 16 cut at 1
+SHAPE_176 = (1024, 14337, 256, 1)
+
+
+@pytest.mark.parametrize("layout", ["packed", "gap5"])
+@pytest.mark.parametrize("name", ["lin", "red"])
+def test_packed_stores_on_the_128x176_tile(gemms_176, name, layout, record_errors, monkeypatch):
+    """The packed stores on the 176-wide ping-pong tile (epilogue subtiles of 64x16), in place, as
+    test_packed_stores_write_in_place checks them."""
+    _check_packed_in_place(gemms_176[name], name, SHAPE_176, layout, record_errors, monkeypatch)
+
+
+def _check_packed_in_place(g, name, shape, layout, record_errors, monkeypatch):
     import torch
 
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
-    g = gemms[name]
     g.set_unaligned_staging("always")
     # "epi" has two M x N outputs, which EVTC_PACKED_STORES=auto copies back (slower on the
     # packed stores); its kernels are checked here all the same
