@@ -291,8 +291,9 @@ def useful_fraction(p: Problem, tile: tuple[int, ...]) -> float:
 # the up-projection of a transformer's MLP at 1024-3072 tokens) runs best on 128x176 ping-pong
 # tiles (cluster 1x1) wherever they fill the waves at least as well (:func:`useful_fraction`,
 # padding counted) as ``pingpong``'s 128x192, ``pp64x256``'s and ``large``'s 128x256 tiles, from
-# 3.5 waves on. Ties go to 128x176: it reuses each operand byte more than 64x256 (74 MMAs a byte
-# against 51) and measured 1-2 % faster at equal fill. Its WGMMA is one m64n176k16 a K step only
+# 3.5 waves on. Ties go to 128x176: it reuses each operand element more than 64x256 (M N / (M + N)
+# multiply-adds per element loaded: 74 against 51) and measured 1-2 % faster at equal fill
+# (2048x11008x4096). Its WGMMA is one m64n176k16 a K step only
 # since NOTE [Extended WGMMA shapes] (evtc/emit/sm90.py); before, CUTLASS split the tile into
 # eleven m64n16k16 and it took 2.2x cuBLAS. On the H100 (2026-11-27, a .carry probe, CUDA graphs,
 # / cuBLAS's plain GEMM, two runs; fc1 = + bias + exact GELU, and bench_shapes.py's epilogues;
@@ -464,10 +465,11 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     M <= 64 to ``swap``; 15 waves or more of ping-pong tiles to
     ping-pong; an M of 3072 or less against a long N to ``pp128x176`` where its tiles fill the waves
     best (NOTE [The 128x176 ping-pong tile]), else, for an M of 2048 or less, to ``pp64x256`` (NOTE
-    [The 64x256 ping-pong tile]); a wave or more of 128x256 tiles to the large kernel, or to ping-pong where its last
-    wave is fuller (NOTE [Wave quantisation between large and ping-pong]); long K (>= 128 K tiles) over less
-    than a wave of 128x128 tiles to ``kheavy`` (split-K where its tiles leave SMs idle); most of a wave of
-    128x128 tiles to ``pp128`` from K = 4096 on (NOTE [Ping-pong 128x128 tiles below two waves]),
+    [The 64x256 ping-pong tile]); a wave or more of 128x256 tiles to the large kernel, or to
+    ping-pong where its last wave is fuller (NOTE [Wave quantisation between large and
+    ping-pong]); long K (>= 128 K tiles) over less than a wave of 128x128 tiles to ``kheavy``
+    (split-K where its tiles leave SMs idle); most of a wave of 128x128 tiles to ``pp128`` from K =
+    4096 on (NOTE [Ping-pong 128x128 tiles below two waves]),
     else ``streamk`` (data-parallel); the rest (few tiles, M of 65-256) to ``small``.
     ``traits`` change four of them (NOTE [Epilogue-aware choices]). The member then drops its
     cluster where the cluster's rounding pads the tiles (:func:`fit_cluster`, NOTE [Cluster
@@ -531,8 +533,9 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
             and p.M <= 3072 and p.N >= 8192 and p.K <= 2 * p.N:
         # NOTE [The 128x176 ping-pong tile]
         spec = family["pp128x176"]
-        if _tiles(p.M, p.N, p.L, spec.config.tile) >= 3.5 * p.sm_count and useful_fraction(p, spec.config.tile) >= max(
-                useful_fraction(p, family[n].config.tile) for n in ("pingpong", "pp64x256", "large")):
+        fill = useful_fraction(p, spec.config.tile)
+        others = max(useful_fraction(p, family[n].config.tile) for n in ("pingpong", "pp64x256", "large"))
+        if _tiles(p.M, p.N, p.L, spec.config.tile) >= 3.5 * p.sm_count and fill >= others:
             return spec
     if has("pp64x256", "pingpong") and not traits.workspace_reductions and p.M <= 2048 and p.N >= 8192 \
             and p.K <= 2 * p.N:
