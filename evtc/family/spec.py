@@ -529,16 +529,15 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         # (H100, bias_relu: 0.93-0.96 of cuBLAS at 8192^3, 16384x4096x1024, 4096x14336x4096 and
         # 4096x50264x4096, where the cooperative kernel took 1.00-1.07; docs/performance.md)
         return family["pingpong"]
-    if has("pp128x176", "pp64x256", "pingpong") and pingpong_ok and not traits.workspace_reductions \
-            and p.M <= 3072 and p.N >= 8192 and p.K <= 2 * p.N:
+    # the up-projection shapes the two long-N ping-pong tiles were measured on
+    long_n = not traits.workspace_reductions and p.N >= 8192 and p.K <= 2 * p.N
+    if has("pp128x176", "pp64x256", "pingpong") and long_n and pingpong_ok and p.M <= 3072:
         # NOTE [The 128x176 ping-pong tile]
-        spec = family["pp128x176"]
-        fill = useful_fraction(p, spec.config.tile)
-        others = max(useful_fraction(p, family[n].config.tile) for n in ("pingpong", "pp64x256", "large"))
-        if _tiles(p.M, p.N, p.L, spec.config.tile) >= 3.5 * p.sm_count and fill >= others:
-            return spec
-    if has("pp64x256", "pingpong") and not traits.workspace_reductions and p.M <= 2048 and p.N >= 8192 \
-            and p.K <= 2 * p.N:
+        tile = family["pp128x176"].config.tile
+        if _tiles(p.M, p.N, p.L, tile) >= 3.5 * p.sm_count and useful_fraction(p, tile) >= max(
+                useful_fraction(p, family[n].config.tile) for n in ("pingpong", "pp64x256", "large")):
+            return family["pp128x176"]
+    if has("pp64x256", "pingpong") and long_n and p.M <= 2048:
         # NOTE [The 64x256 ping-pong tile]
         t64 = _tiles(p.M, p.N, p.L, family["pp64x256"].config.tile)
         t192 = _tiles(p.M, p.N, p.L, family["pingpong"].config.tile)

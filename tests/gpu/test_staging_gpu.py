@@ -242,6 +242,10 @@ def test_packed_stores_write_in_place(gemms, name, shape, layout, record_errors,
     _check_packed_in_place(gemms[name], name, shape, layout, record_errors, monkeypatch)
 
 
+#: 14337 columns: 81 full tiles of 176 and one of 81 columns, the last epilogue subtile of 16 cut at 1
+SHAPE_176 = (1024, 14337, 256, 1)
+
+
 @pytest.fixture(scope="module")
 def gemms_176():
     """staged_lin and staged_red on their pick at a long odd N, pp128x176 (NOTE [The 128x176
@@ -258,10 +262,6 @@ def gemms_176():
         jobs += [g.kernel(spec).job(), g.kernel(spec.packed_variant()).job()]
     build_many(jobs, workers=int(os.environ.get("EVTC_BUILD_JOBS", 16)))
     return out
-
-
-#: 14337 columns: 81 full tiles of 176 and one of 81 columns, the last epilogue subtile of 16 cut at 1
-SHAPE_176 = (1024, 14337, 256, 1)
 
 
 @pytest.mark.parametrize("layout", ["packed", "gap5"])
