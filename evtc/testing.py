@@ -180,8 +180,8 @@ F32_ERROR: dict[str, Callable[..., Any]] = {
     "sigmoid": lambda a, r: 8 * _U * _abs(r) + 2.0 ** -126,  # 1 / (1 + expf(-x))
     "silu": lambda a, r: 12 * _U * _abs(r) + 2.0 ** -126,  # x * sigmoid(x)
     "hardswish": lambda a, r: 4 * _U * _abs(r),
-    # x Phi(x) with Phi = 1 - h or h, h = 0.5 erfc(|x| / sqrt 2) within 2.4 u (evtc::Gelu, NOTE
-    # [GELU without erff] in functors.hpp): 3.4 u |x| + u |r|; granted as for erff's form,
+    # 0.5 x + |x| (0.5 - h), h = 0.5 erfc(|x| / sqrt 2) within 7.2 u (evtc::Gelu, NOTE [GELU
+    # without erff] in functors.hpp): 7.5 u |x| + u |r| / 2; granted as for erff's form,
     # 0.5 x (1 + erff(x / sqrt 2)) (2 ulp of a value up to 1 times |x| / 2, plus roundings)
     "gelu": lambda a, r: 8 * _U * (_abs(a[0]) + _abs(r)),
     # 0.5 x (1 + tanh.approx(...)): tanh's 2^-11 absolute times |x| / 2, doubled
