@@ -32,8 +32,10 @@ the H100's 132 SMs. Each was picked by timing candidates in CUDA graphs beside c
   tiles fill the machine's waves at least as well as every other ping-pong tile's and ``large``'s
   (NOTE [The 128x176 ping-pong tile]); its WGMMA is one m64n176k16 a K step (NOTE [Extended WGMMA
   shapes] in evtc/emit/sm90.py);
-* ``swap16``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64: decode-sized M (<= 32), where the
-  long N goes on the tile's M and the call's M on a 16-wide tile N;
+* ``swap16_c4``: swap-AB (``D^T = B A^T``) ping-pong 64x16x64 in 4x1 clusters: decode sizes
+  (M <= 16) against N of 4096 or more, at any K (NOTE [Decode tiles in 4x1 clusters]);
+* ``swap16``: the same tile without a cluster: decode-sized M (<= 32), where the long N goes on
+  the tile's M and the call's M on a 16-wide tile N;
 * ``swap``: the same on a 64x32 tile: M of 33-64, and M <= 32 with a long K (K > 2N).
 
 The 16-wide swap tile (H100, 2026-11-26, CUDA graphs, / cuBLAS, beside the 64x32 one and eager
@@ -192,6 +194,8 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
         KernelSpec("swap", GemmConfig(tile=(64, 32, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True), arch),
         KernelSpec("swap16", GemmConfig(tile=(64, 16, k), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True),
                    arch),
+        KernelSpec("swap16_c4", GemmConfig(tile=(64, 16, k), cluster=(4, 1, 1), schedule="pingpong", swap_ab=True),
+                   arch),
     )
 
 
@@ -286,6 +290,27 @@ def useful_fraction(p: Problem, tile: tuple[int, ...]) -> float:
 # takes_pingpong`), and so do K below 4096: every problem measured had K of 4096-14336, and with
 # one or two tiles a CTA a short K leaves the last tile's epilogue (one warpgroup's, not two)
 # a larger share of the time.
+
+# NOTE [Decode tiles in 4x1 clusters]: at decode sizes (M <= 16: one 16-wide tile N under
+# swap-AB) against an N of 4096 or more the swap-AB 64x16 ping-pong tile runs faster in 4x1
+# clusters (four CTAs along the weights' rows, the activations' tile multicast to them), at any K;
+# from M = 24 on (two tile columns) the cluster costs 10-140 %. On the H100 (2026-11-27, a .carry
+# probe, CUDA graphs, time / cuBLAS's plain GEMM, two runs; swap16_c4 against the pick then:
+# swap16, or swap where K > 2N; fc1 = + bias + exact GELU, fc2 = + bias + residual, the MLP
+# block's GEMMs; bench_shapes.py's epilogues):
+#   fc1 1x14336x4096 1.045 against 1.057 (an earlier run: 1.021-1.028 against 1.025-1.028),
+#     8x14336x4096 1.010 against 1.043, 16x14336x4096 0.993 against 1.037 (earlier run);
+#   fc2 1x4096x14336 0.982 against 1.042 (cuBLAS runs it split-K with a reduction kernel),
+#     8x4096x14336 0.962 against 1.007;
+#   bias_relu 1x4096x4096 0.880 against 1.045, 16x4096x4096 0.999 / 1.060, 1x14336x4096 1.042 /
+#     1.055, 16x4096x14336 0.953 / 1.005; rowmax 1.085 / 1.27, 1.19 / 1.25, 1.123 / 1.130,
+#     1.004 / 1.063; aux_heavy 0.913 / 1.14, 1.01 / 1.06, 1.05 / 1.07, 0.956 / 0.976;
+#   losses where M > 16: 32x4096x4096 2.17-2.41 against 1.16-1.42, 32x28672x4096 1.11-1.19
+#     against 0.97-1.00, 24x8192x8192 1.31-1.36 against 1.04-1.11, fc1 32x14336x4096 1.118
+#     against 1.048; fc2 32x4096x14336 1.409 against 1.0 (swap).
+# A 2x1 cluster gained less or lost (1.00-1.61); the 64x32 tile in 4x1 clusters came close to
+# this one at M <= 16 (0.89-1.21). N below 4096 (fewer than 64 tiles) and
+# epilogues reducing through the workspace were not measured and keep ``swap16``.
 
 # NOTE [The 128x176 ping-pong tile]: an M of 3072 or less against a long N (N >= 8192, K <= 2N:
 # the up-projection of a transformer's MLP at 1024-3072 tokens) runs best on 128x176 ping-pong
@@ -461,7 +486,9 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     :class:`evtc.Gemm`.
 
     Rules, in order (NOTE [The default sm90 family]): rows that TMA can't read go to the
-    on-demand unaligned kernels; M <= 32 to the 16-wide swap-AB tile ``swap16`` (unless K > 2N),
+    on-demand unaligned kernels; M <= 16 against N >= 4096 to the 16-wide swap-AB tile in 4x1
+    clusters ``swap16_c4`` (NOTE [Decode tiles in 4x1 clusters]), other M <= 32 to ``swap16``
+    (unless K > 2N),
     M <= 64 to ``swap``; 15 waves or more of ping-pong tiles to
     ping-pong; an M of 3072 or less against a long N to ``pp128x176`` where its tiles fill the waves
     best (NOTE [The 128x176 ping-pong tile]), else, for an M of 2048 or less, to ``pp64x256`` (NOTE
@@ -516,6 +543,9 @@ def _choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: D
         return all(n in family for n in names)
 
     large = family["large"]
+    if p.M <= 16 and p.N >= 4096 and not traits.workspace_reductions and has("swap16_c4"):
+        # NOTE [Decode tiles in 4x1 clusters]
+        return family["swap16_c4"]
     if p.M <= (16 if traits.workspace_reductions else 32) and p.N >= 256 and p.K <= 2 * p.N and has("swap16"):
         return family["swap16"]
     if p.M <= 64 and p.N >= 256 and has("swap") and (not traits.reductions or p.M <= 16):

@@ -32,8 +32,8 @@ def member_config(name: str, variant: str) -> evtc.GemmConfig:
         return fam["streamk"].config.replace(split_k=int(arg), decomposition="split_k")
     if kind == "streamk":
         return fam["streamk"].config.replace(decomposition="stream_k")
-    if kind in ("swap", "swap16") and not arg:
-        return fam[kind].config  # the default members: ping-pong 64x32, 64x16
+    if kind in ("swap", "swap16", "swap16_c4") and not arg:
+        return fam[kind].config  # the default members: ping-pong 64x32, 64x16, 64x16 in 4x1 clusters
     if kind == "swap":  # swap-AB with split-K: a stream-K swap-AB configuration
         k = fam["large"].config.tile[2]
         return evtc.GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True,
@@ -55,6 +55,9 @@ VARIANTS = {
     "swap:4": [(16, 1031, 512, 2), (61, 777, 1024, 1)],
     "swap": [(1, 4096, 256, 1), (64, 1031, 512, 2)],
     "swap16": [(1, 4096, 256, 1), (29, 1031, 512, 2)],
+    # NOTE [Decode tiles in 4x1 clusters]: 4097 rows of weights end mid-cluster (65 tiles of 64
+    # in clusters of 4), batched; a batch of 13 rows
+    "swap16_c4": [(1, 4097, 256, 2), (13, 4096, 1024, 1)],
     "kheavy:4": [(200, 300, 16384, 1)],
     "small": [(77, 1031, 1024, 2), (1000, 1000, 1000, 1)],
     "pp128": [(1003, 2049, 4096, 1), (777, 1031, 1024, 2)],
@@ -144,7 +147,8 @@ def test_family_dispatch_end_to_end(family_gemm, record_errors):
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     g = family_gemm
-    cases = [((16, 4096, 1024, 1), "swap16", False), ((48, 4096, 1024, 1), "swap", False),
+    cases = [((16, 4096, 1024, 1), "swap16_c4", False), ((24, 4096, 1024, 1), "swap16", False),
+             ((48, 4096, 1024, 1), "swap", False),
              ((4096, 2048, 1024, 1), "large", False),
              ((2048, 2048, 4096, 1), "pp128", False),
              ((1024, 14336, 512, 1), "pp128x176", False),  # NOTE [The 128x176 ping-pong tile]
@@ -223,6 +227,7 @@ ATOMIC_CASES = [
     ("large", dict(), [(333, 517, 256, 2)]),
     ("swap", dict(), [(16, 1031, 512, 2)]),
     ("swap16", dict(), [(29, 1031, 512, 2)]),
+    ("swap16_c4", dict(), [(9, 4097, 512, 2)]),
 ]
 
 
