@@ -2,9 +2,9 @@
 codegen_templates/include/evtc/functors.hpp): Q of degree 5 with 0.5 erfc(t / sqrt 2) ~= 2^Q(t)
 on t in [0, 5.6] and Q(0) = -1 exactly (h(0) = 1/2 = Phi(0)), fitted by least squares weighted by
 each point's share of the absolute error of h = 2^Q (d h = ln 2 h d Q), reweighted 200 times
-towards the least largest error; the float32
-coefficients, their float32 Horner evaluation's largest absolute error of h on [0, 8] with
-ex2.approx's 2 ulp on top (in u = 2^-24), and whether Q decreases on [0, 1e38] (no clamp needed).
+towards the least largest error; the float32 coefficients, their float32 Horner evaluation's
+largest absolute error of h on [0, 8] with ex2.approx's 2 ulp on top (in u = 2^-24), and whether
+Q decreases on [0, 1e38] (no clamp needed).
 
     python benchmarks/micro/gelu_fit.py
 

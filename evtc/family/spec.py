@@ -309,8 +309,8 @@ def useful_fraction(p: Problem, tile: tuple[int, ...]) -> float:
 #     against 0.97-1.00, 24x8192x8192 1.31-1.36 against 1.04-1.11, fc1 32x14336x4096 1.118
 #     against 1.048; fc2 32x4096x14336 1.409 against 1.0 (swap).
 # A 2x1 cluster gained less or lost (1.00-1.61); the 64x32 tile in 4x1 clusters came close to
-# this one at M <= 16 (0.89-1.21). N below 4096 (fewer than 64 tiles) and
-# epilogues reducing through the workspace were not measured and keep ``swap16``.
+# this one at M <= 16 (0.89-1.21). N below 4096 (fewer than 64 tiles) and epilogues reducing
+# through the workspace were not measured and keep ``swap16``.
 
 # NOTE [The 128x176 ping-pong tile]: an M of 3072 or less against a long N (N >= 8192, K <= 2N:
 # the up-projection of a transformer's MLP at 1024-3072 tokens) runs best on 128x176 ping-pong
