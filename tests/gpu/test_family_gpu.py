@@ -32,16 +32,14 @@ def member_config(name: str, variant: str) -> evtc.GemmConfig:
         return fam["streamk"].config.replace(split_k=int(arg), decomposition="split_k")
     if kind == "streamk":
         return fam["streamk"].config.replace(decomposition="stream_k")
-    if kind in ("swap", "swap16", "swap16_c4") and not arg:
-        return fam[kind].config  # the default members: ping-pong 64x32, 64x16, 64x16 in 4x1 clusters
-    if kind == "swap":  # swap-AB with split-K: a stream-K swap-AB configuration
+    if kind == "swap" and arg:  # swap-AB with split-K: a stream-K swap-AB configuration
         k = fam["large"].config.tile[2]
         return evtc.GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), scheduler="streamk", swap_ab=True,
                                split_k=int(arg), decomposition="split_k")
     if kind == "kheavy":
         return fam["kheavy"].config.replace(split_k=int(arg or 1), decomposition="split_k" if arg else "data_parallel")
-    if kind in ("small", "pp128", "pp64x256", "pp128x176", "pingpong"):
-        return fam[kind].config
+    if kind in fam and not arg:
+        return fam[kind].config  # any other default member, as the family builds it
     if kind in ("unaligned", "unaligned_pingpong"):
         return on_demand("sm90", a, a, kind).config
     raise KeyError(variant)
