@@ -94,7 +94,7 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
         table = strided_dgrad_table(plan, table, fast_divmod)
     em = TreeEmitter(table)
     root = em.declare(plan.tree.root)
-    fusion_args = em.arguments(plan.tree.root, 2)
+    fusion_args = em.arguments(plan.tree.root, 2, end=";")
     cfg = plan.config
     a, b = plan.operands
     fields = conv_abi_fields(graph)

@@ -22,7 +22,26 @@ from evtc.emit import common
 from evtc.iterative import trampoline
 from evtc.lower import Role, Topo, Tree, TreeLike, Visitor
 
-__all__ = ["Decl", "NodeTable", "TreeEmitter"]
+__all__ = ["Decl", "NodeTable", "TreeEmitter", "separate", "terminate"]
+
+
+def terminate(lines: list[str], end: str) -> list[str]:
+    """``lines`` with ``end`` (``,`` or ``;``) after the code of the last line, before its
+    trailing ``// comment``: a bare leaf's initializer is one commented line (``{}  // N0_acc``),
+    and a separator written after it would land inside the comment."""
+    if not end or not lines:
+        return list(lines)
+    code, sep, comment = lines[-1].partition("  //")
+    return [*lines[:-1], code + end + (sep + comment if sep else "")]
+
+
+def separate(parts: list[list[str]]) -> list[str]:
+    """The lines of initializer ``parts`` joined with commas, each before the trailing
+    ``// comment`` of a part's last line (:func:`terminate`)."""
+    lines: list[str] = []
+    for i, body in enumerate(parts):
+        lines.extend(terminate(body, ",") if i < len(parts) - 1 else body)
+    return lines
 
 
 @dataclasses.dataclass
@@ -112,9 +131,10 @@ class TreeEmitter:
 
         return trampoline(declare, root)
 
-    def arguments(self, root: TreeLike, indent: int) -> list[str]:
-        """Lines of the nested initializer of ``root`` (declared first), without a trailing
-        comma, indented by ``indent`` levels of two spaces."""
+    def arguments(self, root: TreeLike, indent: int, end: str = "") -> list[str]:
+        """Lines of the nested initializer of ``root`` (declared first), indented by ``indent``
+        levels of two spaces, ``end`` (``","`` where more fields follow it in the enclosing
+        initializer, ``";"`` where it ends a statement) after its last field (:func:`terminate`)."""
 
         def arguments(item: tuple[TreeLike, int]) -> Generator[tuple[TreeLike, int], list[str], list[str]]:
             t, level = item
@@ -129,15 +149,6 @@ class TreeEmitter:
             else:
                 for o in t.ops:
                     parts.append((yield (o, level + 1)))
-            lines = [f"{pad}{{  // {self.alias_of[id(t)]}"]
-            for i, body in enumerate(parts):
-                body = list(body)
-                if i < len(parts) - 1:
-                    # the comma goes before the comment of the part's last line
-                    code, sep, comment = body[-1].partition("  //")
-                    body[-1] = code + "," + (sep + comment if sep else "")
-                lines.extend(body)
-            lines.append(f"{pad}}}")
-            return lines
+            return [f"{pad}{{  // {self.alias_of[id(t)]}", *separate(parts), f"{pad}}}"]
 
-        return trampoline(arguments, (root, indent))
+        return terminate(trampoline(arguments, (root, indent)), end)

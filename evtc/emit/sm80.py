@@ -179,7 +179,7 @@ def emit_sm80(graph: Graph, plan: Sm80Plan, *, name: str | None = None) -> str:
         raise ValueError(f"emit_sm80 needs an sm80 plan with its visitor tree, got {plan.arch}")
     em = TreeEmitter(node_table(plan))
     root = em.declare(plan.tree.root)
-    fusion_args = em.arguments(plan.tree.root, 4)
+    fusion_args = em.arguments(plan.tree.root, 4, end=",")
     cfg = plan.config
     a, b = plan.operands
     fields = abi_fields(graph, "sm80")

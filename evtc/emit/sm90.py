@@ -226,7 +226,7 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
     goes after its ``arch``)."""
     em = TreeEmitter(node_table(plan))
     root = em.declare(plan.tree.root)
-    fusion_args = em.arguments(plan.tree.root, 3)
+    fusion_args = em.arguments(plan.tree.root, 3, end=",")
     fusion_root, fusion_note = _share_wrapper(plan, root)
     cfg = plan.config
     a, b = plan.operands

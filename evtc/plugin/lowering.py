@@ -173,24 +173,6 @@ def _parameters(graph: Graph, plan, placeholders: tuple[Placeholder, ...]) -> tu
     return tuple(out)
 
 
-def _separate(parts: list[list[str]]) -> list[str]:
-    """Join initializer parts with commas, each before the trailing ``// comment`` of a part's
-    last line (as :class:`evtc.emit.core.TreeEmitter` does inside a tree)."""
-    lines: list[str] = []
-    for i, body in enumerate(parts):
-        body = list(body)
-        if i < len(parts) - 1:
-            code, sep, comment = body[-1].partition("  //")
-            body[-1] = code + "," + (sep + comment if sep else "")
-        lines.extend(body)
-    return lines
-
-
-def _terminate(lines: list[str], end: str = ";") -> list[str]:
-    code, sep, comment = lines[-1].partition("  //")
-    return lines[:-1] + [code + end + (sep + comment if sep else "")]
-
-
 def _placeholder_text(text: str, names: set[str]) -> str:
     """``args.NAME`` -> ``${NAME}`` (NOTE [Fragment placeholders]), checking every name."""
     found = set(_ARGS_REF.findall(text))
@@ -255,7 +237,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         open("bias_relu.h", "w").write(frag.header())
         args = frag.bind({p.name: f"params.{p.name}" for p in frag.placeholders})
     """
-    from evtc.emit.core import TreeEmitter
+    from evtc.emit.core import TreeEmitter, separate, terminate
     from evtc.emit.sm90 import (KERNEL_SCHEDULES, _share_wrapper, cxx_shape, mn_stride, mn_stride_args, node_table,
                                 uses_tile_reduction)
     from evtc.gemm import Gemm
@@ -302,7 +284,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
     ).rstrip("\n").splitlines()
     # the fusion arguments are the first positional part: a comma after them
     n_fusion = len(fusion_lines)
-    epilogue_lines = epilogue_lines[:1] + _separate([epilogue_lines[1:1 + n_fusion], epilogue_lines[1 + n_fusion:]])
+    epilogue_lines = epilogue_lines[:1] + separate([epilogue_lines[1:1 + n_fusion], epilogue_lines[1 + n_fusion:]])
 
     fusion_text = _placeholder_text("\n".join(fusion_lines), names) + "\n"
     epilogue_text = _placeholder_text("\n".join(epilogue_lines), names) + "\n"
@@ -332,8 +314,8 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         stages_note=(f"the kernel's StageCount<{cfg.stages}>" if cfg.stages else
                      "what StageCountAutoCarveout<SharedStorageBytes> leaves for ElementA/B at TileShape"),
         placeholders=placeholders,
-        fusion_body=_terminate(_bind_args(fusion_text)),
-        epilogue_body=_terminate(_bind_args(epilogue_text)),
+        fusion_body=terminate(_bind_args(fusion_text), ";"),
+        epilogue_body=terminate(_bind_args(epilogue_text), ";"),
     )
     declarations = common.render("plugin/fragment.h.j2", **values)
     # row/column reductions are evtc's derived visitors (evtc/sm90_reductions.hpp)
