@@ -103,8 +103,8 @@ def breakdown(g, A, B, kw: dict) -> dict:
     from evtc.runtime import launch as L
     from evtc.runtime import tensors as T
 
-    key, ptrs = L.probe_call(g._prober, A, B, kw, None)
-    launcher = g._dispatch[key]
+    key, ptrs = L.probe_call(g.dispatch.prober, A, B, kw, None)
+    launcher = g.dispatch._routes[key]
     sig = launcher._signatures[key]
     buf, addr = launcher._buffer()
     d_shape, d_stride = tuple(sig.allocs[0].shape), tuple(sig.allocs[0].strides)
@@ -112,13 +112,13 @@ def breakdown(g, A, B, kw: dict) -> dict:
         "python call with these kwargs (no-op)": lambda: (lambda A, B, **k: None)(A, B, **kw),
         "torch.compiler.is_compiling()": gemm_mod._torch_compiling,
         "probe one tensor (_torch_probe)": lambda: T._torch_probe(A),
-        "probe_call (every tensor)": lambda: L.probe_call(g._prober, A, B, kw, None),
+        "probe_call (every tensor)": lambda: L.probe_call(g.dispatch.prober, A, B, kw, None),
         "hash of the call key": lambda: hash(key),
-        "dispatch + signature lookups": lambda: (g._dispatch.get(key), launcher._signatures.get(key)),
+        "dispatch + signature lookups": lambda: (g.dispatch._routes.get(key), launcher._signatures.get(key)),
         "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
         "torch.empty_strided (D)": lambda: torch.empty_strided(d_shape, d_stride, dtype=A.dtype, device=A.device),
         "pack the call struct": lambda: launcher._pack(buf, 0, sig.handle, 0, sig.workspace, 0, *ptrs,
-                                                       *[kw[n] for n in g._prober.scalar_names]),
+                                                       *[kw[n] for n in g.dispatch.prober.scalar_names]),
         "evtc_launch (C++)": lambda: launcher._launch(addr),
         "whole call": lambda: g(A, B, **kw),
         "torch.mm": lambda: torch.mm(A, B.t()),
@@ -159,7 +159,7 @@ def main() -> None:
     table = gemms()
     python_only = gemms()  # the same kernels on the Python launch path alone
     for g in python_only.values():
-        g._fast_off = True
+        g.dispatch.fast.off = True
     # only the member each epilogue runs on at this shape (benchmarks/prebuild.py's host group)
     from evtc.compiler import build_many
 
@@ -191,7 +191,7 @@ def main() -> None:
         g(A, B, **kw)  # registers the key with the fast path
         gp(A, B, out=given, **kw)
         g(A, B, out=given, **kw)  # prepare; the launcher's buffer now holds this call's arguments
-        launcher = g._launcher or next(iter(g._dispatch.values()))  # a family: the member this shape runs on
+        launcher = g.dispatch._single or next(iter(g.dispatch._routes.values()))  # a family: the member this shape runs on
         cases["evtc_launch"] = lambda: launcher._launch(launcher._tls.addr)
         host = {k: host_us(f, args.calls, args.repeats) for k, f in cases.items()}
         dev = time_interleaved({k: f for k, f in cases.items() if k != "evtc_launch"}, args.iters)
@@ -209,8 +209,8 @@ def main() -> None:
                 print(f"  {name}: {step:40s} {us:7.2f} us", flush=True)
         lib = launcher.library
         print(f"{name}: {lib.prepares} prepares, {len(launcher._signatures)} signatures, dispatch "
-              f"{[k.spec.name for k in g._kernels.values() if k.library is lib]}", flush=True)
-        print(f"{name}: fast path {torch_fast.status()}, {len(g._fast) if g._fast is not None else 0} keys; "
+              f"{[k.spec.name for k in g.dispatch.family._kernels.values() if k.library is lib]}", flush=True)
+        print(f"{name}: fast path {torch_fast.status()}, {len(g.dispatch.fast.table) if g.dispatch.fast.table is not None else 0} keys; "
               f"evtc (Python path alone) {host['evtc_python']:.1f} us", flush=True)
         print(f"{name}: evtc {host['evtc']:.1f} us, out= {host['evtc_out']:.1f} us, evtc_launch {host['evtc_launch']:.1f} us, "
               f"torch.mm {host['mm']:.1f} us, eager {host['eager']:.1f} us (host time per call)", flush=True)

@@ -56,7 +56,7 @@ def main() -> None:
     import bench_shapes as S
     from evtc.bench import time_graphs, time_interleaved
     from evtc.compiler import build_many
-    from evtc.runtime.staging import PACKED_ENV
+    from evtc.dispatch.staging import PACKED_ENV
     from evtc.testing import Problem, check_outputs, failure_report, make_inputs, poisoned_outputs
 
     M, N, K = map(int, args.problem.split("x"))
@@ -99,10 +99,10 @@ def main() -> None:
             "evtc_alloc": lambda: g(A, B, **kw),
             "cublas": lambda: torch.matmul(ins_a["A"], Bt, out=plain),
         }
-        before = sum(x.packed_calls for x in g._launchers.values() if hasattr(x, "packed_calls"))
+        before = sum(x.packed_calls for x in g.dispatch.family.launchers.values() if hasattr(x, "packed_calls"))
         packed_stores()
         torch.cuda.synchronize()
-        took = sum(x.packed_calls for x in g._launchers.values() if hasattr(x, "packed_calls")) > before
+        took = sum(x.packed_calls for x in g.dispatch.family.launchers.values() if hasattr(x, "packed_calls")) > before
         row = {"epilogue": name, "problem": f"{M}x{N}x{K}", "aligned_problem": f"{M}x{Na}x{K}",
                "packed_stores_taken": took}
         if not args.no_check:

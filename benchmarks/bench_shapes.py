@@ -14,7 +14,7 @@ events, evtc.bench.time_interleaved); ratios to cuBLAS, geometric means per epil
 group; the member each problem ran on. Packed (contiguous) tensors for the unaligned-N problems,
 as a user has them (``--evtc-outputs``: evtc allocates their outputs, packed after the packed
 inputs: NOTE [The row layout of the outputs evtc allocates] in evtc/gemm.py); ``--staging``
-selects the padded staging route for them (evtc/runtime/staging.py).
+selects the padded staging route for them (evtc/dispatch/staging.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import common  # noqa: F401  (sets sys.path)
 
 import evtc
 from evtc import bf16, f32
-from evtc.runtime import phase_split
+from evtc.dispatch import phase_split
 
 
 @evtc.epilogue
@@ -77,19 +77,19 @@ def prebuild_gemms() -> list:
         out.append(g)
         for member in ("unaligned", "unaligned_pingpong"):
             k = g.kernel(member)
-            out.append(evtc.Gemm(g._traced, a=bf16, b=bf16, c=bf16, d=bf16, config=k.spec.config))
+            out.append(evtc.Gemm(g.pipeline.traced, a=bf16, b=bf16, c=bf16, d=bf16, config=k.spec.config))
         for _, M, N, K, L in PROBLEMS:
             spec = g.choose(M, N, K, L)
             if N % 8 and not spec.config.swap_ab:
                 out.append(g.kernel(spec.packed_variant()).job())
             geom = phase_split.packed_geometry(g, M, N, K) if N % 8 and L == 1 else None
-            if geom is not None:  # the row-phase split's two batched calls (evtc/runtime/phase_split.py)
+            if geom is not None:  # the row-phase split's two batched calls (evtc/dispatch/phase_split.py)
                 out += [g.kernel(s).job() for s in phase_split.members(g, geom, K)]
     return out
 
 
 def mode_name():
-    from evtc.runtime.staging import mode
+    from evtc.dispatch.staging import mode
 
     return mode()
 
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--staging", choices=("auto", "always", "never"),
                     help="the padded staging route for the unaligned-N problems (default: EVTC_UNALIGNED_STAGING, "
-                         "else auto; evtc/runtime/staging.py)")
+                         "else auto; evtc/dispatch/staging.py)")
     ap.add_argument("--evtc-outputs", action="store_true",
                     help="unaligned-N problems: let evtc allocate the outputs (packed after packed inputs) "
                          "instead of passing packed out= tensors")
@@ -179,13 +179,13 @@ def main() -> None:
             tg = time_graphs({"evtc": fused, "cublas": cublas, "eager": eager}, args.iters)
             route = ""
             if spec.config.unaligned:
-                # the padded staging route (evtc/runtime/staging.py): an aligned member on padded copies
-                from evtc.runtime.staging import mode
+                # the padded staging route (evtc/dispatch/staging.py): an aligned member on padded copies
+                from evtc.dispatch.staging import mode
 
                 if mode(g.unaligned_staging) != "never":
                     # a plain call passes the outputs evtc allocates as out= tensors (evtc/gemm.py)
-                    given = g._packed_outputs(A, B, kw, None) if packed and args.evtc_outputs else outs
-                    d = g._staged_launcher(spec).plan(A, B, kw, given)
+                    given = g.dispatch.packed_outputs(A, B, kw, None) if packed and args.evtc_outputs else outs
+                    d = g.dispatch._staged_launcher(spec).plan(A, B, kw, given)
                     if d.stage:
                         route = "+staged"
                         spec = g.choose(M, N, K, L, aligned_mn=True, sm_count=sms,

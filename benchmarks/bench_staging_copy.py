@@ -18,7 +18,7 @@ import common
 import torch
 
 from evtc.runtime.pitched_copy import copy_rows
-from evtc.runtime.staging import padded_row
+from evtc.dispatch.staging import padded_row
 
 
 def timed(fn, iters: int) -> float:

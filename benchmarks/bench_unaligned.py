@@ -7,9 +7,9 @@ to back, host launch work overlapped; ``time_graphs``: the kernels alone):
 
 * ``auto``: what a call gets by default;
 * ``staged``: ``EVTC_PHASE_SPLIT=never``, the padded staging route and the packed stores
-  (NOTE [Padded staging for unaligned rows], evtc/runtime/staging.py);
+  (NOTE [Padded staging for unaligned rows], evtc/dispatch/staging.py);
 * ``split``, ``split_bi``, ``split_own``: ``EVTC_PHASE_SPLIT=always``, the row-phase split
-  (NOTE [Row-phase split], evtc/runtime/phase_split.py) with its default tile order for the
+  (NOTE [Row-phase split], evtc/dispatch/phase_split.py) with its default tile order for the
   main call, the batch-inner order, CUTLASS's own order (NOTE [Batch-inner tile order]);
 * ``split_serial``: the split with its fringe call before the main call on one stream instead
   of beside its tail (NOTE [The fringe in the main call's tail]);
@@ -51,8 +51,8 @@ def main() -> None:
 
     from evtc.bench import time_graphs, time_interleaved
     from evtc.compiler import build_many
-    from evtc.runtime import phase_split as ps
-    from evtc.runtime.staging import SPLIT_ENV
+    from evtc.dispatch import phase_split as ps
+    from evtc.dispatch.staging import SPLIT_ENV
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     names = args.only.split(",")

@@ -4,7 +4,7 @@ evidence for the heuristic's per-epilogue rules (evtc/family/spec.py, docs/perfo
 
     python benchmarks/explore_members.py --json $OUT/explore_members.json
 
-Candidates are the tuner's (:func:`evtc.family.tune.candidates`: each member, the stream-K
+Candidates are the tuner's (:func:`evtc.dispatch.tune.candidates`: each member, the stream-K
 members' data-parallel and split-K variants up to 4 splits; not the stream-K decomposition), and for problems whose N is not a multiple of 8 the
 on-demand ``unaligned`` and ``unaligned_pingpong`` members; each runs as a pinned Gemm on packed
 (contiguous) tensors. Every result is compared with the heuristic's pick.
@@ -40,7 +40,7 @@ def main() -> None:
     from evtc.bench import time_graphs
     from evtc.family.spec import Problem as FP
     from evtc.family.spec import on_demand
-    from evtc.family.tune import candidates
+    from evtc.dispatch.tune import candidates
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     problems = PROBLEMS if not args.problems else [
@@ -63,7 +63,7 @@ def main() -> None:
     def pin(g, spec):
         key = (g.name, repr(spec.config), spec.arch)
         if key not in pinned:
-            pinned[key] = evtc.Gemm(g._traced, a=bf16, b=bf16, c=bf16, d=bf16, arch=spec.arch, config=spec.config)
+            pinned[key] = evtc.Gemm(g.pipeline.traced, a=bf16, b=bf16, c=bf16, d=bf16, arch=spec.arch, config=spec.config)
         return pinned[key]
 
     def cands_of(g, M, N, K, L):

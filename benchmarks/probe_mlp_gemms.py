@@ -172,7 +172,7 @@ pinned = {}
 for gname, g in (("fc1", fc1), ("fc2", fc2), ("bias_relu", br)):
     for n, c in CFG.items():
         try:
-            pinned[(gname, n)] = evtc.Gemm(g._traced, a=bf16, b=bf16, c=bf16, d=bf16, arch="sm90", config=c)
+            pinned[(gname, n)] = evtc.Gemm(g.pipeline.traced, a=bf16, b=bf16, c=bf16, d=bf16, arch="sm90", config=c)
         except evtc.EvtcError as e:
             print("refused", gname, n, str(e).splitlines()[0], file=sys.stderr)
 common.build_all(list(pinned.values()) + [fc1, fc2, br], "probe")

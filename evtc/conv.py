@@ -407,7 +407,7 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
 
 
 def _as_graph(epilogue: Any, *, c: DType | None, d: DType) -> Graph:
-    from evtc.gemm import as_graph
+    from evtc.pipeline import as_graph
 
     return as_graph(epilogue, c=c, d=d)
 

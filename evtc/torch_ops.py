@@ -65,7 +65,7 @@ class TorchOp:
 
         from evtc.ir.nodes import Reduction, Store
 
-        binder = gemm._prober
+        binder = gemm.dispatch.prober
         graph = gemm.graph
         self.gemm = gemm
         self.tensor_names = tuple(binder.tensor_names)
@@ -94,7 +94,7 @@ class TorchOp:
         out_names = self.output_names
 
         def run(A, B, *rest):
-            got = gemm(A, B, **dict(zip(names, rest)))
+            got = gemm.dispatch.run(A, B, dict(zip(names, rest)))
             if single:
                 return got if not isinstance(got, dict) else got[out_names[0]]
             return tuple(got[n] for n in out_names)
@@ -117,13 +117,13 @@ class TorchOp:
 
     def _fake_outputs(self, A, B, kwargs):
         from evtc.runtime.bind import batch_count, follows_packed_inputs
-        from evtc.runtime.staging import padded_strides
+        from evtc.dispatch.staging import padded_strides
         from evtc.runtime.tensors import contiguous_strides
 
         batched = A.dim() == 3 or B.dim() == 3
         L = batch_count(A.shape, B.shape)
         M, N = A.shape[-2], B.shape[-2]
-        mn = [(tuple(kwargs[n].shape), tuple(kwargs[n].stride()), eb) for n, eb in self.gemm._mn_loads]
+        mn = [(tuple(kwargs[n].shape), tuple(kwargs[n].stride()), eb) for n, eb in self.gemm.dispatch.mn_loads]
         # NOTE [The row layout of the outputs evtc allocates] (evtc/gemm.py): packed rows after
         # packed inputs whose rows TMA can't address, else rows padded to 16 bytes
         packed = follows_packed_inputs(N, mn)  # False without M x N inputs

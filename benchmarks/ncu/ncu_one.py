@@ -18,7 +18,7 @@ member = sys.argv[2] if len(sys.argv) > 2 else "large"
 M, N, K = (int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "16384x4096x1024").split("x"))
 fam = bench_shapes.gemms()[name]
 spec = fam.family[member]
-g = evtc.Gemm(fam._traced, a=bf16, b=bf16, c=bf16, d=bf16, arch=spec.arch, config=spec.config)
+g = evtc.Gemm(fam.pipeline.traced, a=bf16, b=bf16, c=bf16, d=bf16, arch=spec.arch, config=spec.config)
 p = Problem(M, N, K, 1)
 ins = make_inputs(g.graph, bf16, bf16, p, seed=M + N + K)
 outs = poisoned_outputs(g.graph, p)

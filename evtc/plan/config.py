@@ -74,7 +74,7 @@ class GemmConfig:
             ``"batch_inner"``: persistent tiles visited with the batch index fastest, so the L
             batches of one output tile run at once (NOTE [Batch-inner tile order] in
             ``codegen_templates/include/evtc/sm90_batch_inner.hpp``; what the row-phase split of
-            :mod:`evtc.runtime.phase_split` runs its main call on).
+            :mod:`evtc.dispatch.phase_split` runs its main call on).
         warp_tile: sm80 warp tile (M, N, K).
         swizzle: log2 of the width, in tiles, of the bands the tile order is swizzled in, so that
             the tiles running at once share rows of A and columns of B in L2; None for the

@@ -942,12 +942,12 @@ def _plan_packed(req: PlanRequest) -> Plan:
     outputs and two loads 2.7x (1.65x without any copy; 1.9x on the spill-free `large` and
     pp64x256 tiles, so not its spills: Nsight Compute puts 32 % of its stalls on instruction
     fetch, docs/performance.md), which the staging route therefore copies back by default
-    (``EVTC_PACKED_STORES``, evtc/runtime/staging.py).
+    (``EVTC_PACKED_STORES``, evtc/dispatch/staging.py).
 
     The plan: void C and void D in the collective (as the unaligned variant), the output that
     would take the D slot stored by a packed store wrapped around the whole tree, every other M x
     N store packed too, every M x N load (C included) a TMA aux load (its rows must be 16-byte
-    aligned: the staging route copies misaligned ones, evtc/runtime/staging.py), stock stage
+    aligned: the staging route copies misaligned ones, evtc/dispatch/staging.py), stock stage
     counts (``sm90_get_tma_dispatch_policy``: StagesC = min(subtiles, 4), StagesD = min(subtiles,
     2)), fewer load stages if the mainloop would keep fewer than 2."""
     graph, config = req.graph, req.config

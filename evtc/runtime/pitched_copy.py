@@ -1,4 +1,4 @@
-"""Row-pitched device copies for the padded staging route (:mod:`evtc.runtime.staging`).
+"""Row-pitched device copies for the padded staging route (:mod:`evtc.dispatch.staging`).
 
 Input: two CUDA torch tensors of one shape (M, N) or (L, M, N) and dtype on the current device,
 each with unit column stride and one row pitch over all its L x M rows (a packed tensor, or one

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import evtc
+import evtc.pipeline.kernel
 import evtc.gemm
 from evtc import bf16, e4m3
 from evtc.compiler import memo
@@ -34,7 +35,7 @@ PROBE = textwrap.dedent("""
     g = evtc.Gemm(E.REFERENCE.get(name, name), arch=arch, **kw)
     # what a hit needn't import: the planner, the lowering (a Plan's tree is read when first used), staging
     constructed_evtc = {{m: m in sys.modules for m in ("evtc.plan.sm90", "evtc.plan.sm80", "evtc.lower",
-                                                      "evtc.runtime.staging")}}
+                                                      "evtc.dispatch.staging")}}
     out = {{"ir": str(g.graph), "repr": repr(g), "describe": g.describe(), "members": {{}}, "choose": []}}
     constructed = {{m: m in sys.modules for m in ("sympy", "jinja2", "networkx", "lark")}}
     for M, N, K in ((256, 256, 256), (1, 4096, 4096), (8192, 8192, 8192), (1024, 1024, 16384)):
@@ -105,7 +106,7 @@ def test_a_second_process_skips_sympy_and_sees_the_same_gemm(cache, name, arch, 
     # nor the planner, the lowering or the staging route (NOTE [The construct memo]: a Plan's tree
     # is read from its entry when an emission first walks it); an sm80 Plan names classes of
     # evtc.plan.sm80, whose unpickling imports the planner and the lowering
-    lazy = {"evtc.plan.sm90", "evtc.runtime.staging"} | ({"evtc.lower", "evtc.plan.sm80"} if arch == "sm90" else set())
+    lazy = {"evtc.plan.sm90", "evtc.dispatch.staging"} | ({"evtc.lower", "evtc.plan.sm80"} if arch == "sm90" else set())
     assert not any(warm["imported_evtc"][m] for m in lazy), warm["imported_evtc"]
     assert cold["imported_evtc"]["evtc.lower"]
     assert cold["imported_after"]["sympy"] and off["imported_after"]["jinja2"]
@@ -130,8 +131,8 @@ def spies(monkeypatch):
         monkeypatch.setattr(owner, attr, spy)
 
     wrap(evtc.passes, "run", "passes")
-    wrap(evtc.gemm, "make_plan", "plan")
-    wrap(evtc.gemm, "emit", "emit")
+    wrap(evtc.pipeline.kernel, "make_plan", "plan")
+    wrap(evtc.pipeline.kernel, "emit", "emit")
     return counts
 
 
@@ -166,7 +167,7 @@ def test_a_second_construct_recomputes_nothing(cache, spies):
     import pickle
 
     from evtc.compiler import memo
-    from evtc.gemm import emit
+    from evtc.pipeline import emit
     from evtc.lower import VisitorTree
 
     k = evtc.Gemm(ep, a=bf16, b=bf16, c=bf16, d=bf16).kernel("swap")
@@ -411,7 +412,7 @@ def test_an_op_changed_at_run_time_is_seen(cache, spies, monkeypatch):
     assert "my::relu" in source and source != first
     assert memo.ops_text() is not None
     monkeypatch.setitem(ops.OPS, "relu", dataclasses.replace(ops.OPS["relu"], numpy=lambda x: x))
-    assert memo.ops_text() is None and memo.memo_for(evtc.Gemm(ep)._traced) is None
+    assert memo.ops_text() is None and memo.memo_for(evtc.Gemm(ep).pipeline.traced) is None
     monkeypatch.setitem(ops.OPS, "relu", relu)
     n = spies["passes"]
     assert evtc.Gemm(ep).source == first and spies["passes"] == n

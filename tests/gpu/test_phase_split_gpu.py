@@ -1,4 +1,4 @@
-"""The row-phase split on the H100 (NOTE [Row-phase split], evtc/runtime/phase_split.py): a
+"""The row-phase split on the H100 (NOTE [Row-phase split], evtc/dispatch/phase_split.py): a
 caller's packed M x N tensors (odd and even-but-unaligned N, bases 2-14 bytes past a 16-byte
 boundary, in place ``out=C``, under a CUDA graph; outputs evtc allocates after packed inputs)
 through two batched
@@ -28,7 +28,7 @@ def split_lin(acc, C, beta: float, bias: evtc.RowVector[f32]):
 
 
 # (M, N, K): N odd (G = 8 phases), N = 2 mod 8 (G = 4), a long row, a single tile of rows per phase,
-# a K long enough for the fringe's split-K (evtc.runtime.phase_split.members)
+# a K long enough for the fringe's split-K (evtc.dispatch.phase_split.members)
 SHAPES = [(1024, 2049, 256), (512, 1002, 128), (256, 50257, 64), (64, 515, 96), (128, 1001, 1024),
           (2048, 8193, 256)]
 # both tile orders of a main call on the cooperative 128x256 tile with its 2x1 cluster, and the
@@ -42,7 +42,7 @@ def gemms():
     import os
 
     from evtc.compiler import build_many
-    from evtc.runtime import phase_split as ps
+    from evtc.dispatch import phase_split as ps
 
     out = {"epi": evtc.Gemm(split_epi, a=bf16, b=bf16, c=bf16, d=bf16),
            "lin": evtc.Gemm(split_lin, a=bf16, b=bf16, c=bf16, d=bf16)}
@@ -60,9 +60,9 @@ def gemms():
 
 
 def _split_calls(g) -> int:
-    from evtc.runtime.staging import StagedLauncher
+    from evtc.dispatch.staging import StagedLauncher
 
-    return sum(x.split_calls for x in g._launchers.values() if isinstance(x, StagedLauncher))
+    return sum(x.split_calls for x in g.dispatch.family.launchers.values() if isinstance(x, StagedLauncher))
 
 
 def _packed_like(t, off, fill=True):
@@ -127,7 +127,7 @@ def test_both_tile_orders_of_the_main_call(gemms, order, record_errors, monkeypa
     call's stream first), each against the reference."""
     import torch
 
-    from evtc.runtime import phase_split as ps
+    from evtc.dispatch import phase_split as ps
 
     monkeypatch.setenv("EVTC_PHASE_SPLIT", "always")
     monkeypatch.setattr(ps, "BATCH_INNER", order)
@@ -185,7 +185,7 @@ def test_the_split_in_a_cuda_graph_then_eagerly(gemms, record_errors, monkeypatc
     import torch
 
     monkeypatch.setenv("EVTC_PHASE_SPLIT", "always")
-    from evtc.runtime import phase_split as ps
+    from evtc.dispatch import phase_split as ps
 
     ps._INDEX.clear()
     g = gemms["epi"]
@@ -224,7 +224,7 @@ def reference_gemms():
     import epilogues as E
 
     from evtc.compiler import build_many
-    from evtc.runtime import phase_split as ps
+    from evtc.dispatch import phase_split as ps
 
     out = {n: evtc.Gemm(ep, a=bf16, b=bf16) for n, ep in E.REFERENCE.items()}
     M, N, K = REFERENCE_SHAPE

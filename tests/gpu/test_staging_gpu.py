@@ -1,5 +1,5 @@
 """The padded staging route on the H100 (NOTE [Padded staging for unaligned rows],
-evtc/runtime/staging.py): packed M x N tensors of odd N (C, an aux load; an aux store and D
+evtc/dispatch/staging.py): packed M x N tensors of odd N (C, an aux load; an aux store and D
 given packed or allocated by evtc; in place ``out=C``; batched), with the route forced on and
 off, each against the float64 reference on fresh random data with NaN-poisoned outputs. The
 row-phase split, which takes some of these calls first by default, is switched off here
@@ -86,15 +86,15 @@ def _packed(ins: dict, outs: dict):
 
 def _staged(g) -> int:
     """Calls the Gemm has sent through the route so far."""
-    from evtc.runtime.staging import StagedLauncher
+    from evtc.dispatch.staging import StagedLauncher
 
-    return sum(x.staged for x in g._launchers.values() if isinstance(x, StagedLauncher))
+    return sum(x.staged for x in g.dispatch.family.launchers.values() if isinstance(x, StagedLauncher))
 
 
 def _packed_calls(g) -> int:
-    from evtc.runtime.staging import StagedLauncher
+    from evtc.dispatch.staging import StagedLauncher
 
-    return sum(x.packed_calls for x in g._launchers.values() if isinstance(x, StagedLauncher))
+    return sum(x.packed_calls for x in g.dispatch.family.launchers.values() if isinstance(x, StagedLauncher))
 
 
 @pytest.mark.parametrize("how", ["always", "never"])
@@ -205,7 +205,7 @@ def test_copy_kernel_between_packed_and_padded_rows(gemms, dtype, shape):
     import torch
 
     from evtc.runtime import pitched_copy
-    from evtc.runtime.staging import padded_strides
+    from evtc.dispatch.staging import padded_strides
 
     g = gemms["lin"]
     g.launcher(g.choose(*SHAPES[0][:3]))  # loads an sm90 library, which registers its copy kernel

@@ -72,7 +72,7 @@ def test_fast_calls_match_the_reference(gemms, name, shape, monkeypatch):
     p = Problem(*shape)
     A, B, kw = split(make_inputs(g.graph, g.a, g.b, p, seed=10))
     g(A, B, **kw)  # the Python path: checks, prepares, registers the key
-    assert g._fast is not None and len(g._fast) >= 1
+    assert g.dispatch.fast.table is not None and len(g.dispatch.fast.table) >= 1
     with monkeypatch.context() as m:
         no_python_path(m, g)
         for seed in range(11, 15):

@@ -480,7 +480,7 @@ def test_the_gemm_sees_the_conv_kernels_problem():
     x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
     kw = {"scale": FakeCuda((128,), typestr="<f4")}
     A, B, gkw, outs, _ = conv.gemm_route.views(x, w, kw, {"D": D})
-    gsig, _ = conv.gemm_route.gemm._prober.signature(A, B, gkw, outs)
+    gsig, _ = conv.gemm_route.gemm.dispatch.prober.signature(A, B, gkw, outs)
     sp = evtc.ConvProblem().normalize(2)
     cb = ConvBinder(conv.graph, f16, f16, ctypes_struct(conv_abi_fields(conv.graph)), kind="fprop", dims=2,
                     layout="nhwc", spec=sp, arch="sm90", tile=conv.config.tile)

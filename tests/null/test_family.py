@@ -9,7 +9,7 @@ import evtc
 from evtc import bf16, f32
 from evtc.family.spec import KernelSpec, Problem, choose, default_family, scheduled_tiles, split_count
 from evtc.family.swap_ab import transpose
-from evtc.family.tune import TuneStore, candidates, shape_bucket
+from evtc.dispatch.tune import TuneStore, candidates, shape_bucket
 from evtc.passes import run
 
 from test_runtime_launch import Fake  # noqa: E402
@@ -231,7 +231,7 @@ def test_swap_ab_kernel_gets_n_m_and_b_a():
     assert "Sm90ColBroadcast" in g.source and "Sm90RowBroadcast" not in g.source  # bias[n] along the kernel's M
     A, B = Fake((16, 256), "<f2"), Fake((4096, 256), "<f2")
     C = Fake((16, 4096), "<f2")
-    b = g._binder
+    b = g.dispatch.family.primary_binder()
     assert b.swap
     sig, ptrs = b.signature(A, B, {"C": C, "alpha": 1.0, "beta": 1.0, "bias": Fake((4096,), "<f4")})
     assert (sig.M, sig.N) == (16, 4096)  # the user's problem
@@ -247,9 +247,9 @@ def test_unaligned_variant_accepts_odd_rows_the_tma_kernel_refuses():
     kw = {"C": C, "alpha": 1.0, "beta": 1.0, "bias": Fake((63,), "<f4")}
     tma = evtc.Gemm(E.bias_relu, c=evtc.f16, d=evtc.f16, a=evtc.f16)
     with pytest.raises(evtc.ArgumentError, match="TMA needs a multiple of 16"):
-        tma._binder.signature(A, B, kw)
+        tma.dispatch.family.primary_binder().signature(A, B, kw)
     un = evtc.Gemm(E.bias_relu, c=evtc.f16, d=evtc.f16, a=evtc.f16, config=evtc.GemmConfig(unaligned=True))
-    sig, _ = un._binder.signature(A, B, kw)
+    sig, _ = un.dispatch.family.primary_binder().signature(A, B, kw)
     assert sig.values["ld_C"] == 63
     assert "ElementD = void" in un.source and ", 1>;" in un.source  # void D, one-element accesses
 
@@ -261,7 +261,7 @@ def test_gemm_choose_uses_the_family_and_the_tuned_store(tmp_path, monkeypatch):
     g = evtc.Gemm(E.bias_relu)
     assert g.choose(8192, 8192, 8192).name == "pingpong"
     assert g.choose(16, 4096, 4096).name == "swap16_c4"
-    store = TuneStore.for_gemm(g)
+    store = TuneStore.for_family(g.dispatch.family)
     store.put(shape_bucket(8192, 8192, 8192), "H100", {"member": "streamk",
                                                        "runtime": {"split_k": 2, "decomposition": "split_k"}})
     s = g.choose(8000, 8000, 8000, device="H100")  # the same bucket
@@ -277,11 +277,11 @@ def test_tuning_candidates_cover_splits_and_stream_k():
     import epilogues as E
 
     g = evtc.Gemm(E.bias_relu)
-    cands = candidates(g, Problem(512, 512, 32768))
+    cands = candidates(g.dispatch.family, Problem(512, 512, 32768))
     names = {(c.name, c.config.split_k, c.config.decomposition) for c in cands}
     assert ("large", 1, "heuristic") in names and ("streamk", 1, "stream_k") in names
     assert ("streamk", 8, "split_k") in names
-    assert not any(c.config.swap_ab for c in candidates(g, Problem(4096, 4096, 4096)))
+    assert not any(c.config.swap_ab for c in candidates(g.dispatch.family, Problem(4096, 4096, 4096)))
 
 
 def test_scalar_reductions_never_run_stream_k():
@@ -290,7 +290,7 @@ def test_scalar_reductions_never_run_stream_k():
     pick it) runs data-parallel or split-K, the tuner does not time it, and the kernel always
     initialises the amax (CUTLASS fills it in initialize_workspace, even without a workspace)."""
     import epilogues as E
-    from evtc.gemm import _scheduler_args
+    from evtc.dispatch.family import scheduler_args as _scheduler_args
     from evtc.plan.config import DECOMPOSITIONS
 
     ep = E.REFERENCE["fp8_out"]
@@ -304,7 +304,7 @@ def test_scalar_reductions_never_run_stream_k():
     # an epilogue without one keeps CUTLASS's heuristic and may be tuned with stream-K
     b = evtc.Gemm(E.bias_relu)
     assert _scheduler_args(cfg, "sm90", b.graph)["decomposition_mode"] == DECOMPOSITIONS.index("heuristic")
-    assert not any(c.config.decomposition == "stream_k" for c in candidates(g, Problem(512, 512, 32768)))
+    assert not any(c.config.decomposition == "stream_k" for c in candidates(g.dispatch.family, Problem(512, 512, 32768)))
     for spec in g.family.values():
         src = g.kernel(spec).source
         assert "with or without a workspace:\n  // always call it" in src and "if (workspace != nullptr)" not in src
@@ -368,7 +368,7 @@ def test_wave_quantisation_between_large_and_pingpong():
     # (1024 and 2048 x 14336 x 4096 take the 128x176 ping-pong tile first: NOTE [The 128x176
     # ping-pong tile]; without it and the 64x256 one in the family, the rule decides)
     fam = {k: v for k, v in light.family.items() if k not in ("pp64x256", "pp128x176")}
-    rule = lambda *shape: choose(fam, Problem(*shape), "sm90", bf16, bf16, light._traits).name  # noqa: E731
+    rule = lambda *shape: choose(fam, Problem(*shape), "sm90", bf16, bf16, light.dispatch.family.traits).name  # noqa: E731
     assert rule(1024, 14336, 4096) == "pingpong"  # 0.91 against 0.85
     assert rule(2048, 14336, 4096) == "large"  # 0.91 against 0.97
     assert light.choose(1024, 14336, 4096).name == light.choose(2048, 14336, 4096).name == "pp128x176"
@@ -393,7 +393,8 @@ def test_atomic_reductions_in_the_stream_k_members():
     are all f32 max/min gets atomic ones in streamk and kheavy too, which then never run the
     stream-K decomposition; an epilogue with a sum keeps the workspace there."""
     import epilogues as E
-    from evtc.gemm import _scheduler_args, check_decomposition
+    from evtc.dispatch.family import check_decomposition
+    from evtc.dispatch.family import scheduler_args as _scheduler_args
     from evtc.plan.config import DECOMPOSITIONS
 
     @evtc.epilogue
@@ -411,7 +412,7 @@ def test_atomic_reductions_in_the_stream_k_members():
     s = rm.choose(1024, 1024, 16384)
     assert s.name == "kheavy" and s.config.decomposition in ("data_parallel", "split_k")
     # the tuner doesn't time stream-K for them
-    assert not any(c.config.decomposition == "stream_k" for c in candidates(rm, Problem(2048, 2048, 8192)))
+    assert not any(c.config.decomposition == "stream_k" for c in candidates(rm.dispatch.family, Problem(2048, 2048, 8192)))
     # row_stats has a row sum: its stream-K members are unchanged (workspace, stream-K allowed)
     stats = evtc.Gemm(E.REFERENCE["row_stats"])
     assert stats.family["streamk"].config.atomic_reductions is None

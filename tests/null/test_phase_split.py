@@ -1,4 +1,4 @@
-"""The row-phase split (NOTE [Row-phase split], evtc/runtime/phase_split.py) without a GPU: its
+"""The row-phase split (NOTE [Row-phase split], evtc/dispatch/phase_split.py) without a GPU: its
 geometry (every view TMA-addressable, every element of the caller's tensors computed exactly
 once, by the main call or the fringe) and a whole call on CPU torch tensors, with a stand-in for
 the two batched GEMM launches that evaluates the epilogue on exactly the views it is given."""
@@ -9,7 +9,7 @@ import pytest
 import evtc
 from evtc import bf16, f32
 from evtc.ir.interpret import interpret
-from evtc.runtime import phase_split as ps
+from evtc.dispatch import phase_split as ps
 
 
 @evtc.epilogue
@@ -95,7 +95,8 @@ class _Gemm:
         self.specs = []
         self.b = bf16
         self.target = types.SimpleNamespace(sm_count=132)
-        self.family = {}
+        self.members = {}
+        self.family = self  # the stand-in is both the Dispatcher and its GemmFamily
 
     def choose(self, M, N, K, L):
         """The family's ``pingpong`` member, without its cluster where that pads (as evtc.Gemm.choose)."""
@@ -186,12 +187,12 @@ def test_the_members_launchers_are_cached_per_gemm_and_forgotten_after_tuning():
     first = ps.launchers(fake, geom, 4096)
     assert ps.launchers(fake, geom, 4096) is first
     assert ps.launchers(fake, geom, 2048) is not first  # another K: chosen on its own
-    ps.forget(fake)  # what Gemm._forget_dispatch calls (a new tuning, a new staging setting)
+    ps.forget(fake)  # what Dispatcher.forget calls (a new tuning, a new staging setting)
     assert ps.launchers(fake, geom, 4096) is not first
 
 
 def test_the_switch_comes_from_the_environment_and_is_checked(monkeypatch):
-    from evtc.runtime import staging
+    from evtc.dispatch import staging
 
     monkeypatch.delenv(staging.SPLIT_ENV, raising=False)
     assert staging.split_mode() == "auto"
@@ -209,7 +210,7 @@ def test_packed_geometry_applies_the_route_s_rule(monkeypatch):
     taken; EVTC_PHASE_SPLIT=always takes every split that fits, never none."""
     import epilogues as E
 
-    from evtc.runtime import staging
+    from evtc.dispatch import staging
 
     g = evtc.Gemm(E.bias_relu, a=bf16, b=bf16, c=bf16, d=bf16)
     monkeypatch.delenv(staging.SPLIT_ENV, raising=False)

@@ -96,9 +96,9 @@ def test_tile_order_is_a_runtime_scheduler_argument():
     assert a.source == b.source
     A, B, kw = ok_args()
     out = {"D": FakeCuda((64, 32), ptr=1 << 24)}
-    args, *_ = b._binder.bind(A, B, kw, out)
+    args, *_ = b.dispatch.family.primary_binder().bind(A, B, kw, out)
     assert (args.max_swizzle_size, args.raster_order) == (2, 1)
-    args, *_ = a._binder.bind(A, B, kw, out)
+    args, *_ = a.dispatch.family.primary_binder().bind(A, B, kw, out)
     assert (args.max_swizzle_size, args.raster_order) == (8, 0)  # sm90 cooperative default: 8 tiles, heuristic raster
     pp = evtc.Gemm(lin, a=f16, b=f16, config=evtc.GemmConfig(tile=(128, 192, 64), schedule="pingpong"))
     assert pp.config.swizzle == 0  # ping-pong keeps CUTLASS's one-tile default

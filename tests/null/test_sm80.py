@@ -276,7 +276,7 @@ def test_binder_accepts_ragged_n_on_sm80():
     M, N, K = 64, 1031, 64
     A, B = _FakeCuda((M, K), "<f2"), _FakeCuda((N, K), "<f2")
     C, D = _FakeCuda((M, N), "<f2", ld=1032), _FakeCuda((M, N), "<f2", ld=1032)
-    args, _, _, _ = g._binder.bind(A, B, {"C": C, "alpha": 1.0, "beta": 0.5, "bias": _FakeCuda((N,), "<f4")},
+    args, _, _, _ = g.dispatch.family.primary_binder().bind(A, B, {"C": C, "alpha": 1.0, "beta": 0.5, "bias": _FakeCuda((N,), "<f4")},
                                    out={"D": D})
     assert (args.N, args.ld_C, args.ld_D) == (N, 1032, 1032)
 

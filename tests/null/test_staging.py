@@ -1,5 +1,5 @@
 """The padded staging route for unaligned M x N rows (NOTE [Padded staging for unaligned rows],
-evtc/runtime/staging.py) without a GPU: the cost model's choices, the padded strides of
+evtc/dispatch/staging.py) without a GPU: the cost model's choices, the padded strides of
 evtc's outputs (the binder's and the torch fake's), and a family Gemm's call through the route
 on fake tensors: which kernel runs, what is copied where, ``out=`` (copy-back and in-place
 ``out=C``), the checks that still refuse bad calls, and the switch."""
@@ -9,7 +9,8 @@ import pytest
 import evtc
 from evtc import f16, f32
 from evtc.abi import abi_fields, ctypes_struct
-from evtc.runtime import staging, tensors
+from evtc.dispatch import staging
+from evtc.runtime import tensors
 from evtc.runtime.bind import Binder
 from evtc.runtime.launch import Launcher
 
@@ -83,7 +84,7 @@ def test_the_binder_allocates_the_padded_strides(dtype, N):
         return acc
 
     g = evtc.Gemm(e, a=f16, b=f16, d=dtype, config=evtc.GemmConfig(unaligned=True))
-    b = g._binder
+    b = g.dispatch.family.primary_binder()
     for A, B in ((Fake((64, 32)), Fake((N, 32))), (Fake((3, 64, 32)), Fake((3, N, 32)))):
         sig, _ = b.signature(A, B, {})
         (alloc,) = sig.allocs
@@ -159,7 +160,7 @@ class Harness:
                 self.launchers[name] = Launcher(binder, lib, g.name)
             return self.launchers[name]
 
-        monkeypatch.setattr(g, "launcher", launcher)
+        monkeypatch.setattr(g.dispatch.family, "launcher", launcher)
         monkeypatch.setattr(staging, "FRAMEWORKS", ("torch", "cupy", "other"))
 
         def strided_allocator(framework, device, shape, strides, dtype):
@@ -340,7 +341,7 @@ def test_the_packed_kernel_is_the_aligned_member_s_variant(monkeypatch):
     monkeypatch.setenv(staging.PACKED_ENV, "always")
     h = Harness(monkeypatch)
     specs = []
-    monkeypatch.setattr(h.g, "launcher", lambda spec, f=h.g.launcher: specs.append(spec) or f(spec))
+    monkeypatch.setattr(h.g.dispatch.family, "launcher", lambda spec, f=h.g.dispatch.family.launcher: specs.append(spec) or f(spec))
     A, B, kw = aux_args(4096, 50257)
     h.g(A, B, out={"D": Fake((4096, 50257)), "F": Fake((4096, 50257))}, **kw)
     (spec,) = specs
@@ -438,11 +439,11 @@ def test_pinned_gemms_never_stage(monkeypatch):
     graph = g.graph
     lib = FakeLibrary(abi_fields(graph, "sm90"))
     binder = Binder(graph, g.a, g.b, ctypes_struct(abi_fields(graph, "sm90")), arch="sm90", mn_tma=False)
-    monkeypatch.setattr(g, "launcher", lambda spec: Launcher(binder, lib, g.name))
+    monkeypatch.setattr(g.dispatch.family, "launcher", lambda spec: Launcher(binder, lib, g.name))
     monkeypatch.setattr(staging, "_copy", lambda *a: pytest.fail("a pinned Gemm staged a copy"))
     A, B = Fake((4096, 64)), Fake((50257, 64))
     g(A, B, out=Fake((4096, 50257)), C=Fake((4096, 50257)), alpha=1.0, bias=Fake((50257,), "<f4"))
-    assert lib.calls and not any(isinstance(x, staging.StagedLauncher) for x in g._launchers.values())
+    assert lib.calls and not any(isinstance(x, staging.StagedLauncher) for x in g.dispatch.family.launchers.values())
 
 
 def test_pitched_copy_layouts():

@@ -66,7 +66,7 @@ def fake_of(t):
 def setup(mod, ep=lin, M=64, N=32, K=16, status=0):
     g = evtc.Gemm(ep, a=f16, b=f16, c=f16, d=f16)
     lib = FakeLibrary(abi_fields(g.graph, "sm90"))
-    run = Launcher(g._binder, lib, g.name)
+    run = Launcher(g.dispatch.family.primary_binder(), lib, g.name)
     A, B = torch.randn(M, K, dtype=torch.float16), torch.randn(N, K, dtype=torch.float16)
     kw = {"C": torch.randn(M, N, dtype=torch.float16), "alpha": 1.5, "bias": torch.randn(N, dtype=torch.float32)}
     fA, fB = fake_of(A), fake_of(B)
@@ -75,7 +75,7 @@ def setup(mod, ep=lin, M=64, N=32, K=16, status=0):
     sig, ptrs = run.binder.signature(fA, fB, fkw, None)
     run._prepare(sig, ptrs, [fkw[n] for n in run.binder.scalar_names])
     assert sig.mode == "launch" and sig.handle >= 0 and sig.allocs
-    fast = torch_fast.FastPath(mod, g._binder, lib.call_layout, allow_cpu=True)
+    fast = torch_fast.FastPath(mod, g.dispatch.family.primary_binder(), lib.call_layout, allow_cpu=True)
     rec = Recorder(lib.call_layout.size, status)
     assert fast.add(run, sig, A, B, kw, rec.address)
     return fast, rec, run, sig, lib, A, B, kw
@@ -200,10 +200,10 @@ def test_gemm_registers_only_torch_calls_and_respects_the_switch(monkeypatch):
     monkeypatch.setenv("EVTC_TORCH_FASTPATH", "0")
     assert torch_fast.mode() == "0"
     g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16)
-    g._register_fast(None, (), Fake((4, 4)), Fake((4, 4)), {})  # not torch tensors: nothing happens
-    assert g._fast is None and not g._fast_off
-    g._register_fast(None, (), torch.zeros(1), torch.zeros(1), {})
-    assert g._fast is None and g._fast_off  # switched off: never asked again
+    g.dispatch.fast.register(None, (), Fake((4, 4)), Fake((4, 4)), {})  # not torch tensors: nothing happens
+    assert g.dispatch.fast.table is None and not g.dispatch.fast.off
+    g.dispatch.fast.register(None, (), torch.zeros(1), torch.zeros(1), {})
+    assert g.dispatch.fast.table is None and g.dispatch.fast.off  # switched off: never asked again
 
 
 def test_loader_refuses_a_tampered_build(mod, tmp_path):
@@ -248,11 +248,11 @@ def test_stale_temporary_builds_are_removed(tmp_path):
 def test_forgetting_the_dispatch_clears_the_fast_path(mod):
     fast, rec, run, sig, lib, A, B, kw = setup(mod)
     g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16)
-    g._fast = fast
-    g._dispatch[("some", "key")] = run
+    g.dispatch.fast.table = fast
+    g.dispatch._routes[("some", "key")] = run
     assert len(fast) == 1
     g.set_unaligned_staging("never")  # a new setting: every signature chooses again
-    assert len(fast) == 0 and not g._dispatch
+    assert len(fast) == 0 and not g.dispatch._routes
     assert fast.call(fast.table, A, B, kw) is None and rec.calls == []
 
 
@@ -261,7 +261,7 @@ def test_a_key_the_fast_path_declined_is_not_offered_again(mod):
     whose mode is not a plain launch) is remembered until the dispatch is forgotten."""
     fast, rec, run, sig, lib, A, B, kw = setup(mod)
     g = evtc.Gemm(lin, a=f16, b=f16, c=f16, d=f16)
-    g._fast, g._fast_call = fast, fast.bound
+    g.dispatch.fast.table, g.dispatch.fast.call = fast, fast.bound
     offered = []
     real_add = fast.add
 
@@ -273,9 +273,9 @@ def test_a_key_the_fast_path_declined_is_not_offered_again(mod):
     key = ("declined", "key")
     run._signatures[key] = sig
     for _ in range(3):
-        g._register_fast(run, key, A, B, kw)
-    assert offered == [sig] and key in g._fast_refused
-    g._forget_dispatch()  # a new choice of kernels: ask again
-    g._register_fast(run, key, A, B, kw)
+        g.dispatch.fast.register(run, key, A, B, kw)
+    assert offered == [sig] and key in g.dispatch.fast.refused
+    g.dispatch.forget()  # a new choice of kernels: ask again
+    g.dispatch.fast.register(run, key, A, B, kw)
     assert offered == [sig, sig]
     fast.add = real_add

@@ -19,7 +19,7 @@ import epilogues as E
 from evtc.ir.interpret import interpret
 from evtc.ir.nodes import Store
 from evtc.runtime.bind import follows_packed_inputs
-from evtc.runtime.staging import padded_strides
+from evtc.dispatch.staging import padded_strides
 
 from test_runtime_launch import Fake  # noqa: E402
 
@@ -44,7 +44,7 @@ def op_with_cpu_kernel(g):
         acc = A.double().numpy() @ np.swapaxes(B.double().numpy(), -1, -2)
         res = interpret(g.graph, acc, {k: (v.double().numpy() if torch.is_tensor(v) else v) for k, v in kw.items()})
         outs = []
-        mn = [(tuple(kw[n].shape), kw[n].stride(), eb) for n, eb in g._mn_loads]
+        mn = [(tuple(kw[n].shape), kw[n].stride(), eb) for n, eb in g.dispatch.mn_loads]
         packed = follows_packed_inputs(B.shape[-2], mn)
         for o in g.graph.outputs:
             x = torch.from_numpy(np.asarray(res[o.name])).to(getattr(torch, o.dtype.torch))
@@ -132,10 +132,10 @@ def test_fake_outputs_have_the_strides_evtc_allocates(monkeypatch, c_rows):
         args |= {n: 1.0 for n in op.scalar_names}
         made.clear()
         a, b = Fake(shapes["A"], "<f2"), Fake(shapes["B"], "<f2")
-        got = f16._packed_outputs(a, b, args, None)
+        got = f16.dispatch.packed_outputs(a, b, args, None)
         if c_rows == "padded":
             assert got is None and not made
-            sig, _ = f16._binder.signature(a, b, args)
+            sig, _ = f16.dispatch.family.primary_binder().signature(a, b, args)
             assert {a.name: a.strides for a in sig.allocs}["D"] == tuple(D.stride())
         else:
             assert set(got) == {"D"} and made["D"] == (tuple(D.shape), tuple(D.stride()))

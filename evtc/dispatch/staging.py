@@ -133,7 +133,7 @@ that starts at a column whose byte offset is not a multiple of 16, so per-row-ph
 don't remove the shift.
 
 Since 2026-11-26 (late night) the route's first choice for large problems is not a copy at all:
-the row-phase split (NOTE [Row-phase split] in :mod:`evtc.runtime.phase_split`) runs a call whose
+the row-phase split (NOTE [Row-phase split] in :mod:`evtc.dispatch.phase_split`) runs a call whose
 M x N tensors share one row layout as two batched launches of aligned members over strided views
 of the caller's memory (bias_relu 1.03x, aux_heavy 1.03x at 4096 x 50257 x 4096 with the caller's
 packed tensors, H100). :meth:`StagedLauncher.plan` takes it where it can run
@@ -164,7 +164,8 @@ from typing import Any, Mapping
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
 from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
-from evtc.runtime import phase_split, tensors
+from evtc.dispatch import phase_split
+from evtc.runtime import tensors
 from evtc.runtime.tensors import TensorView
 
 ALIGN = 16
@@ -174,7 +175,7 @@ ENV = "EVTC_UNALIGNED_STAGING"
 #: ``never`` (or ``0``) never (NOTE [Padded staging for unaligned rows])
 PACKED_ENV = "EVTC_PACKED_STORES"
 MODES = ("auto", "always", "never")
-#: the row-phase split (NOTE [Row-phase split] in evtc.runtime.phase_split): ``auto`` (default)
+#: the row-phase split (NOTE [Row-phase split] in evtc.dispatch.phase_split): ``auto`` (default)
 #: where its cost model takes it, ``always`` wherever it can run, ``never``
 SPLIT_ENV = "EVTC_PHASE_SPLIT"
 
@@ -275,7 +276,7 @@ class Decision:
     #: the misaligned caller outputs are written in place by the packed-store variant of this
     #: aligned member (NOTE [Stores into packed rows]) instead of being copied back; None: copied
     packed: Any = None
-    #: the call runs on the row-phase split (:mod:`evtc.runtime.phase_split`) with this geometry:
+    #: the call runs on the row-phase split (:mod:`evtc.dispatch.phase_split`) with this geometry:
     #: nothing is copied (``inputs`` and ``outputs`` are only what the other routes would copy)
     split: Any = None
 
@@ -293,7 +294,7 @@ def split_taken(geom, penalty_s: float, how: str) -> bool:
     :class:`Decision`'s ``penalty_s``) under staging mode ``how``: ``EVTC_PHASE_SPLIT=always``
     wherever it can run; else with at least ``MIN_PHASE_ROWS`` rows a phase, where ``how`` is
     ``always`` or the split's fixed cost is below ``MARGIN`` times the penalty (NOTE [Row-phase
-    split] in :mod:`evtc.runtime.phase_split`)."""
+    split] in :mod:`evtc.dispatch.phase_split`)."""
     if split_mode() == "always":
         return True
     return geom.rows >= phase_split.MIN_PHASE_ROWS and \
@@ -359,16 +360,17 @@ class StagedLauncher:
     as :class:`evtc.runtime.launch.Launcher` (``run`` after a probe, ``__call__``).
 
     Args:
-        gemm: the family Gemm.
+        dispatch: the family Gemm's :class:`~evtc.dispatch.dispatcher.Dispatcher`.
         fallback: the unaligned member's KernelSpec (built only if a call needs it).
         checker: a Binder of the Gemm's graph that accepts any row stride (``mn_tma=False``).
     """
 
-    def __init__(self, gemm, fallback, checker) -> None:
-        self.gemm = gemm
+    def __init__(self, dispatch, fallback, checker) -> None:
+        self.dispatch = dispatch
+        self.family = dispatch.family
         self.fallback = fallback
         self.checker = checker
-        g = gemm.graph
+        g = self.graph = dispatch.graph
         self.loads, self.stores = mn_tensors(g)
         self._sigs: dict[tuple, Any] = {}
         #: probe key -> (indices of the M x N pointers, {(switches, their low bits): Decision})
@@ -395,7 +397,7 @@ class StagedLauncher:
         self.unstaged += 1
         launcher = self._fallback_launcher
         if launcher is None:
-            launcher = self._fallback_launcher = self.gemm.launcher(self.fallback)
+            launcher = self._fallback_launcher = self.family.launcher(self.fallback)
         return launcher.run(key, ptrs, A, B, kwargs, out, stream)
 
     def _decision(self, key, ptrs, A, B, kwargs, out, sig) -> Decision:
@@ -410,7 +412,7 @@ class StagedLauncher:
             mn = set(self.loads) | set(self.stores)
             entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
         idx, by = entry
-        k = (getattr(self.gemm, "unaligned_staging", None), os.environ.get(ENV), os.environ.get(PACKED_ENV),
+        k = (self.dispatch.unaligned_staging, os.environ.get(ENV), os.environ.get(PACKED_ENV),
              os.environ.get(SPLIT_ENV),
              tuple(ptrs[i] & (ALIGN - 1) for i in idx))
         d = by.get(k)
@@ -435,7 +437,7 @@ class StagedLauncher:
 
     def plan(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any, sig=None) -> Decision:
         """The cost model's decision for this call (which tensors it would copy)."""
-        g = self.gemm.graph
+        g = self.graph
         if sig is None:
             sig, _ = self.checker.signature(A, B, kwargs, out)
         views = {n: tensors.view(kwargs[n], n, g.name) for n in self.loads}
@@ -443,7 +445,7 @@ class StagedLauncher:
         gviews = {n: tensors.view(x, n, g.name) for n, x in given.items() if n in self.stores}
         ins = tuple(n for n, v in views.items() if misaligned(v, self.loads[n].bytes))
         outs = tuple(n for n, v in gviews.items() if misaligned(v, self.stores[n].bytes, output=True))
-        how = mode(getattr(self.gemm, "unaligned_staging", None))
+        how = mode(self.dispatch.unaligned_staging)
         frameworks = {v.framework for v in (*views.values(), *gviews.values())} | {sig.framework}
         # evtc's own views (a Conv's 1x1 route) have no framework methods to copy with
         views_only = any(type(kwargs[n]) is TensorView for n in ins) or any(type(given[n]) is TensorView for n in outs)
@@ -468,11 +470,11 @@ class StagedLauncher:
     def split_geometry(self, sig, kwargs: Mapping[str, Any], given: Mapping[str, Any],
                        views: Mapping[str, TensorView], gviews: Mapping[str, TensorView]):
         """The row-phase split of this call (NOTE [Row-phase split] in
-        :mod:`evtc.runtime.phase_split`) if it can take it, else None: ``EVTC_PHASE_SPLIT`` is not
+        :mod:`evtc.dispatch.phase_split`) if it can take it, else None: ``EVTC_PHASE_SPLIT`` is not
         ``never``; torch tensors; an unbatched problem; an epilogue without reductions; every
         M x N output passed by the caller (``out=``); 2-D M x N tensors with unit column stride,
         1-D broadcasts; one split that fits the rows of every M x N input and output."""
-        g = self.gemm.graph
+        g = self.graph
         if split_mode() == "never" or sig.framework != "torch" or sig.batched or sig.L != 1 or \
                 any(not isinstance(o, Store) for o in g.outputs) or any(n not in given for n in self.stores):
             # every output is in out= here: the caller's, or evtc's packed ones after packed inputs
@@ -500,15 +502,15 @@ class StagedLauncher:
         ``auto`` an epilogue with one M x N output (with two, aux_heavy at 4096 x 50257 x 4096
         took 2.7x the aligned time against 1.3x with copies back, H100: NOTE [Padded staging for
         unaligned rows]); else None."""
-        gemm = self.gemm
+        fam = self.family
         how = packed_mode()
-        if gemm.arch != "sm90" or how == "never" or (how == "auto" and len(self.stores) != 1):
+        if fam.arch != "sm90" or how == "never" or (how == "auto" and len(self.stores) != 1):
             return None
         for n, v in gviews.items():
             eb = self.stores[n].bytes
             if eb < 2 or v.ptr % eb:
                 return None
-        spec = gemm.choose(sig.M, sig.N, sig.K, sig.L)
+        spec = fam.choose(sig.M, sig.N, sig.K, sig.L)
         if spec.arch != "sm90" or spec.config.swap_ab or spec.config.unaligned:
             return None
         return spec.packed_variant()
@@ -519,13 +521,13 @@ class StagedLauncher:
         ctx = _stream_context(sig.framework, stream) if d.stage else None
         if ctx is None:
             return self._unaligned(key, ptrs, A, B, kwargs, out, stream)
-        g = self.gemm.graph
+        g = self.graph
         fw, dev = sig.framework, sig.device
         given = _given(g, out)
         if d.split is not None:
             self.split_calls += 1
             with ctx:
-                return phase_split.run(self.gemm, d.split, A, B, kwargs, given, stream, loads=self.loads,
+                return phase_split.run(self.dispatch, d.split, A, B, kwargs, given, stream, loads=self.loads,
                                        stores=self.stores, rows=self._rows, cols=self._cols)
         self.staged += 1
         with ctx:
@@ -538,7 +540,7 @@ class StagedLauncher:
                 kw[n] = obj
             if d.packed is not None:  # NOTE [Stores into packed rows]: the caller's outputs in place
                 self.packed_calls += 1
-                return self.gemm.launcher(d.packed)(A, B, kw, out, stream)
+                return self.family.launcher(d.packed)(A, B, kw, out, stream)
             # a staged output is left to evtc's allocation (rows already padded, and its ragged N
             # is padding there: NOTE [Ragged N and TMA stores]), then copied into the caller's
             if out is None or not d.outputs:
@@ -547,7 +549,7 @@ class StagedLauncher:
                 out2 = {n: x for n, x in out.items() if n not in d.outputs} or None
             else:
                 out2 = None
-            res = self.gemm.run(A, B, kw, out2, stream)
+            res = self.dispatch.run(A, B, kw, out2, stream)
             got = res if isinstance(res, dict) else {g.outputs[0].name: res}
             for n in d.outputs:
                 _copy(fw, given[n], got[n])

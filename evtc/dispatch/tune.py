@@ -1,9 +1,9 @@
 """The autotuner: time a family's kernels on the GPU and remember the fastest per shape bucket.
 
-Input: a :class:`evtc.Gemm` and problem shapes. Output: per (epilogue, dtypes, arch, device,
+Input: a Gemm's :class:`~evtc.dispatch.dispatcher.Dispatcher` and problem shapes. Output: per (epilogue, dtypes, arch, device,
 shape bucket), the member and run-time arguments that ran fastest, stored as JSON under the
 kernel cache directory (``<cache>/tuning/<key>.json``) so that later processes reuse them;
-:meth:`evtc.Gemm.choose` consults the store before its heuristic.
+:meth:`evtc.dispatch.family.GemmFamily.choose` consults the store before its heuristic.
 
 Candidates are the family's members with the run-time variants the stream-K kernels offer
 (split-K with 1, 2, 4, 8 and 16 splits; CUTLASS's stream-K decomposition). Each is timed with
@@ -53,12 +53,13 @@ class TuneStore:
         self._data: dict | None = None
 
     @classmethod
-    def for_gemm(cls, gemm) -> "TuneStore":
-        """The store of ``gemm``: keyed by its epilogue's IR after passes, dtypes and arch."""
+    def for_family(cls, family) -> "TuneStore":
+        """The store of a :class:`~evtc.dispatch.family.GemmFamily`: keyed by its epilogue's IR
+        after passes, dtypes, arch and members."""
         from evtc.compiler.store import cache_root
 
-        material = json.dumps([STORE_FORMAT, str(gemm.graph), gemm.a.name, gemm.b.name, gemm.arch,
-                               sorted((n, s.config.kernel_json(s.arch)) for n, s in gemm.family.items())])
+        material = json.dumps([STORE_FORMAT, str(family.graph), family.a.name, family.b.name, family.arch,
+                               sorted((n, s.config.kernel_json(s.arch)) for n, s in family.members.items())])
         key = hashlib.sha256(material.encode()).hexdigest()[:32]
         return cls(cache_root(create=False).path / "tuning" / f"{key}.json")
 
@@ -95,12 +96,13 @@ class TuneStore:
             self._data = data
 
 
-def candidates(gemm, p: Problem) -> list[KernelSpec]:
-    """The members and run-time variants worth timing for ``p``."""
-    from evtc.gemm import atomic_reductions
+def candidates(family, p: Problem) -> list[KernelSpec]:
+    """The members and run-time variants of a :class:`~evtc.dispatch.family.GemmFamily` worth
+    timing for ``p``."""
+    from evtc.dispatch.family import atomic_reductions
 
     out: list[KernelSpec] = []
-    for spec in gemm.family.values():
+    for spec in family.members.values():
         cfg = spec.config
         if cfg.swap_ab and p.M > 256:
             continue  # swap-AB is for small M
@@ -110,7 +112,7 @@ def candidates(gemm, p: Problem) -> list[KernelSpec]:
             tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1]) * p.L
             k_tiles = math.ceil(p.K / tile[2])
             out.append(spec.with_runtime(split_k=1, decomposition="data_parallel"))
-            if not atomic_reductions(gemm.graph, cfg):  # NOTE [Scalar reductions and stream-K]
+            if not atomic_reductions(family.graph, cfg):  # NOTE [Scalar reductions and stream-K]
                 out.append(spec.with_runtime(split_k=1, decomposition="stream_k"))
             for s in (2, 4, 8, 16):
                 if s <= k_tiles and tiles * s <= 4 * p.sm_count:
@@ -130,12 +132,12 @@ def _wait(event: Any, limit_s: float) -> bool:
     return True
 
 
-def tune(gemm, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: float = 2.0, seed: int = 0,
+def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: float = 2.0, seed: int = 0,
          store: bool = True, verbose: bool = False) -> list[dict]:
     """Time the candidates of every shape and store the fastest (see the module docstring).
 
     Args:
-        gemm: a family Gemm (a pinned one has nothing to choose).
+        dispatch: a family Gemm's Dispatcher (a pinned one has nothing to choose).
         shapes: (M, N, K) or (M, N, K, L) problems.
         iters: timed samples per candidate.
         limit_s: a candidate whose first call runs longer on the GPU is dropped, in seconds.
@@ -162,26 +164,29 @@ def tune(gemm, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: f
         raise NoDeviceError("tuning needs a CUDA GPU", hint="run gemm.tune on the machine the kernels will run on")
     device = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    db = TuneStore.for_gemm(gemm)
+    from evtc.dispatch.family import kernel_key
+
+    fam = dispatch.family
+    db = TuneStore.for_family(fam)
     results = []
     for shape in shapes:
         M, N, K, L = (tuple(shape) + (1,))[:4]
         p = Problem(M, N, K, L, sm_count=sms)
-        cands = candidates(gemm, p)
-        kernels = {gemm._kernel_key(c): gemm.kernel(c) for c in cands}
+        cands = candidates(fam, p)
+        kernels = {kernel_key(c): fam.kernel(c) for c in cands}
         unbuilt = [k for k in kernels.values() if k.library is None]
         if unbuilt:
             for k, art in zip(unbuilt, cache.build_many([k.job() for k in unbuilt])):
                 if not isinstance(art, Exception):
                     k.load(art)
         # a few input sets, rotated, so that A and B are not all L2 hits
-        sets = [make_inputs(gemm.graph, gemm.a, gemm.b, TestProblem(M, N, K, L), seed=seed + i) for i in range(3)]
+        sets = [make_inputs(fam.graph, fam.a, fam.b, TestProblem(M, N, K, L), seed=seed + i) for i in range(3)]
         fns, names = {}, {}
         for c in cands:
             label = c.config.schedule_name
-            if kernels[gemm._kernel_key(c)].library is None:
+            if kernels[kernel_key(c)].library is None:
                 continue
-            launcher = gemm.launcher(c)
+            launcher = fam.launcher(c)
             state = {"i": 0}
 
             def call(launcher=launcher, state=state):
@@ -210,8 +215,8 @@ def tune(gemm, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: f
             times.update(time_interleaved(rest, iters=iters))
         best = min(times, key=times.get)
         winner = names[best]
-        member = next(n for n, s in gemm.family.items() if gemm._kernel_key(s) == gemm._kernel_key(winner))
-        heur = gemm.choose(M, N, K, L)
+        member = next(n for n, s in fam.members.items() if kernel_key(s) == kernel_key(winner))
+        heur = fam.choose(M, N, K, L)
         rec = {"member": member, "runtime": {"split_k": winner.config.split_k,
                                              "decomposition": winner.config.decomposition},
                "ms": times[best], "times_ms": times, "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -222,7 +227,7 @@ def tune(gemm, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: f
                                       "ms": times.get(heur.config.schedule_name)}})
         if verbose:
             print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (heuristic {heur.config.schedule_name})")
-    gemm._tuned = None  # re-read the store
+    fam.forget_tuning()  # re-read the store
     if store:
-        gemm._forget_dispatch()  # calls already dispatched take the new choices too
+        dispatch.forget()  # calls already dispatched take the new choices too
     return results

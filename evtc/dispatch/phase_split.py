@@ -13,7 +13,7 @@ evtc/gemm.py.)
 TMA needs a tensor's base address and every stride to be multiples of 16 bytes
 (``cuTensorMapEncodeTiled``), and a box's first column too (a box starting 2 bytes past a
 16-byte boundary faults with an illegal instruction on the H100: NOTE [Padded staging for
-unaligned rows] in :mod:`evtc.runtime.staging`). Rows of N = 50257 bf16 elements start at
+unaligned rows] in :mod:`evtc.dispatch.staging`). Rows of N = 50257 bf16 elements start at
 every even byte offset mod 16, but row r and row r + 8 start at the same offset (8 rows are
 8 x 100514 = 804112 bytes, a multiple of 16). So, with ``G`` the smallest count of rows whose
 stride is a multiple of 16 bytes, the rows ``l, l + G, l + 2G, ...`` ("phase" ``l``) all start
@@ -205,7 +205,7 @@ def reread_ok(M: int, N: int, K: int, groups: int, b_bytes: int) -> bool:
     return groups * N * K * b_bytes / HBM_BYTES_PER_S <= REREAD_FRACTION * 2.0 * M * N * K / MMA_FLOPS
 
 
-def members(gemm, geom: Geometry, K: int):
+def members(dispatch, geom: Geometry, K: int):
     """(main, fringe): the KernelSpecs the split's two batched calls run on (to prebuild them, or
     to name the route in a benchmark).
 
@@ -218,71 +218,71 @@ def members(gemm, geom: Geometry, K: int):
     * fringe: ``(M/G, F, K, L = G)`` is a few tiles with the whole K each; on the ``kheavy``
       member with split-K where its tiles fill less than half the SMs.
     """
-    from evtc.family.spec import _tiles
+    from evtc.family.spec import _tiles, split_count
 
+    fam = dispatch.family
     G, Mb = geom.groups, geom.rows
-    main = gemm.choose(Mb, geom.main_n, K, G)  # without its cluster where that pads (NOTE [Cluster padding])
-    inner = BATCH_INNER if BATCH_INNER is not None else not reread_ok(geom.M, geom.N, K, G, gemm.b.bytes)
+    main = fam.choose(Mb, geom.main_n, K, G)  # without its cluster where that pads (NOTE [Cluster padding])
+    inner = BATCH_INNER if BATCH_INNER is not None else not reread_ok(geom.M, geom.N, K, G, fam.b.bytes)
     if G > 1 and inner:
         main = main.batch_inner_variant()
-    fringe = gemm.choose(Mb, geom.fringe_n, K, G)
-    kheavy = gemm.family.get("kheavy")
-    sms = gemm.target.sm_count
+    fringe = fam.choose(Mb, geom.fringe_n, K, G)
+    kheavy = fam.members.get("kheavy")
+    sms = fam.target.sm_count
     if kheavy is not None and kheavy.config.scheduler == "streamk":
         tiles = _tiles(Mb, geom.fringe_n, G, kheavy.config.tile)
-        k_tiles = -(-K // kheavy.config.tile[2])
-        splits = min(sms // max(tiles, 1), k_tiles // 4, 16)
+        splits = split_count(tiles, -(-K // kheavy.config.tile[2]), sms, min_k_tiles=4)
         if 2 * tiles < sms and splits >= 2:
             fringe = kheavy.with_runtime(split_k=splits, decomposition="split_k")
     return main, fringe
 
 
-def packed_geometry(gemm, M: int, N: int, K: int) -> Geometry | None:
+def packed_geometry(dispatch, M: int, N: int, K: int) -> Geometry | None:
     """The split the route takes for a call whose M x N tensors are all packed (row stride N,
     16-byte-aligned bases) in the Gemm's C and D dtypes, or None: no split fits, or the route's
-    rule (:func:`evtc.runtime.staging.split_taken`, the one a call applies) doesn't take it."""
+    rule (:func:`evtc.dispatch.staging.split_taken`, the one a call applies) doesn't take it."""
+    from evtc.dispatch import staging
     from evtc.ir.nodes import Store
-    from evtc.runtime import staging
 
-    g = gemm.graph
+    g = dispatch.graph
     if any(not isinstance(o, Store) for o in g.outputs) or staging.split_mode() == "never":
         return None
-    ts = [(0, N, dt.bytes) for dt in (gemm.c, gemm.d) if dt is not None]
-    geom = find_geometry(M, N, ts, align_bytes=[gemm.d.bytes])
+    ts = [(0, N, dt.bytes) for dt in (dispatch.c, dispatch.d) if dt is not None]
+    geom = find_geometry(M, N, ts, align_bytes=[dispatch.d.bytes])
     if geom is None:
         return None
     loads, stores = staging.mn_tensors(g)
-    how = staging.mode(getattr(gemm, "unaligned_staging", None))
+    how = staging.mode(dispatch.unaligned_staging)
     penalty = staging.decide(M, N, 1, loads, stores, (), (), how).penalty_s
     return geom if how != "never" and staging.split_taken(geom, penalty, how) else None
 
 
-#: gemm -> {(geom, K, BATCH_INNER): (main launcher, fringe launcher)}: choosing the members and
+#: dispatcher -> {(geom, K, BATCH_INNER): (main launcher, fringe launcher)}: choosing the members and
 #: finding their launchers costs about 110 us of host time a call (CPU machine), more than the
 #: rest of the split's host work
 _LAUNCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def launchers(gemm, geom: Geometry, K: int):
-    """(main, fringe) launchers of :func:`members`, cached per Gemm, split and K."""
+def launchers(dispatch, geom: Geometry, K: int):
+    """(main, fringe) launchers of :func:`members`, cached per dispatcher, split and K."""
     key = (geom, K, BATCH_INNER)
     try:
-        per = _LAUNCHERS.setdefault(gemm, {})
+        per = _LAUNCHERS.setdefault(dispatch, {})
     except TypeError:  # not weak-referenceable (a test's stand-in): no cache
         per = {}
     hit = per.get(key)
     if hit is None:
         if len(per) >= 64:
             per.clear()
-        main, fringe = members(gemm, geom, K)
-        hit = per[key] = (gemm.launcher(main), gemm.launcher(fringe))
+        main, fringe = members(dispatch, geom, K)
+        hit = per[key] = (dispatch.family.launcher(main), dispatch.family.launcher(fringe))
     return hit
 
 
-def forget(gemm) -> None:
-    """Drop the cached members of ``gemm``'s splits (after tuning changed its choices)."""
+def forget(dispatch) -> None:
+    """Drop the cached members of ``dispatch``'s splits (after tuning changed its choices)."""
     try:
-        _LAUNCHERS.pop(gemm, None)
+        _LAUNCHERS.pop(dispatch, None)
     except TypeError:
         pass
 
@@ -343,14 +343,14 @@ def _bits(torch, t):
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
-def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[str, Any], stream: Any, *,
+def run(dispatch, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[str, Any], stream: Any, *,
         loads: Mapping[str, Any], stores: Mapping[str, Any], rows: set[str], cols: set[str]):
     """One call on the split (inside the call's stream context): the gathers, the main and fringe
     calls, the scatter; returns what :meth:`evtc.Gemm.__call__` would (the caller's outputs,
     written in place).
 
     Args:
-        gemm: the family Gemm.
+        dispatch: the family Gemm's Dispatcher.
         geom: the split.
         A: (M, K) torch tensor; B: (N, K).
         kwargs: the epilogue's arguments (M x N loads fit ``geom``).
@@ -410,7 +410,7 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
         y = outs[n] = given[n]
         out_main[n] = main_mn(y)
         bufs[n], out_fringe[n] = scratch(y.dtype, dt.bytes)
-    main, fringe = launchers(gemm, geom, K)
+    main, fringe = launchers(dispatch, geom, K)
     # the gathers above ran first, so the two calls are independent (an in-place out=C: the
     # fringe reads C's gathered copy, the main call C itself)
     if OVERLAP_FRINGE and dev.type == "cuda":
@@ -427,6 +427,6 @@ def run(gemm, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[st
         main(A3, B3, kw_main, out_main, stream)
     for n, y in outs.items():
         _bits(torch, y).put_(dst, _bits(torch, bufs[n][:, :W]).take(src))
-    if len(outs) == 1 and len(gemm.graph.outputs) == 1:
+    if len(outs) == 1 and len(dispatch.graph.outputs) == 1:
         return next(iter(outs.values()))
-    return {o.name: outs[o.name] for o in gemm.graph.outputs}
+    return {o.name: outs[o.name] for o in dispatch.graph.outputs}

@@ -1,0 +1,253 @@
+"""A GEMM's kernel family: its members, a kernel per member, a launcher per member and run-time
+arguments, and the choice of one for a problem.
+
+Input: a :class:`~evtc.pipeline.Pipeline` (the epilogue's build path), an arch, and a pinned
+configuration or none. Output: :class:`GemmFamily`, the :class:`KernelFamily` the dispatch
+stage, the tuner and the routes (staging, the row-phase split, conv's 1x1 route) drive: they ask
+it for members, kernels, launchers and choices, and never reach into a facade.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Protocol
+
+from evtc.abi import abi_fields, ctypes_struct
+from evtc.compiler import cache
+from evtc.errors import ConfigError
+from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue, on_demand
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import Reduction
+from evtc.pipeline import Kernel, Pipeline
+from evtc.plan.config import DECOMPOSITIONS, RASTER_ORDERS, GemmConfig, atomic_reduction, column_reduction_tile_ok
+from evtc.plan.target import Target
+from evtc.runtime.bind import Binder
+from evtc.runtime.launch import Launcher
+
+__all__ = ["GemmFamily", "KernelFamily", "atomic_reductions", "check_decomposition", "kernel_key", "scheduler_args"]
+
+
+class KernelFamily(Protocol):
+    """What the dispatch stage, the tuner and the routes use of a family."""
+
+    arch: str
+    target: Target
+    graph: Graph
+    members: dict[str, KernelSpec]
+
+    def kernel(self, spec: KernelSpec | str) -> Kernel: ...
+
+    def primary_binder(self) -> Binder:
+        """The primary kernel's argument checker (before it is built: the ABI from the graph)."""
+        return self.binder(self.primary.spec, self.primary)
+
+    def launcher(self, spec: KernelSpec) -> Launcher: ...
+
+    def choose(self, M: int, N: int, K: int, L: int = 1, *, aligned_mn: bool = True, aligned_k: bool = True,
+               sm_count: int | None = None, device: str | None = None) -> KernelSpec: ...
+
+
+def kernel_key(spec: KernelSpec) -> str:
+    """What identifies a build: specs with the same key share one kernel (they differ only in
+    run-time fields)."""
+    return json.dumps([spec.arch, spec.config.kernel_json(spec.arch)], sort_keys=True)
+
+
+def atomic_reductions(graph: Graph, config: GemmConfig) -> list[Reduction]:
+    """The reduction outputs a kernel of ``config`` reduces with atomics on sm90: the scalar
+    ones, and row/column max/min into f32 where the config makes them atomic
+    (:func:`evtc.plan.config.atomic_reduction`; the planner's :func:`evtc.plan.sm90.reduction_mode`)."""
+    return [o for o in graph.outputs if isinstance(o, Reduction) and atomic_reduction(o, config)]
+
+
+def scheduler_args(config: GemmConfig, arch: str, graph: Graph | None = None) -> dict[str, int]:
+    """The sm90 tile scheduler's run-time arguments of ``config`` (fields of ``evtc_args_t``).
+
+    NOTE [Scalar reductions and stream-K]: on the H100 (2026-11-23, tests/gpu/test_family_gpu.py)
+    fp8_out's amax (CUTLASS's ``Sm90ScalarReduction``) came out 15 % too large for one batch of a
+    777x1031x1024x2 problem under the stream-K decomposition, while D, row and column reductions
+    were exact (through the workspace). Until the cause is found, a kernel with an atomic
+    reduction (:func:`atomic_reductions`) never runs stream-K: an explicit
+    ``decomposition="stream_k"`` is refused (:func:`check_decomposition`) and CUTLASS's
+    ``"heuristic"`` becomes data-parallel (or split-K with splits > 1).
+    """
+    if arch != "sm90":
+        return {}
+    decomposition = config.decomposition
+    if graph is not None and decomposition == "heuristic" and atomic_reductions(graph, config):
+        decomposition = "split_k" if config.split_k > 1 else "data_parallel"
+    return {"max_swizzle_size": 1 << config.swizzle, "raster_order": RASTER_ORDERS.index(config.raster),
+            "splits": config.split_k, "decomposition_mode": DECOMPOSITIONS.index(decomposition),
+            "reduction_mode": 0}
+
+
+def check_decomposition(graph: Graph, config: GemmConfig) -> None:
+    """Refuse the stream-K decomposition for a kernel with atomic reductions.
+
+    Raises:
+        ConfigError: ``config.decomposition == "stream_k"`` and ``graph`` has an output
+            :func:`atomic_reductions` lists for ``config`` (NOTE [Scalar reductions and
+            stream-K] in :func:`scheduler_args`).
+    """
+    if config.decomposition == "stream_k" and (atomic := atomic_reductions(graph, config)):
+        names = ", ".join(o.name for o in atomic)
+        scalar = all(o.dim is None for o in atomic)
+        raise ConfigError(f"decomposition='stream_k' with {'a scalar' if scalar else 'an atomic'} reduction ({names}) "
+                          "gave a wrong result on the H100, so evtc does not run it",
+                          epilogue=graph.name,
+                          hint="use decomposition='split_k' (with split_k=S) or 'data_parallel'"
+                               + ("" if scalar else ", or atomic_reductions=False (reduce through the workspace)"))
+
+
+class GemmFamily:
+    """The kernels of one Gemm: a default family (or one pinned configuration), a
+    :class:`~evtc.pipeline.Kernel` per distinct build, a :class:`~evtc.runtime.launch.Launcher`
+    per member and run-time arguments.
+
+    Args:
+        pipeline: the epilogue's build path.
+        arch: ``sm90`` or ``sm80``.
+        target: the arch's :class:`~evtc.plan.target.Target`.
+        config: a validated configuration to pin, or None for the default family.
+        policy, rank, fixed: the primary kernel's planner options (:class:`evtc.Gemm`'s ``plan``
+            and ``plan_rank``).
+
+    Attributes:
+        members: name -> :class:`~evtc.family.spec.KernelSpec`; ``{"pinned": spec}`` for a pinned
+            configuration.
+        graph: the epilogue after passes for ``arch``. traits: its
+            :class:`~evtc.family.spec.EpilogueTraits`.
+        primary: the first member's kernel (planned at construction).
+
+    Raises:
+        ConfigError: a pinned stream-K decomposition with atomic reductions.
+        EvtcError: planning errors of the primary kernel.
+    """
+
+    def __init__(self, pipeline: Pipeline, arch: str, target: Target, config: GemmConfig | None, *,
+                 policy: str = "evtc", rank: int = 0, fixed: Mapping | None = None) -> None:
+        self.pipeline = pipeline
+        self.arch, self.target = arch, target
+        self.a, self.b = pipeline.a, pipeline.b
+        self.name = pipeline.name
+        self.graph = pipeline.graph_for(arch)
+        self.traits = EpilogueTraits.of(self.graph)  # what the choice of member depends on
+        self.policy = policy
+        if config is not None:
+            check_decomposition(pipeline.traced, config)
+            self.members = {"pinned": KernelSpec("pinned", config, arch)}
+        else:
+            # without members whose tile the epilogue can't take (a column reduction: tile N of at
+            # most 32 or a multiple of 64, so no pp128x176)
+            self.members = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self.traits)
+                            if s.arch != "sm90" or column_reduction_tile_ok(self.graph, s.config)}
+        first = next(iter(self.members.values()))
+        self._kernels: dict[str, Kernel] = {}
+        self.primary = self._kernels[kernel_key(first)] = pipeline.kernel(first, policy, rank, fixed)
+        self.launchers: dict[tuple, Launcher] = {}
+        self._tuned = None
+
+    @property
+    def pinned(self) -> bool:
+        return "pinned" in self.members
+
+    def kernel(self, spec: KernelSpec | str) -> Kernel:
+        """The (planned, maybe not built) kernel of a member, by spec or member name (an
+        on-demand member by its name: ``unaligned``, ``unaligned_pingpong``, ``unaligned_k``)."""
+        if isinstance(spec, str):
+            spec = self.members[spec] if spec in self.members else on_demand(self.arch, self.a, self.b, spec)
+        key = kernel_key(spec)
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = self.pipeline.kernel(spec, self.policy)
+        return k
+
+    def kernels(self) -> list[Kernel]:
+        """The kernels of the members, one per distinct build."""
+        out: dict[str, Kernel] = {}
+        for s in self.members.values():
+            out.setdefault(kernel_key(s), self.kernel(s))
+        return list(out.values())
+
+    def build(self, kernels: list[Kernel], timeout: float | None = None, executor=None) -> None:
+        """Compile (or fetch from the cache) and load ``kernels``, in parallel.
+
+        Raises:
+            BuildError: nvcc failed (the source and log are kept and named).
+        """
+        if len(kernels) == 1:
+            kernels[0].build(timeout)
+            return
+        results = cache.build_many([k.job() for k in kernels], executor=executor, timeout=timeout)
+        for k, r in zip(kernels, results):
+            if isinstance(r, Exception):
+                raise r
+            k.load(r)
+
+    def binder(self, spec: KernelSpec, kernel: Kernel, Args=None) -> Binder:
+        """The argument checker of ``spec`` on ``kernel`` (``Args``: its library's struct; before
+        it is built, the ABI from the graph)."""
+        cfg = spec.config
+        if Args is None:
+            Args = kernel.library.Args if kernel.library is not None else ctypes_struct(abi_fields(self.graph, self.arch))
+        unaligned = cfg.unaligned
+        direct = frozenset() if unaligned or spec.arch != "sm90" else frozenset(
+            b.name for b in kernel.plan.buffers if b.mode == "direct" and b.role in ("aux_load", "aux_store"))
+        runtime = cfg.replace(swizzle=cfg.swizzle if cfg.swizzle is not None else kernel.config.swizzle)
+        return Binder(self.pipeline.graph_for(spec.arch), self.a, self.b, Args, direct,
+                      scheduler_args(runtime, spec.arch, self.graph),
+                      arch=spec.arch, swap=cfg.swap_ab, mn_tma=spec.arch == "sm90" and not unaligned,
+                      packed_stores=cfg.packed_stores)
+
+    def primary_binder(self) -> Binder:
+        """The primary kernel's argument checker (before it is built: the ABI from the graph)."""
+        return self.binder(self.primary.spec, self.primary)
+
+    def launcher(self, spec: KernelSpec) -> Launcher:
+        """The launcher of a member with its run-time arguments (builds its kernel on first use).
+
+        Raises:
+            BuildError: nvcc failed.
+        """
+        key = (kernel_key(spec), json.dumps(spec.config.to_json(), sort_keys=True))
+        launcher = self.launchers.get(key)
+        if launcher is None:
+            kernel = self.kernel(spec)
+            if kernel.library is None:
+                kernel.build()
+            launcher = self.launchers[key] = Launcher(self.binder(spec, kernel, kernel.library.Args),
+                                                      kernel.library, self.name)
+        return launcher
+
+    def choose(self, M: int, N: int, K: int, L: int = 1, *, aligned_mn: bool = True, aligned_k: bool = True,
+               sm_count: int | None = None, device: str | None = None) -> KernelSpec:
+        """The member (with its run-time arguments) a problem runs on: the tuner's stored choice
+        for its shape bucket on ``device`` if there is one, else the heuristic's
+        (:func:`evtc.family.spec.choose`)."""
+        if self.pinned:
+            return self.members["pinned"]
+        p = Problem(M, N, K, L, aligned_mn, aligned_k, sm_count or self.target.sm_count)
+        if aligned_mn and aligned_k and device is not None:
+            tuned = self.tuned_choice(p, device)
+            if tuned is not None:
+                return tuned
+        return choose(self.members, p, self.arch, self.a, self.b, self.traits)
+
+    def tuned_choice(self, p: Problem, device: str) -> KernelSpec | None:
+        """The tuner's stored choice for ``p`` on ``device`` (:mod:`evtc.dispatch.tune`), or None."""
+        from evtc.dispatch import tune
+
+        if self._tuned is None:
+            self._tuned = tune.TuneStore.for_family(self)
+        rec = self._tuned.get(tune.shape_bucket(p.M, p.N, p.K, p.L), device)
+        if rec is None:
+            return None
+        try:
+            base = self.members[rec["member"]]
+        except KeyError:
+            return None
+        return base.with_runtime(**{k: rec["runtime"][k] for k in ("split_k", "decomposition") if k in rec["runtime"]})
+
+    def forget_tuning(self) -> None:
+        """Read the tuner's store again on the next choice."""
+        self._tuned = None
