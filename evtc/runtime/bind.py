@@ -525,7 +525,7 @@ class Binder:
                 strides = (ext[0], 1) if (batched and ext) else ((1,) if batched or ext else ())
             index = len(ops)
             if n in given:
-                v = tensors.view(given[n], label, g.name)
+                v = tensors.view(given[n], label, g.name, writable=True)
                 store_tma = self.mn_tma and not self.packed_stores
                 self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True,
                             align16=store_tma if isinstance(o, Store) else self.mn_tma)

@@ -556,7 +556,7 @@ class ConvBinder(Binder):
         out_nhwc = geo.shape(on)
 
         def matrix(obj: Any, name: str, dtype: DType, output: bool) -> TensorView:
-            v = tensors.view(obj, name, ename)
+            v = tensors.view(obj, name, ename, writable=output)
             nv = to_nhwc(v, self.layout)
             if len(v.shape) == 2:
                 mv = v
@@ -632,7 +632,7 @@ class ConvBinder(Binder):
                 continue
             ext = {1: (M,), 0: (N,), None: ()}[o.dim]
             if nm in given:
-                v = tensors.view(given[nm], label, ename)
+                v = tensors.view(given[nm], label, ename, writable=True)
                 self._check(v, label, o.dtype, [ext], dev, False, output=True)
                 add(v, label, f"p_{nm}", o.dtype, output=True, mask=eb - 1, rows=None, inplace=False)
             else:
