@@ -140,3 +140,14 @@ def test_every_docs_page_is_listed(listing):
                and f"`{p.name}`" not in text and f"({p.name})" not in text and f"(docs/{p.name})" not in text]
     assert not missing, f"{listing} does not list {missing}"
 
+
+def test_gpu_suite_chunks_run_every_gpu_test_file():
+    """`benchmarks/gpu_suite.sh chunk N/M` runs the whole GPU suite over its chunks
+    (docs/testing.md): a new tests/gpu file must join a chunk."""
+    text = (ROOT / "benchmarks" / "gpu_suite.sh").read_text()
+    chunks = text[text.index("  case $n in"):text.index("  esac", text.index("  case $n in"))]
+    run = set(re.findall(r"\$G/(test_\w+\.py)", chunks))
+    files = {p.name for p in (ROOT / "tests" / "gpu").glob("test_*.py")}
+    assert files <= run, f"in no chunk of benchmarks/gpu_suite.sh: {sorted(files - run)}"
+    n = int(re.search(r"^NCHUNKS=(\d+)$", text, re.M).group(1))
+    assert re.findall(r"^    (\d+)\) ", chunks, re.M) == [str(i) for i in range(1, n + 1)]
