@@ -93,9 +93,9 @@ from evtc.ir.nodes import (
 
 __all__ = [
     "ACC_SAFETY", "F32_ERROR", "FP8_PROMOTION_INTERVAL", "LAMBDA", "LIPSCHITZ", "U_FP8_MMA", "ULPS", "OutputCheck",
-    "Problem", "accumulator_error", "check", "check_outputs", "compare", "failure_report", "fast_accumulation",
-    "make_inputs", "padded_empty", "padding_of", "poisoned_outputs", "random_tensor", "reference",
-    "reference_and_bounds", "relative_error", "to_numpy", "tolerance", "ulp", "verify",
+    "Problem", "accumulator_error", "check", "check_outputs", "chosen_kernel", "compare", "failure_report",
+    "fast_accumulation", "make_inputs", "padded_empty", "padding_of", "poisoned_outputs", "random_tensor",
+    "reference", "reference_and_bounds", "relative_error", "to_numpy", "tolerance", "ulp", "verify",
 ]
 
 #: ulps of the output dtype granted on top of the propagated bound (NOTE [The error bound]).
@@ -398,6 +398,9 @@ class OutputCheck:
         ulps: the worst element's error in ulps of ``dtype`` at ``expected``.
         allowed_ulps: its bound, ``ULPS`` plus its propagated ``E``, in the same ulps.
         rel_err: ``||got - expected|| / ||expected||`` over the finite elements (informational).
+        error: the worst element's ``|got - expected|``.
+        allowed: its bound, ``ULPS * (ulp(expected) + ulp(v)) / 2 + E`` (``error <= allowed``
+            passes).
     """
 
     name: str
@@ -414,6 +417,8 @@ class OutputCheck:
     ulps: float
     allowed_ulps: float
     rel_err: float
+    error: float = math.nan
+    allowed: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -437,6 +442,22 @@ class OutputCheck:
         nan = f" ({self.nan} NaN: unwritten or invalid)" if self.nan else ""
         return head + f"FAILED, {self.bad} of {self.total} elements outside the bound{nan}{pad}; {where}"
 
+    def summary(self) -> str:
+        """One line for a report (``evtc run``, ``evtc demo``): the verdict, and the worst element
+        (the largest ``error / allowed``) with its error and its allowed bound, absolute and in
+        ulps of the output dtype at the expected value."""
+        if self.ok:
+            verdict = "ok"
+        else:
+            why = [f"{self.nan} NaN"] if self.nan else []
+            why += [f"{self.padding_written} written past the last column"] if self.padding_written else []
+            verdict = (f"FAILED: {self.bad} of {self.total} elements outside their bound"
+                       + (f" ({', '.join(why)})" if why else ""))
+        if self.index is None:
+            return f"{self.name}: {verdict}, no elements"
+        return (f"{self.name}: {verdict}; worst element {self.index}: error {self.error:.2e} "
+                f"({self.ulps:.3g} ulps of {self.dtype.name}), allowed {self.allowed:.2e} ({self.allowed_ulps:.3g} ulps)")
+
     def to_json(self) -> dict:
         """The fields of ``EVTC_ERROR_REPORT``'s entries."""
         return {"output": self.name, "dtype": self.dtype.name, "ok": self.ok, "elements": self.total,
@@ -445,7 +466,8 @@ class OutputCheck:
                 "rel_err": _json_float(self.rel_err),
                 "worst": None if self.index is None else {
                     "index": list(self.index), "got": _json_float(self.got), "expected": _json_float(self.expected),
-                    "ulps": _json_float(self.ulps), "allowed_ulps": _json_float(self.allowed_ulps)}}
+                    "ulps": _json_float(self.ulps), "allowed_ulps": _json_float(self.allowed_ulps),
+                    "error": _json_float(self.error), "allowed": _json_float(self.allowed)}}
 
 
 def _json_float(x: float):
@@ -501,7 +523,7 @@ def compare(name: str, got, expected, dtype: DType, bound=0.0, *, padding=None) 
         max_ulps=float(np.max(np.where(finite, ulps, np.inf))), index=tuple(int(i) for i in idx),
         got=float(got[idx]), expected=float(exp[idx]), ulps=float(ulps[idx]),
         allowed_ulps=float(np.divide(allowed[idx], u_exp[idx])) if np.isfinite(u_exp[idx]) else math.inf,
-        rel_err=rel,
+        rel_err=rel, error=float(diff[idx]), allowed=float(allowed[idx]),
     )
 
 
@@ -696,6 +718,23 @@ def check_outputs(gemm, inputs: Mapping[str, Any], outputs: Mapping[str, Any], *
     pads = {k: p for k, v in outputs.items() if padding and hasattr(v, "stride") and (p := padding_of(v)) is not None}
     acc_err = accumulator_error(sq, K, gemm.a, fast_accum=fast_accumulation(gemm))
     return verify(graph, got, acc, acc_err, vals, padding=pads)
+
+
+def chosen_kernel(gemm, p: Problem, *, device: str | None = None):
+    """The kernel (:class:`evtc.gemm.Kernel`, maybe not built) of the member :meth:`Gemm.choose
+    <evtc.gemm.Gemm.choose>` picks for a call on :func:`make_inputs` data with
+    :func:`poisoned_outputs` (as :func:`check` and :func:`evtc.bench.bench_gemm` call): their rows
+    are padded to 16 bytes, so only an M x N output whose N ends mid-vector makes the call
+    unaligned (it then takes the unaligned member, or the padded staging route: NOTE [Padded
+    staging for unaligned rows]).
+
+    Args:
+        gemm: the family (or pinned) Gemm.
+        p: the problem.
+        device: the GPU's name, for the tuner's stored choices (None: the heuristic's).
+    """
+    aligned_mn = all(p.N % max(1, 16 // o.dtype.bytes) == 0 for o in gemm.graph.outputs if isinstance(o, Store))
+    return gemm.kernel(gemm.choose(p.M, p.N, p.K, p.L, aligned_mn=aligned_mn, device=device))
 
 
 def check(gemm, p: Problem, *, seed=0, device="cuda", batched=None) -> dict[str, OutputCheck]:

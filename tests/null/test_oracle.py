@@ -163,6 +163,17 @@ def test_compare_grants_one_ulp_for_the_two_roundings():
     assert [T.compare("D", got[i:i + 1], exp[i:i + 1], e4m3).ok for i in range(4)] == [True, True, False, False]
 
 
+def test_summary_states_the_worst_error_and_its_bound():
+    """What `evtc run` and `evtc demo` print: the worst element's error and its allowed bound, as
+    numbers and in ulps (not their ratio against a bound of 1)."""
+    r = T.compare("D", np.array([1.0, 1.25]), np.array([1.0, 1.0]), e4m3)
+    assert r.summary() == ("D: FAILED: 1 of 2 elements outside their bound; worst element (1,): error 2.50e-01 "
+                           "(2 ulps of e4m3), allowed 1.25e-01 (1 ulps)")
+    assert r.error == 0.25 and r.allowed == 0.125 and r.to_json()["worst"]["allowed"] == 0.125
+    ok = T.compare("D", np.array([1.0, 1.125]), np.array([1.0, 1.0]), e4m3)
+    assert ok.summary().startswith("D: ok; worst element (1,): error 1.25e-01 (1 ulps of e4m3), allowed 1.25e-01")
+
+
 def test_compare_adds_the_propagated_bound():
     exp = np.array([0.0, 0.0])
     got = np.array([1e-3, -1e-3])
