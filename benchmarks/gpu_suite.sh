@@ -8,6 +8,19 @@
 #   # on the GPU machine, from the project root:
 #   . ./.device-prelude.sh && bash benchmarks/gpu_suite.sh tests explore bias_relu planner plan_vs_stock runtime host
 #
+# The whole GPU suite (every tests/gpu/test_*.py) in chunks that each fit one 10-minute call of
+# the lent machine (docs/testing.md, "The whole GPU suite in chunks"):
+#
+#   bash benchmarks/gpu_suite.sh chunk list          # the chunks: their prebuild groups and tests
+#   bash benchmarks/gpu_suite.sh chunk 3/10 [DIR]    # chunk 3: prebuild its kernels, run its tests
+#
+# A chunk builds its kernels first, in parallel (benchmarks/prebuild.py groups; one nvcc per core,
+# EVTC_BUILD_JOBS), then runs its tests with `pytest -v`, stopping both at a deadline
+# (EVTC_CHUNK_LIMIT_S, 570 s from the start) so that what ran is still recorded: DIR (default
+# $OUT, else ./gpu-out) gets chunk-N.log, chunk-N.json (per-file passed/failed/skipped/error
+# counts, date, machine, commit, seconds, whether the deadline cut it) and errors_chunk-N.json
+# (EVTC_ERROR_REPORT). Exit status 0 when nothing failed and the deadline did not cut the run.
+#
 # Stages (in the order given): demo (evtc demo), tests (the sm90 GPU tests), random (the sm90 GPU
 # fuzz, tests/gpu/test_fuzz.py; random:EXPR: pytest -k EXPR as well), random80 (the sm80 fuzz),
 # sm80 (sm80:EXPR: pytest -k EXPR), sanitize (compute-sanitizer, benchmarks/sanitize.py), explore,
@@ -21,12 +34,139 @@
 # --activations), mlp (bench_torch.py: the MLP block under eager, torch.compile and the evtc
 # backend), prebuild:G1,G2 (build prebuild.py's groups G1, G2 on this machine's cores).
 set -uo pipefail
+start_s=$SECONDS
 out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out" "$EVTC_CACHE_DIR"
+[ "${1:-}" = chunk ] && [ -n "${3:-}" ] && out=$3
+mkdir -p "$out"
+[ -n "${EVTC_CACHE_DIR:-}" ] && mkdir -p "$EVTC_CACHE_DIR"
 for t in .carry/*.tar.xz; do [ -e "$t" ] && python3 -m evtc cache import "$t"; done
-export EVTC_BUILD_JOBS=${EVTC_BUILD_JOBS:-16}
+export EVTC_BUILD_JOBS=${EVTC_BUILD_JOBS:-$(nproc)}
 export EVTC_TEST_SOURCE=1  # the device imports the working tree (PYTHONPATH), not an install: tests/conftest.py
 rc=0
+
+# ---- the whole GPU suite in chunks ---------------------------------------------------------------
+# Each chunk: prebuild.py groups, then pytest runs. Kernel counts (2026-11-28) and the H100's build
+# rate (75 conv kernels in 207 s on its 16 cores: docs/performance.md) size them; the files without a
+# prebuild group (test_phase_split_gpu, test_staging_gpu, test_plugin_consumers, test_torch_backend_gpu)
+# build the members their calls choose, one at a time, and sit in chunks with room for that.
+NCHUNKS=10
+CHUNKS=(
+  ""
+  "sm90 tests and the runtime's: prebuild tests runtime (33 kernels); test_sm90_reference, test_sm90_language, test_sm90_planner, test_runtime_checks, test_graphs"
+  "sm80, torch, plugin, portable: prebuild sm80 torch (54 kernels); test_sm80_reference, test_torch_gpu, test_torch_backend_gpu, test_torch_fast_gpu, test_plugin_consumers, test_portable_gpu (skipped unless EVTC_PORTABLE_ARCHIVE)"
+  "the family: prebuild family (111 kernels); test_family_gpu"
+  "sm90 fuzz 0-99: prebuild random:0-99; test_fuzz -k sm90-0"
+  "sm90 fuzz 100-: prebuild random:100-199; test_fuzz -k 'sm90 and not sm90-0'"
+  "sm80 fuzz and the row-phase split: prebuild random80 (50 kernels); test_fuzz -k sm80, test_phase_split_gpu"
+  "the padded staging route: test_staging_gpu (no prebuild group: its calls build their members)"
+  "conv but the persistent members: prebuild conv:tests conv:family (86 kernels); test_conv_gpu -k 'not persistent_member'"
+  "conv persistent members 1: bias_relu, row_stats, fp8_out (36 kernels); test_conv_gpu -k 'persistent_member and not (many_aux or dgelu_bgrad)'"
+  "conv persistent members 2: many_aux, dgelu_bgrad (39 kernels); test_conv_gpu -k 'persistent_member and (many_aux or dgelu_bgrad)'"
+)
+G=tests/gpu
+
+left_s() { local l=$(( deadline_s - SECONDS )); echo $(( l > 1 ? l : 1 )); }  # timeout 0 would mean none
+
+chunk_prebuild() {  # prebuild.py groups, within the deadline
+  echo "--- prebuild $* ($(date +%T))"
+  timeout -k 10 "$(left_s)" python3 benchmarks/prebuild.py "$@" 2>&1 | tail -3
+}
+
+chunk_prebuild_persistent() {  # the persistent conv members of the named epilogues (comma-separated)
+  echo "--- prebuild conv:persistent of $1 ($(date +%T))"
+  timeout -k 10 "$(left_s)" python3 - "$1" <<'PY' 2>&1 | tail -3
+import sys
+sys.path[:0] = ["benchmarks", "tests", "tests/gpu"]
+import common
+import conv_cases as CC
+from evtc.compiler import BuildJob
+want = set(sys.argv[1].split(","))
+common.build_all([BuildJob(c.source, "sm90", f"{c.name}[{m}]")
+                  for (n, m, _), c in CC.persistent_convs().items() if n in want], "prebuild")
+PY
+}
+
+chunk_pytest() {  # pytest -v over its arguments, into the chunk's log; SIGINT at the deadline
+  local left; left=$(left_s)
+  if [ "$left" -le 5 ]; then echo "--- no time left for: $*" | tee -a "$log"; cut=1; return; fi
+  echo "--- pytest $* ($(date +%T), ${left} s left)"
+  timeout -s INT -k 20 "$left" python3 -m pytest -v -p no:cacheprovider -m gpu "$@" >> "$log" 2>&1
+  local st=$?
+  [ $st = 124 ] && cut=1
+  [ $st != 0 ] && [ $st != 5 ] && chunk_rc=1  # 5: nothing selected
+  grep -E "^(FAILED|ERROR) " "$log" | tail -5
+}
+
+run_chunk() {
+  local spec=$1 n=${1%%/*}
+  if [ "$spec" = list ]; then
+    for i in $(seq 1 $NCHUNKS); do echo "chunk $i/$NCHUNKS: ${CHUNKS[$i]}"; done
+    return 0
+  fi
+  if ! [[ "$n" =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt $NCHUNKS ] || { [ "$spec" != "$n" ] && [ "${spec#*/}" != $NCHUNKS ]; }; then
+    echo "chunk '$spec': expected N or N/$NCHUNKS with N from 1 to $NCHUNKS (bash benchmarks/gpu_suite.sh chunk list)"
+    return 2
+  fi
+  deadline_s=$(( start_s + ${EVTC_CHUNK_LIMIT_S:-570} ))
+  log=$out/chunk-$n.log; cut=0; chunk_rc=0
+  : > "$log"
+  export EVTC_ERROR_REPORT=$out/errors_chunk-$n.json
+  echo "=== chunk $n/$NCHUNKS: ${CHUNKS[$n]} ($(date +%T))"
+  local t0=$SECONDS
+  case $n in
+    1) chunk_prebuild tests runtime; t1=$SECONDS
+       chunk_pytest $G/test_sm90_reference.py $G/test_sm90_language.py $G/test_sm90_planner.py \
+         $G/test_runtime_checks.py $G/test_graphs.py ;;
+    2) chunk_prebuild sm80 torch; t1=$SECONDS
+       chunk_pytest $G/test_sm80_reference.py $G/test_torch_gpu.py $G/test_torch_backend_gpu.py $G/test_torch_fast_gpu.py \
+         $G/test_plugin_consumers.py $G/test_portable_gpu.py ;;
+    3) chunk_prebuild family; t1=$SECONDS
+       chunk_pytest $G/test_family_gpu.py ;;
+    4) chunk_prebuild random:0-99; t1=$SECONDS
+       chunk_pytest $G/test_fuzz.py -k sm90-0 ;;
+    5) chunk_prebuild random:100-199; t1=$SECONDS
+       chunk_pytest $G/test_fuzz.py -k "sm90 and not sm90-0" ;;
+    6) chunk_prebuild random80; t1=$SECONDS
+       chunk_pytest $G/test_fuzz.py -k sm80
+       chunk_pytest $G/test_phase_split_gpu.py ;;
+    7) t1=$SECONDS
+       chunk_pytest $G/test_staging_gpu.py ;;
+    8) chunk_prebuild conv:tests conv:family; t1=$SECONDS
+       chunk_pytest $G/test_conv_gpu.py -k "not persistent_member" ;;
+    9) chunk_prebuild_persistent bias_relu,row_stats,fp8_out; t1=$SECONDS
+       chunk_pytest $G/test_conv_gpu.py -k "persistent_member and not (many_aux or dgelu_bgrad)" ;;
+    10) chunk_prebuild_persistent many_aux,dgelu_bgrad; t1=$SECONDS
+       chunk_pytest $G/test_conv_gpu.py -k "persistent_member and (many_aux or dgelu_bgrad)" ;;
+  esac
+  local machine
+  machine=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd, -)
+  python3 - "$log" "$out/chunk-$n.json" "$n/$NCHUNKS" "${machine:-unknown}" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    $(( t1 - t0 )) $(( SECONDS - t1 )) "$cut" <<'PY'
+import collections, datetime, json, re, socket, sys
+log, path, chunk, machine, commit, build_s, test_s, cut = sys.argv[1:]
+files = collections.defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0, "error": 0})
+word = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "XFAIL": "skipped", "SKIPPED": "skipped", "ERROR": "error"}
+for line in open(log, errors="replace"):
+    m = re.match(r"(tests/gpu/[^:\s]+\.py)(?:::\S+)? (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", line)
+    if m:
+        files[m.group(1)][word[m.group(2)]] += 1
+rec = {"chunk": chunk, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+       "machine": machine, "host": socket.gethostname(), "commit": commit, "prebuild_s": int(build_s),
+       "tests_s": int(test_s), "cut_by_deadline": cut == "1", "files": dict(sorted(files.items()))}
+json.dump(rec, open(path, "w"), indent=1)
+for f, c in rec["files"].items():
+    print(f"{f}: " + ", ".join(f"{v} {k}" for k, v in c.items() if v))
+print(f"chunk {chunk}: prebuild {build_s} s, tests {test_s} s" + (", CUT by the deadline" if rec["cut_by_deadline"] else ""))
+PY
+  [ "$cut" = 1 ] && chunk_rc=1
+  return $chunk_rc
+}
+
+if [ "${1:-}" = chunk ]; then
+  run_chunk "${2:-list}"
+  exit $?
+fi
+
 for stage in "$@"; do
   echo "=== $stage ($(date +%T))"
   case $stage in

@@ -31,14 +31,16 @@ computed from. Its sources:
   them in blocks of one instruction's K (32 bytes of operands: 16 for 16-bit, 32 for fp8) into
   the f32 accumulator, aligning to the largest term and truncating, so each of the
   ``ceil(K / k)`` steps loses at most one unit in the last kept place of the running sum. For
-  16-bit operands that place is f32's (2^-23 relative). fp8 WGMMA keeps about 14 bits
-  (DeepSeek-V3 technical report, section 3.3.2: 2^-13 relative), for the whole K with
-  ``GemmConfig(fast_accum=True)`` (CUTLASS's FP8FastAccum schedules) or between promotions to
-  an f32 sum every 4 MMAs otherwise; the bound takes the former, the worse. The running sum of
-  zero-mean data stays within a few ``R = sqrt(sum_k a_k^2 b_k^2)`` (a random walk's scale),
-  so ``E_acc = ACC_SAFETY * u_acc * ceil(K / k) * R`` with ``ACC_SAFETY = 4``, per element
-  (``R`` from the actual A and B). :func:`make_inputs` draws zero-mean operands; other data
-  need their own ``acc_error``.
+  16-bit operands that place is f32's (2^-23 relative). The running sum of zero-mean data
+  stays within a few ``R = sqrt(sum_k a_k^2 b_k^2)`` (a random walk's scale), so
+  ``E_acc = ACC_SAFETY * u_acc * ceil(K / k) * R`` with ``ACC_SAFETY = 4``, per element (``R``
+  from the actual A and B). fp8 WGMMA keeps about 14 bits (DeepSeek-V3 technical report,
+  section 3.3.2: ``u_fp8 = 2^-13`` relative), and which sum it keeps them of is the kernel's
+  schedule (NOTE [fp8 accumulation] in :func:`accumulator_error`): over the whole K with
+  ``GemmConfig(fast_accum=True)`` (CUTLASS's ``...FP8FastAccum`` schedules: the bound above
+  with ``u_acc = u_fp8``), else over windows of 4 MMAs whose partial sums are promoted into an
+  f32 sum, a bound about 5x smaller at K = 4096. :func:`make_inputs` draws zero-mean operands;
+  other data need their own ``acc_error``.
 * f32 arithmetic in the epilogue: each op adds its own rounding, ``F32_ERROR`` below (one
   rounding, 2^-24 relative, for IEEE add/mul/div/sqrt/fma; CUDA's documented ulp errors for
   ``expf`` (2), ``logf`` (1), ``erff`` (2), ``rsqrtf`` (2), ``powf``; PTX's ``tanh.approx.f32``,
@@ -90,9 +92,10 @@ from evtc.ir.nodes import (
 )
 
 __all__ = [
-    "ACC_SAFETY", "F32_ERROR", "LAMBDA", "LIPSCHITZ", "ULPS", "OutputCheck", "Problem", "accumulator_error", "check",
-    "check_outputs", "compare", "failure_report", "make_inputs", "padded_empty", "padding_of", "poisoned_outputs",
-    "random_tensor", "reference", "reference_and_bounds", "relative_error", "to_numpy", "tolerance", "ulp", "verify",
+    "ACC_SAFETY", "F32_ERROR", "FP8_PROMOTION_INTERVAL", "LAMBDA", "LIPSCHITZ", "U_FP8_MMA", "ULPS", "OutputCheck",
+    "Problem", "accumulator_error", "check", "check_outputs", "chosen_kernel", "compare", "failure_report",
+    "fast_accumulation", "make_inputs", "padded_empty", "padding_of", "poisoned_outputs", "random_tensor",
+    "reference", "reference_and_bounds", "relative_error", "to_numpy", "tolerance", "ulp", "verify",
 ]
 
 #: ulps of the output dtype granted on top of the propagated bound (NOTE [The error bound]).
@@ -138,20 +141,66 @@ class Problem:
 
 # ---- the accumulator -------------------------------------------------------------------------------
 
-def accumulator_error(sq_dot: np.ndarray, K: int, a: DType) -> np.ndarray:
+#: unit of the sum an fp8 WGMMA keeps (about 14 bits: NOTE [The error bound]).
+U_FP8_MMA = 2.0 ** -13
+#: MMAs between two promotions of an fp8 kernel's tensor-core partial sum into its f32 sum:
+#: CUTLASS's ``mma_promotion_interval`` default, which evtc's kernels keep (NOTE [fp8 accumulation]).
+FP8_PROMOTION_INTERVAL = 4
+
+
+def accumulator_error(sq_dot: np.ndarray, K: int, a: DType, *, fast_accum: bool = False) -> np.ndarray:
     """Bound on the error of the kernel's f32 accumulator (NOTE [The error bound]).
+
+    NOTE [fp8 accumulation]: an fp8 GEMM's kernel schedule decides how it accumulates. The
+    ``...FP8FastAccum`` schedules (``GemmConfig(fast_accum=True)``) run CUTLASS's plain mainloop
+    (``sm90_mma_tma_gmma_ss_warpspecialized.hpp``): every WGMMA adds into one accumulator, so all
+    ``ceil(K / 32)`` steps round at ``U_FP8_MMA`` relative to a sum of size ``R``. Every other
+    schedule (the default, ``fast_accum=False``: ``KernelTmaWarpSpecialized{,Cooperative,
+    Pingpong}``) gets ``MainloopSm90TmaGmmaWarpSpecializedFP8``
+    (``sm90_mma_tma_gmma_ss_warpspecialized_fp8.hpp``) from the collective builder, whose
+    ``GmmaFP8Accumulation`` (``fp8_accumulation.hpp``) lets the WGMMAs accumulate into a
+    temporary that starts from zero (``ScaleOut::Zero``) and, every ``mma_promotion_interval``
+    (4) MMAs, adds it to the f32 accumulator in f32 (``promote_core``: ``accum_(i) +=
+    accum_temp_(i)``), the residue after the last k-tile too. So with ``m = 4`` MMAs of 32 K
+    each, the ``W = ceil(K / 128)`` windows each lose at most ``m`` steps of ``U_FP8_MMA`` times
+    their partial sum, which stays within a few ``R_w`` (the window's ``sqrt(sum a^2 b^2)``),
+    and each promotion adds one f32 rounding (2^-23 relative, as for 16-bit operands) of the
+    running sum (a few ``R``). With ``sum_w R_w <= sqrt(W) R`` (Cauchy-Schwarz):
+    ``E_acc = ACC_SAFETY * R * (U_FP8_MMA * m * sqrt(W) + 2^-23 * W)``. At K = 4096 that is
+    ``4 R (2^-13 * 4 * sqrt(32) + 2^-23 * 32) = 0.011 R`` against fast accumulation's
+    ``4 R 2^-13 * 128 = 0.0625 R``.
 
     Args:
         sq_dot: ``sum_k A[..., m, k]^2 * B[..., n, k]^2`` in float64, (M, N) or (L, M, N).
         K: the GEMM's K.
-        a: the operand dtype (bf16/f16: f32 accumulation; fp8: sm90's fast accumulation).
+        a: the operand dtype (bf16/f16: f32 accumulation; fp8: see ``fast_accum``).
+        fast_accum: fp8 only: the kernel runs an ``FP8FastAccum`` schedule
+            (:func:`fast_accumulation` of a Gemm says whether it may).
 
     Returns:
-        float64 array of the shape of ``sq_dot``: ``ACC_SAFETY * u_acc * ceil(K / k) * R``.
+        float64 array of the shape of ``sq_dot``: ``ACC_SAFETY * u_acc * ceil(K / k) * R``, or the
+        promoted fp8 bound above.
     """
+    R = np.sqrt(np.asarray(sq_dot, dtype=np.float64))
     k = max(1, 32 // max(1, a.bytes))  # one MMA instruction's K: 32 bytes of operand
-    u_acc = 2.0 ** -13 if a.is_fp8 else 2.0 ** -23
-    return ACC_SAFETY * u_acc * math.ceil(K / k) * np.sqrt(np.asarray(sq_dot, dtype=np.float64))
+    if not a.is_fp8:
+        return ACC_SAFETY * 2.0 ** -23 * math.ceil(K / k) * R
+    if fast_accum:
+        return ACC_SAFETY * U_FP8_MMA * math.ceil(K / k) * R
+    windows = math.ceil(K / (k * FP8_PROMOTION_INTERVAL))
+    return ACC_SAFETY * R * (U_FP8_MMA * FP8_PROMOTION_INTERVAL * math.sqrt(windows) + 2.0 ** -23 * windows)
+
+
+def fast_accumulation(gemm) -> bool:
+    """Whether a kernel of ``gemm`` (any member of its family, or its pinned configuration) may
+    accumulate fp8 with an ``FP8FastAccum`` schedule (NOTE [fp8 accumulation]): then the oracle
+    grants every call the fast-accumulation bound, as it can't tell which member ran."""
+    a = getattr(gemm, "a", None)
+    if a is None or not a.is_fp8:
+        return False
+    family = getattr(gemm, "family", None) or {}
+    configs = [s.config for s in family.values()] or [getattr(gemm, "config", None)]
+    return any(getattr(c, "fast_accum", False) for c in configs)
 
 
 # ---- the error-propagation interpretation ------------------------------------------------------
@@ -349,6 +398,9 @@ class OutputCheck:
         ulps: the worst element's error in ulps of ``dtype`` at ``expected``.
         allowed_ulps: its bound, ``ULPS`` plus its propagated ``E``, in the same ulps.
         rel_err: ``||got - expected|| / ||expected||`` over the finite elements (informational).
+        error: the worst element's ``|got - expected|``.
+        allowed: its bound, ``ULPS * (ulp(expected) + ulp(v)) / 2 + E`` (``error <= allowed``
+            passes).
     """
 
     name: str
@@ -365,6 +417,8 @@ class OutputCheck:
     ulps: float
     allowed_ulps: float
     rel_err: float
+    error: float = math.nan
+    allowed: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -388,6 +442,22 @@ class OutputCheck:
         nan = f" ({self.nan} NaN: unwritten or invalid)" if self.nan else ""
         return head + f"FAILED, {self.bad} of {self.total} elements outside the bound{nan}{pad}; {where}"
 
+    def summary(self) -> str:
+        """One line for a report (``evtc run``, ``evtc demo``): the verdict, and the worst element
+        (the largest ``error / allowed``) with its error and its allowed bound, absolute and in
+        ulps of the output dtype at the expected value."""
+        if self.ok:
+            verdict = "ok"
+        else:
+            why = [f"{self.nan} NaN"] if self.nan else []
+            why += [f"{self.padding_written} written past the last column"] if self.padding_written else []
+            verdict = (f"FAILED: {self.bad} of {self.total} elements outside their bound"
+                       + (f" ({', '.join(why)})" if why else ""))
+        if self.index is None:
+            return f"{self.name}: {verdict}, no elements"
+        return (f"{self.name}: {verdict}; worst element {self.index}: error {self.error:.2e} "
+                f"({self.ulps:.3g} ulps of {self.dtype.name}), allowed {self.allowed:.2e} ({self.allowed_ulps:.3g} ulps)")
+
     def to_json(self) -> dict:
         """The fields of ``EVTC_ERROR_REPORT``'s entries."""
         return {"output": self.name, "dtype": self.dtype.name, "ok": self.ok, "elements": self.total,
@@ -396,7 +466,8 @@ class OutputCheck:
                 "rel_err": _json_float(self.rel_err),
                 "worst": None if self.index is None else {
                     "index": list(self.index), "got": _json_float(self.got), "expected": _json_float(self.expected),
-                    "ulps": _json_float(self.ulps), "allowed_ulps": _json_float(self.allowed_ulps)}}
+                    "ulps": _json_float(self.ulps), "allowed_ulps": _json_float(self.allowed_ulps),
+                    "error": _json_float(self.error), "allowed": _json_float(self.allowed)}}
 
 
 def _json_float(x: float):
@@ -452,7 +523,7 @@ def compare(name: str, got, expected, dtype: DType, bound=0.0, *, padding=None) 
         max_ulps=float(np.max(np.where(finite, ulps, np.inf))), index=tuple(int(i) for i in idx),
         got=float(got[idx]), expected=float(exp[idx]), ulps=float(ulps[idx]),
         allowed_ulps=float(np.divide(allowed[idx], u_exp[idx])) if np.isfinite(u_exp[idx]) else math.inf,
-        rel_err=rel,
+        rel_err=rel, error=float(diff[idx]), allowed=float(allowed[idx]),
     )
 
 
@@ -645,7 +716,25 @@ def check_outputs(gemm, inputs: Mapping[str, Any], outputs: Mapping[str, Any], *
     vals = {k: to_numpy(v) for k, v in inputs.items() if k not in ("A", "B")}
     got = {k: to_numpy(v) for k, v in outputs.items()}
     pads = {k: p for k, v in outputs.items() if padding and hasattr(v, "stride") and (p := padding_of(v)) is not None}
-    return verify(graph, got, acc, accumulator_error(sq, K, gemm.a), vals, padding=pads)
+    acc_err = accumulator_error(sq, K, gemm.a, fast_accum=fast_accumulation(gemm))
+    return verify(graph, got, acc, acc_err, vals, padding=pads)
+
+
+def chosen_kernel(gemm, p: Problem, *, device: str | None = None):
+    """The kernel (:class:`evtc.gemm.Kernel`, maybe not built) of the member :meth:`Gemm.choose
+    <evtc.gemm.Gemm.choose>` picks for a call on :func:`make_inputs` data with
+    :func:`poisoned_outputs` (as :func:`check` and :func:`evtc.bench.bench_gemm` call): their rows
+    are padded to 16 bytes, so only an M x N output whose N ends mid-vector makes the call
+    unaligned (it then takes the unaligned member, or the padded staging route: NOTE [Padded
+    staging for unaligned rows]).
+
+    Args:
+        gemm: the family (or pinned) Gemm.
+        p: the problem.
+        device: the GPU's name, for the tuner's stored choices (None: the heuristic's).
+    """
+    aligned_mn = all(p.N % max(1, 16 // o.dtype.bytes) == 0 for o in gemm.graph.outputs if isinstance(o, Store))
+    return gemm.kernel(gemm.choose(p.M, p.N, p.K, p.L, aligned_mn=aligned_mn, device=device))
 
 
 def check(gemm, p: Problem, *, seed=0, device="cuda", batched=None) -> dict[str, OutputCheck]:

@@ -19,7 +19,8 @@ def make_plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig
     Args:
         graph: the epilogue after passes (:func:`evtc.passes.run`).
         arch: ``"sm90"`` or ``"sm80"``.
-        a, b: operand dtypes.
+        a: the dtype of operand A.
+        b: the dtype of operand B.
         config: GEMM configuration; None for :func:`default_config`.
         policy: sm90 only: ``"evtc"`` or ``"cutlass"`` (stock CUTLASS's additive rule).
         rank: sm90 only: take the rank-th best plan of the cost model (autotuning).

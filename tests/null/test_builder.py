@@ -18,6 +18,7 @@ from evtc.frontend.builder import EXPRESSION, IR_TEXT, PYTHON, IRBuilder, Pendin
 from evtc.frontend.text import from_expr, parse_ir
 from evtc.frontend.trace import trace
 from evtc.ir import verify
+from evtc.passes.legalize import ARCH_RULES, legalize
 from evtc.ir.nodes import Accumulator, AuxLoad, ColBroadcast, Compute, RowBroadcast, ScalarBroadcast, Source
 
 LOC = SourceLoc("<fx>", 1, 0, 1, "x")
@@ -55,7 +56,8 @@ def test_builder_driven_directly_gives_the_traced_graph(d):
     by_hand = _bias_relu_by_hand(d)
     traced = epilogues.bias_relu.trace(d=d)
     assert str(by_hand) == str(traced)
-    verify(by_hand, "sm90")
+    verify(by_hand)
+    legalize(by_hand, ARCH_RULES["sm90"])
     # and the rest of the pipeline can't tell them apart
     assert evtc.Gemm(by_hand, d=d).source == evtc.Gemm(epilogues.bias_relu, d=d).source
 

@@ -34,16 +34,35 @@ def test_cpu_only_torch_on_a_gpu_machine(monkeypatch):
     assert not ok and "built without CUDA" in why
 
 
-@pytest.mark.parametrize("arch", ["sm90", "sm80"])
-def test_demo_speaks_of_its_arch_and_draws_the_plan(arch, tmp_path, monkeypatch, capsys):
+def _fake_builds(monkeypatch, tmp_path, cached=True, seconds=0.0):
+    """nvcc is there, every kernel build is a fake that records the kernel (none may build the
+    whole family through Gemm.build), and the kernel's info agrees with the plan."""
+    import time
+
     import evtc.compiler.nvcc as nvcc
-    from evtc.gemm import Gemm
+    from evtc.gemm import Gemm, Kernel
+
+    built = []
+
+    def build(self, timeout=None):
+        built.append(self)
+        time.sleep(seconds)
+        return SimpleNamespace(cached=cached, library=tmp_path / f"{self.spec.name}.so")
+
+    def whole_family(self, *a, **kw):
+        raise AssertionError("the demo built the whole family (Gemm.build)")
 
     monkeypatch.setattr(nvcc, "find_nvcc", lambda: Path("/usr/local/cuda/bin/nvcc"))
-    art = SimpleNamespace(cached=True, library=tmp_path / "kernel.so")
-    monkeypatch.setattr(Gemm, "build", lambda self, timeout=None: art)
+    monkeypatch.setattr(Kernel, "build", build)
+    monkeypatch.setattr(Gemm, "build", whole_family)
     monkeypatch.setattr(Gemm, "info", lambda self: {"epilogue_smem_bytes": self.plan.epilogue_smem_bytes,
                                                      "mainloop_stages": self.plan.mainloop_stages})
+    return built
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+def test_demo_speaks_of_its_arch_and_draws_the_plan(arch, tmp_path, monkeypatch, capsys):
+    built = _fake_builds(monkeypatch, tmp_path)
     monkeypatch.setattr(demo, "gpu_status", lambda: (False, "no CUDA GPU visible to torch"))
     assert demo.run_demo(tmp_path, arch) == 0
     out = capsys.readouterr().out
@@ -51,6 +70,9 @@ def test_demo_speaks_of_its_arch_and_draws_the_plan(arch, tmp_path, monkeypatch,
     assert other not in out, out
     assert ("CollectiveEpilogue" in out) == (arch == "sm90")
     assert f"build for {arch}" in out and "run: skipped (no CUDA GPU visible to torch)" in out
+    # without a GPU only the kernel it emitted and drew is built (not the 11 of the family)
+    assert [k.spec.name for k in built] == ["large"]
+    assert f"kernel 1/1: bias_relu[large]" in out and "2-4 minutes on a 2-core machine" in out
     svg = (tmp_path / f"bias_relu_{arch}.svg").read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg and "bias" in svg
     assert (tmp_path / f"bias_relu_{arch}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -73,3 +95,47 @@ def test_demo_into_an_impossible_folder_is_a_message(tmp_path):
     blocker.write_text("not a folder")
     r = CliRunner().invoke(main, ["demo", "--out-dir", str(blocker / "sub")])
     assert r.exit_code == 2 and "can't write into" in r.output and "Traceback" not in r.output
+
+
+def test_demo_prints_progress_while_a_build_runs(tmp_path, monkeypatch, capsys):
+    """A line every HEARTBEAT_S seconds while nvcc runs, whether or not output is a terminal
+    (capsys is not one)."""
+    _fake_builds(monkeypatch, tmp_path, cached=False, seconds=0.35)
+    monkeypatch.setattr(demo, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(demo, "gpu_status", lambda: (False, "no CUDA GPU visible to torch"))
+    assert demo.run_demo(tmp_path, "sm90") == 0
+    out = capsys.readouterr().out
+    assert out.count("... still building bias_relu[large]:") >= 2, out
+    assert "kernel 1/1: built in 0 s" in out
+
+
+def test_demo_on_a_gpu_builds_the_kernels_its_runs_choose(tmp_path, monkeypatch, capsys):
+    import numpy as np
+
+    import evtc.bench
+    import evtc.testing as T
+    from evtc import bf16
+
+    built = _fake_builds(monkeypatch, tmp_path)
+    chosen = []
+
+    def fake_chosen_kernel(gemm, p, device=None):
+        k = real_chosen(gemm, p, device=device)
+        chosen.append(k)
+        return k
+
+    real_chosen = T.chosen_kernel
+    monkeypatch.setattr(T, "chosen_kernel", fake_chosen_kernel)
+    monkeypatch.setattr(demo, "gpu_status", lambda: (True, "FAKE GPU"))
+    monkeypatch.setattr(T, "check", lambda gemm, p, seed=0: {
+        "D": T.compare("D", np.array([1.0, 2.0]), np.array([1.0, 2.0]), bf16)})
+    monkeypatch.setattr(evtc.bench, "bench_gemm", lambda gemm, *shape, **kw: {
+        "evtc_ms": 1.0, "cublas_ms": 1.0, "eager_ms": 2.0, "evtc_over_cublas": 1.0, "eager_over_evtc": 2.0})
+    assert demo.run_demo(tmp_path, "sm90") == 0
+    out = capsys.readouterr().out
+    want = list({id(k): k for k in [built[0]] + chosen}.values())  # the primary, then each run's member once
+    assert built == want and len(built) < 11, [k.spec.name for k in built]
+    assert {k.spec.name for k in chosen} <= {k.spec.name for k in built}
+    # the verdict names the worst element's error and its bound, not a ratio against "bound 1.0"
+    assert "(bound 1.0e+00)" not in out
+    assert "M,N,K,L = (4096, 4096, 4096, 1): D: ok; worst element (0,): error 0.00e+00 (0 ulps of bf16), allowed" in out

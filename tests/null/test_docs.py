@@ -111,3 +111,43 @@ def test_ir_dtype_table_matches_dtypes():
     for r, d in zip(rows, dtypes.ALL):
         assert int(r[1]) == d.bits and _names(r[2]) == [d.cutlass] and _names(r[3]) == [d.torch], r
         assert float(r[4]) == pytest.approx(d.max, rel=5e-3) and int(r[5]) == d.mantissa_bits, r
+
+
+def _nav_pages() -> list[str]:
+    """The pages of mkdocs.yml's nav (read as text: the test extra has no YAML parser, and the
+    file's slugify tag needs mkdocs's loader)."""
+    text = (ROOT / "mkdocs.yml").read_text()
+    block = re.search(r"^nav:\n((?:[ \t]+.*\n)+)", text, re.M)
+    assert block, "mkdocs.yml has no nav"
+    return re.findall(r"^\s+- (?:[^:\n]+: )?(\S+\.md)\s*$", block.group(1), re.M)
+
+
+def test_every_docs_page_is_in_the_nav():
+    """A page outside the nav is only reachable by a link (mkdocs says so at INFO level, which
+    --strict lets through)."""
+    pages = sorted(p.name for p in DOCS.glob("*.md"))
+    nav = _nav_pages()
+    assert len(nav) == len(set(nav)), nav
+    assert sorted(nav) == pages, {"not in the nav": sorted(set(pages) - set(nav)),
+                                  "in the nav, no such page": sorted(set(nav) - set(pages))}
+
+
+@pytest.mark.parametrize("listing", ["README.md", "docs/index.md"])
+def test_every_docs_page_is_listed(listing):
+    """The README's list of pages and the site's home page name every page."""
+    text = (ROOT / listing).read_text()
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "index.md"
+               and f"`{p.name}`" not in text and f"({p.name})" not in text and f"(docs/{p.name})" not in text]
+    assert not missing, f"{listing} does not list {missing}"
+
+
+def test_gpu_suite_chunks_run_every_gpu_test_file():
+    """`benchmarks/gpu_suite.sh chunk N/M` runs the whole GPU suite over its chunks
+    (docs/testing.md): a new tests/gpu file must join a chunk."""
+    text = (ROOT / "benchmarks" / "gpu_suite.sh").read_text()
+    chunks = text[text.index("  case $n in"):text.index("  esac", text.index("  case $n in"))]
+    run = set(re.findall(r"\$G/(test_\w+\.py)", chunks))
+    files = {p.name for p in (ROOT / "tests" / "gpu").glob("test_*.py")}
+    assert files <= run, f"in no chunk of benchmarks/gpu_suite.sh: {sorted(files - run)}"
+    n = int(re.search(r"^NCHUNKS=(\d+)$", text, re.M).group(1))
+    assert re.findall(r"^    (\d+)\) ", chunks, re.M) == [str(i) for i in range(1, n + 1)]

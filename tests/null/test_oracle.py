@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import evtc
-from evtc import bf16, e4m3, e5m2, f16, f32, ops, passes
+from evtc import bf16, dtypes, e4m3, e5m2, f16, f32, ops, passes
 from evtc import testing as T
 from evtc.ir.interpret import interpret
 
@@ -71,10 +71,87 @@ def test_every_op_has_an_f32_error_row():
 def test_accumulator_error_model():
     sq = np.full((2, 2), 1.0)
     e16 = T.accumulator_error(sq, 4096, bf16)
-    e8 = T.accumulator_error(sq, 4096, e4m3)
     assert np.allclose(e16, T.ACC_SAFETY * 2.0 ** -23 * 256)  # 256 steps of K = 16
-    assert np.allclose(e8, T.ACC_SAFETY * 2.0 ** -13 * 128)  # fp8 fast accumulation, K = 32 a step
     assert e16[0, 0] < 0.02 * T.ulp(1.0, bf16)  # a fiftieth of a bf16 ulp of an O(1) result
+    # fp8 fast accumulation: 128 steps of K = 32 at 2^-13
+    assert np.allclose(T.accumulator_error(sq, 4096, e4m3, fast_accum=True), T.ACC_SAFETY * 2.0 ** -13 * 128)
+    # the default: 32 windows of 4 MMAs promoted into f32 (NOTE [fp8 accumulation])
+    e8 = T.accumulator_error(sq, 4096, e4m3)
+    assert np.allclose(e8, T.ACC_SAFETY * (2.0 ** -13 * 4 * math.sqrt(32) + 2.0 ** -23 * 32))
+    assert 0.0110 < e8[0, 0] < 0.0111
+
+
+# ---- fp8: the bound follows the kernel's accumulation ---------------------------------------------
+
+def _keep_14_bits(v):
+    """``v`` truncated to 14 significant bits (relative error below 2^-13): the sum an fp8 WGMMA
+    keeps (NOTE [fp8 accumulation])."""
+    m, e = np.frexp(v)
+    return np.ldexp(np.trunc(m * 2.0 ** 14) / 2.0 ** 14, e)
+
+
+def _fp8_kernel_accumulator(A, B, *, fast_accum):
+    """The accumulator of an sm90 fp8 kernel, emulated: each MMA adds 32 exact products into a
+    sum kept to 14 bits; without fast accumulation that sum starts from zero every 4 MMAs and is
+    added to an f32 accumulator (CUTLASS's GmmaFP8Accumulation), with it the whole K stays in the
+    14-bit sum."""
+    L, M, K = A.shape
+    N = B.shape[1]
+    blocks = np.einsum("lmsk,lnsk->lmns", A.reshape(L, M, K // 32, 32), B.reshape(L, N, K // 32, 32))
+    main = np.zeros((L, M, N), np.float32)
+    part = np.zeros((L, M, N))
+    for s in range(K // 32):
+        part = _keep_14_bits(part + blocks[..., s])
+        if not fast_accum and (s + 1) % T.FP8_PROMOTION_INTERVAL == 0:
+            main, part = (main + part.astype(np.float32)).astype(np.float32), np.zeros_like(part)
+    return (main + part.astype(np.float32)).astype(np.float32)
+
+
+@evtc.epilogue
+def acc_and_amax(acc):
+    return {"D": acc, "amax": evtc.amax(acc)}
+
+
+def _fp8_amax_problem(seed=0):
+    """An fp8 GEMM (64 x 64, K = 4096) whose epilogue stores acc in bf16 and its f32 amax."""
+    g = passes.run(acc_and_amax.trace(d=bf16), "sm90")
+    A, B, ins, acc, sq = EM.host_problem(g, e4m3, (64, 64, 4096, 1), seed)
+    assert g.output("amax").dtype is f32
+    return g, A, B, ins, acc, sq
+
+
+def _outputs(acc32):
+    return {"D": dtypes.round_to(acc32.astype(np.float64), bf16), "amax": np.float64(np.abs(acc32).max())}
+
+
+@pytest.mark.parametrize("fast_accum", [False, True])
+def test_fp8_kernel_accumulation_passes_its_bound(fast_accum):
+    """The emulated accumulator of each fp8 schedule, truncating at every MMA, is inside the bound
+    the oracle grants that schedule."""
+    g, A, B, ins, acc, sq = _fp8_amax_problem()
+    got = _outputs(_fp8_kernel_accumulator(A, B, fast_accum=fast_accum))
+    res = T.verify(g, got, acc, T.accumulator_error(sq, 4096, e4m3, fast_accum=fast_accum), ins)
+    assert all(r.ok for r in res.values()), {k: r.describe() for k, r in res.items()}
+
+
+def test_an_fp8_amax_off_by_1_2_percent_fails_without_fast_accumulation():
+    """The old oracle granted every fp8 GEMM fast accumulation's bound (2^-13 over all 128 MMAs of
+    K = 4096: 6 % of an O(1) accumulator), so an f32 amax 1.2 % too large passed; the kernels
+    promote every 4 MMAs into f32 unless fast_accum is set, and now it fails."""
+    g, A, B, ins, acc, sq = _fp8_amax_problem()
+    got = _outputs(_fp8_kernel_accumulator(A, B, fast_accum=False))
+    got["amax"] = got["amax"] * 1.012
+    promoted = T.verify(g, got, acc, T.accumulator_error(sq, 4096, e4m3), ins)
+    assert promoted["D"].ok and not promoted["amax"].ok, promoted["amax"].describe()
+    fast = T.verify(g, got, acc, T.accumulator_error(sq, 4096, e4m3, fast_accum=True), ins)
+    assert fast["amax"].ok  # what the old oracle said of every fp8 kernel
+
+
+def test_the_oracle_reads_fast_accumulation_off_the_gemm():
+    assert not T.fast_accumulation(evtc.Gemm(acc_and_amax, a=e4m3, d=bf16))  # the default family
+    cfg = evtc.plan.default_config("sm90", e4m3, e4m3).replace(fast_accum=True)
+    assert T.fast_accumulation(evtc.Gemm(acc_and_amax, a=e4m3, d=bf16, config=cfg))
+    assert not T.fast_accumulation(evtc.Gemm(acc_and_amax, a=bf16, d=bf16))
 
 
 def test_compare_grants_one_ulp_for_the_two_roundings():
@@ -84,6 +161,17 @@ def test_compare_grants_one_ulp_for_the_two_roundings():
     r = T.compare("D", got, exp, e4m3)
     assert r.bad == 2  # 1.25: two ulps above; 0.875: two ulps below (0.0625 apart there)
     assert [T.compare("D", got[i:i + 1], exp[i:i + 1], e4m3).ok for i in range(4)] == [True, True, False, False]
+
+
+def test_summary_states_the_worst_error_and_its_bound():
+    """What `evtc run` and `evtc demo` print: the worst element's error and its allowed bound, as
+    numbers and in ulps (not their ratio against a bound of 1)."""
+    r = T.compare("D", np.array([1.0, 1.25]), np.array([1.0, 1.0]), e4m3)
+    assert r.summary() == ("D: FAILED: 1 of 2 elements outside their bound; worst element (1,): error 2.50e-01 "
+                           "(2 ulps of e4m3), allowed 1.25e-01 (1 ulps)")
+    assert r.error == 0.25 and r.allowed == 0.125 and r.to_json()["worst"]["allowed"] == 0.125
+    ok = T.compare("D", np.array([1.0, 1.125]), np.array([1.0, 1.0]), e4m3)
+    assert ok.summary().startswith("D: ok; worst element (1,): error 1.25e-01 (1 ulps of e4m3), allowed 1.25e-01")
 
 
 def test_compare_adds_the_propagated_bound():

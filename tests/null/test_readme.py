@@ -48,3 +48,15 @@ def test_emit_help_points_at_print_nvcc():
     text = " ".join(r.output.split())
     assert "--print-nvcc" in text and "-DNDEBUG" in text
     assert not re.search(r"nvcc -std=c\+\+17 -O3 --expt", text)  # no hand-copied flag list without -DNDEBUG
+
+
+def test_ci_installs_a_cpu_torch_so_the_torch_tests_run():
+    """Without torch the torch frontend, op and backend tests (about 110) skip. CI installs
+    torch pinned to one exact version (a local CPU wheel there; a bare `torch` would pull a CUDA
+    build) before the project, whose `torch` extra then keeps it."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    installs = [line.strip() for line in ci.splitlines() if line.strip().startswith("pip install")]
+    pinned = [i for i, line in enumerate(installs) if re.search(r"\btorch==\d+\.\d+\.\d+(\s|$)", line)]
+    project = [i for i, line in enumerate(installs) if "'.[" in line]
+    assert pinned and project and pinned[0] < project[0], installs
+    assert "torch" in re.search(r"'\.\[([^\]]*)\]'", installs[project[0]]).group(1).split(","), installs

@@ -6,6 +6,7 @@ import pytest
 import evtc
 from evtc import bf16, e4m3, f16, f32
 from evtc.ir import Accumulator, AuxLoad, ColBroadcast, Compute, Immediate, Reduction, RowBroadcast, ScalarBroadcast, Source, Store, verify
+from evtc.passes.legalize import ARCH_RULES, legalize
 
 
 def test_parameter_kinds_and_dtypes():
@@ -23,7 +24,8 @@ def test_parameter_kinds_and_dtypes():
     assert g.input("s").by_pointer and not g.input("alpha").by_pointer
     (out,) = g.outputs
     assert isinstance(out, Store) and out.name == "D" and out.dtype is bf16
-    verify(g, "sm90")
+    verify(g)
+    legalize(g, ARCH_RULES["sm90"])  # the sm90 rules (verify's old arch argument)
 
 
 def test_operand_order_lives_in_nodes_x_times_x():
