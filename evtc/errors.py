@@ -142,6 +142,16 @@ class UnsupportedOpError(EvtcError):
     anchor = "unsupported-op"
 
 
+class UnknownFunctionError(UnsupportedOpError, AttributeError):
+    """``evtc.<name>`` for a name evtc doesn't have (a typo such as ``evtc.rleu``): raised by the
+    ``evtc`` module's ``__getattr__`` at the user's line, with the close matches and the list of
+    functions, the same message the expression form gives for ``rleu(x)``. It is also an
+    ``AttributeError``, so ``hasattr(evtc, name)`` and ``from evtc import name`` behave as for any
+    module."""
+
+    anchor = "unsupported-op"
+
+
 class EpilogueTypeError(EvtcError):
     """Mismatched dtypes or broadcast shapes inside the epilogue."""
 

@@ -72,6 +72,7 @@ them); integer arithmetic on constants is exact as in Python but bounded to
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import operator
 from typing import Any, Callable, NoReturn, Sequence, Union
@@ -112,7 +113,8 @@ from evtc.ir.nodes import (
 
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
-    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error", "KIND_WORDS",
+    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error",
+    "unknown_function_error", "KIND_WORDS",
 ]
 
 #: integer constants are folded exactly (as Python does) up to this many bits; a result that
@@ -276,6 +278,33 @@ def not_elementwise_error(name: str, dialect: Dialect, loc: SourceLoc | None, ep
     return dialect.trace_error(f"{dialect.fn(name)}() takes one value and reduces it", loc=loc, epilogue=epilogue,
                                hint=f"for the elementwise {name} of two values use {dialect.fn(name + 'imum')}(a, b); "
                                     "pass the axis as dim=")
+
+
+def unknown_function_error(name: str, functions: Sequence[str], dialect: Dialect, loc: SourceLoc | None,
+                           epilogue: str | None, *, also: Sequence[str] = (),
+                           cls: type[EvtcError] | None = None) -> EvtcError:
+    """The error for calling a function the frontend doesn't have (``evtc.rleu(x)`` in Python,
+    ``rleu(x)`` in an expression): the same message in every frontend, with the close matches
+    (difflib) and the list of functions.
+
+    Args:
+        name: the name as written, without the dialect's prefix.
+        functions: the functions the frontend offers (listed in the hint).
+        dialect: spells the names (``evtc.relu`` or ``relu``) and picks the class (``op_error``).
+        also: other names a close match may be (``Gemm``, ``RowVector``: not listed).
+        cls: the class instead of the dialect's (the ``evtc`` module's ``__getattr__`` raises
+            :class:`~evtc.errors.UnknownFunctionError`, an ``AttributeError`` too).
+
+    Example::
+
+        unknown function 'evtc.rleu'
+          hint: did you mean 'evtc.relu'? functions: abs, amax, clamp, ...
+    """
+    close = difflib.get_close_matches(name, [*functions, *also], n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(dialect.fn(c)) for c in close)}? " if close else ""
+    hint += f"functions: {', '.join(sorted(functions))}"
+    return (cls or dialect.op_error)(f"unknown function '{dialect.fn(name)}'", loc=loc, epilogue=epilogue,
+                                     hint=hint)
 
 
 def constant_reduction_error(loc: SourceLoc | None, epilogue: str | None) -> EvtcError:

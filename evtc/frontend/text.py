@@ -74,7 +74,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Un
 from evtc import dtypes, ops
 from evtc.dtypes import DType, f32
 from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, SourceLoc, TraceError, UnknownDTypeError, api_boundary
-from evtc.frontend.builder import EXPRESSION, IR_TEXT, KIND_WORDS, IRBuilder, Pending
+from evtc.frontend.builder import EXPRESSION, IR_TEXT, KIND_WORDS, IRBuilder, Pending, unknown_function_error
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
     LEAF_KINDS,
@@ -897,8 +897,7 @@ class _ExprReader(_TextReader):
         if name in _REDUCERS:
             return self._reduction_call(name, positional, keywords, loc)
         if name not in self.functions:
-            self.fail(GrammarError, f"unknown function '{name}'", name_tok,
-                      hint=f"functions: {', '.join(sorted(self.functions))}")
+            raise unknown_function_error(name, sorted(self.functions), EXPRESSION, self.loc(name_tok), self.epilogue)
         if keywords:
             self.fail(GrammarError, f"{name}() takes no keyword arguments", keywords[0].loc,
                       hint="pass the arguments by position")
