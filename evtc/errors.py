@@ -241,10 +241,11 @@ class NoDeviceError(EvtcError, RuntimeError):
 
 
 class ConstantFoldError(EvtcError):
-    """A constant subexpression of finite constants evaluates to a value the f32 compute type
-    can't hold (an overflow such as ``exp(100.0)``, or NaN such as ``log(-1.0)``); raised by
-    the ``fold`` pass at the user's line (``evtc/passes/fold.py``). Fix the constant, or make
-    it a runtime scalar parameter if its value is only known at run time."""
+    """A constant subexpression of finite constants evaluates to a value the compute type can't
+    hold (an overflow such as ``exp(1000)``, or NaN such as ``log(-1.0)``), at the user's line:
+    one rule (``check_fold`` in ``evtc/passes/fold.py``) for the ``fold`` pass, the expression
+    form's folding and ``evtc.*`` functions called on numbers. Fix the constant, or make it a
+    runtime scalar parameter if its value is only known at run time."""
 
     anchor = "constant-fold"
 

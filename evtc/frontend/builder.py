@@ -247,6 +247,19 @@ def short_repr(x: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _shown(x: Any) -> str:
+    """A constant as an expression shows it: ``2``, ``0.5``, ``True``, ``inf``."""
+    if isinstance(x, (bool, np.bool_)):
+        return str(bool(x))
+    if isinstance(x, (int, np.integer)):
+        return short_repr(int(x))
+    try:
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        return short_repr(x)
+    return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
+
+
 def _int_bits(x: Any) -> int:
     return abs(x).bit_length() if isinstance(x, int) else 0
 
@@ -502,7 +515,7 @@ class IRBuilder:
         except OverflowError:
             self._not_f32(short_repr(x), loc)
         if math.isfinite(value) and abs(value) >= F32_OVERFLOW:
-            self._not_f32(short_repr(x), loc)
+            self._not_f32(_shown(x), loc)
         return value
 
     def _not_f32(self, shown: str, loc: SourceLoc | None) -> NoReturn:
@@ -586,23 +599,32 @@ class IRBuilder:
 
     # ---- constant folding -----------------------------------------------------------------
 
-    def fold(self, what: str, fn: Callable[[], Any], loc: SourceLoc | None) -> Any:
+    def fold(self, expr: str, operands: Sequence[Any], fn: Callable[[], Any], loc: SourceLoc | None) -> Any:
         """Evaluate a constant expression as Python would (the frontend has only constants);
         its errors become located errors.
+
+        Args:
+            expr: the expression as written, for messages (``exp(1000)``, ``1 / 0``).
+            operands: its constants; ``fn`` computes it.
 
         Raises:
             EvtcError (``trace_error``): the evaluation fails (division by zero, overflow, an
                 operation the operands' types don't have, such as ``-`` of a comparison's numpy
                 bool) or gives a complex number.
+            ConstantFoldError: finite operands give inf or NaN (``exp(1000)``, ``log(0)``): the
+                fold pass's rule, :func:`evtc.passes.fold.check_fold`.
         """
+        from evtc.passes.fold import check_fold  # (the passes' package: loaded on the first fold)
+
         try:
             with np.errstate(all="ignore"):
                 out = fn()
         except (ArithmeticError, ValueError, TypeError) as e:
-            self.fail(self.dialect.trace_error, f"evaluating the constant expression ({what}) fails: {e}", loc)
+            self.fail(self.dialect.trace_error, f"evaluating the constant expression {expr} fails: {e}", loc)
         if isinstance(out, complex) or np.iscomplexobj(out):
-            self.fail(self.dialect.trace_error, f"the constant expression ({what}) is complex: {short_repr(out)}",
+            self.fail(self.dialect.trace_error, f"the constant expression {expr} is complex: {short_repr(out)}",
                       loc, hint="a negative number to a fractional power has no real value")
+        check_fold(expr, operands, out, loc=loc, epilogue=self.epilogue)
         return out
 
     def _bounded(self, what: str, bits: int, loc: SourceLoc | None) -> None:
@@ -621,7 +643,7 @@ class IRBuilder:
                 self._bounded(what, max(_int_bits(a), _int_bits(b)) + 1, loc)
             elif op == "mul":
                 self._bounded(what, _int_bits(a) + _int_bits(b), loc)
-        return self.fold(what, lambda: _BINARY[op](a, b), loc)
+        return self.fold(f"{_shown(a)} {what} {_shown(b)}", (a, b), lambda: _BINARY[op](a, b), loc)
 
     # ---- operations -----------------------------------------------------------------------
 
@@ -644,7 +666,7 @@ class IRBuilder:
     def negate(self, x: Value, loc: SourceLoc | None) -> Value:
         """``-x``: folds a constant, else ``neg(x)``."""
         if is_constant(x):
-            return self.fold("-x", lambda: -x, loc)
+            return self.fold(f"-{_shown(x)}", (x,), lambda: -x, loc)
         return self.apply("neg", (x,), loc)
 
     def plus(self, x: Value, loc: SourceLoc | None) -> Value:
@@ -665,7 +687,8 @@ class IRBuilder:
         if is_constant(base) and is_constant(exponent):
             if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
                 self._bounded("**", exponent * (_int_bits(base) - 1) + 1, loc)
-            return self.fold("**", lambda: base ** exponent, loc)
+            return self.fold(f"{_shown(base)} ** {_shown(exponent)}", (base, exponent), lambda: base ** exponent,
+                             loc)
         if isinstance(base, Node) and not is_constant(exponent):
             self.fail(self.dialect.trace_error, "x ** y needs a constant exponent y", loc,
                       hint=f"write the exponent as a number, or use {self.dialect.fn('exp')}(y * "
@@ -679,7 +702,8 @@ class IRBuilder:
         :meth:`power`."""
         if all(is_constant(a) for a in args):
             ref = ops.get(op).numpy
-            return self.fold(f"{op}(...)", lambda: ref(*[np.asarray(a, dtype=np.float64) for a in args]), loc)
+            return self.fold(f"{op}({', '.join(_shown(a) for a in args)})", args,
+                             lambda: ref(*[np.asarray(a, dtype=np.float64) for a in args]), loc)
         if op == "pow" and len(args) == 2:
             return self.power(args[0], args[1], loc)
         return self.apply(op, args, loc)
@@ -696,7 +720,8 @@ class IRBuilder:
         if isinstance(x, Pending):
             return Pending(dataclasses.replace(x.node, dtype=dt), loc)
         if is_constant(x):
-            return self.fold("to(...)", lambda: dtypes.round_to(np.asarray(x, dtype=np.float64), dt), loc)
+            return self.fold(f"to({_shown(x)}, {dt.name})", (x,),
+                             lambda: dtypes.round_to(np.asarray(x, dtype=np.float64), dt), loc)
         return self.apply("convert", (x,), loc, dtype=dt)
 
     def reduce(self, op: str, x: Value, dim: Any, loc: SourceLoc | None, *,

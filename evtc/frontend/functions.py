@@ -22,7 +22,7 @@ import numpy as np
 from evtc import ops
 from evtc.dtypes import DType
 from evtc.errors import UnknownFunctionError
-from evtc.frontend.builder import PYTHON, constant_reduction_error, is_constant, unknown_function_error
+from evtc.frontend.builder import PYTHON, _shown, constant_reduction_error, is_constant, unknown_function_error
 from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
 
 __all__ = [
@@ -84,7 +84,13 @@ def _call(name: str, *args: Any):
         like = next(a for a in args if type(a).__module__.startswith("torch"))
         host = [a.detach().double().cpu().numpy() if type(a).__module__.startswith("torch") else a for a in args]
         return torch.as_tensor(op.numpy(*[np.asarray(h, dtype=np.float64) for h in host])).to(like.device, like.dtype)
-    return op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+    with np.errstate(all="ignore"):
+        out = op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+    if all(is_constant(a) for a in args):  # a constant folded, as math.exp(1000) raises: the fold rule
+        from evtc.passes.fold import check_fold
+
+        check_fold(f"evtc.{name}({', '.join(map(_shown, args))})", args, out, loc=user_loc(), epilogue=None)
+    return out
 
 
 # ---- elementwise -------------------------------------------------------------------------------
