@@ -21,16 +21,18 @@ one per distinct value (the text can't tell shared constants from copies).
 
 * Statements ``NAME = expr`` separated by ``;`` or newlines (a newline inside brackets continues
   the statement; ``#`` starts a comment). Every assigned name not starting with ``_`` is an
-  output, in order of assignment; ``_name`` is a temporary. A later statement may use an
-  earlier assigned name, getting its value (``F = acc + bias[n]; D = gelu(F)`` is the Python
-  ``F = acc + bias; return {"F": F, "D": gelu(F)}``). A name is assigned once.
+  output, in order of assignment; ``_name`` is a temporary, never a parameter (using one before
+  it is assigned is an error). A later statement may use an earlier assigned name, getting its
+  value (``F = acc + bias[n]; D = gelu(F)`` is the Python ``F = acc + bias; return {"F": F,
+  "D": gelu(F)}``). A name is assigned once.
 * Inputs: ``acc`` (the accumulator), ``C`` (the source, dtype ``c``, default ``d``),
   ``name[n]`` (a row vector, length N, f32), ``name[m]`` (a column vector, length M, f32),
-  ``name[m, n]`` (an M x N aux load, dtype ``d``), and any other bare name (a runtime scalar by
-  value, f32). ``:dtype`` after an input reference overrides its dtype (``bias[n]:bf16``,
-  ``R[m, n]:f16``, ``C:f16``); it may be given once or repeated identically. An input must be
-  referenced the same way every time. The graph's inputs are ``acc`` first (when used), then the
-  others in order of first appearance: the signature the equivalent Python function would have.
+  ``name[m, n]`` (an M x N aux load, dtype ``d``), and any other bare name not starting with
+  ``_`` (a runtime scalar by value, f32). ``:dtype`` after an input reference overrides its
+  dtype (``bias[n]:bf16``, ``R[m, n]:f16``, ``C:f16``); it may be given once or repeated
+  identically. An input must be referenced the same way every time. The graph's inputs are
+  ``acc`` first (when used), then the others in order of first appearance: the signature the
+  equivalent Python function would have.
 * Operators as in Python: comparisons ``> >= < <= == !=`` (loosest, not chained; 1.0/0.0
   masks), ``+ -``, ``* /``, unary ``-``/``+``, then ``**`` (right associative, tighter than
   unary minus on its left: ``-x**2`` is ``-(x**2)``). Numbers: ``2``, ``0.5``, ``1e-3``,
@@ -794,6 +796,11 @@ class _ExprReader(_TextReader):
             return
         if name in self.functions:
             self.fail(GrammarError, f"'{name}' is a function: call it, e.g. '{name}(x)'", ref)
+        if name.startswith("_"):
+            self.fail(GrammarError, f"'{name}' is used before it is assigned: a name starting with '_' is a "
+                      "temporary, not a parameter", ref,
+                      hint=f"assign it on an earlier line ('{name} = ...'); the parameters are acc, C, indexed names "
+                           "(bias[n], scale[m], R[m, n]) and bare names not starting with '_' (runtime scalars)")
         if name == "acc":
             cls: type[Leaf] = Accumulator
         elif name == "C":
@@ -888,9 +895,14 @@ class _ExprReader(_TextReader):
         positional = tuple(a for a in args if not isinstance(a, _Kwarg))
         keywords = [a for a in args if isinstance(a, _Kwarg)]
         seen_keyword = False
+        given: set[str] = set()
         for a in args:
             if isinstance(a, _Kwarg):
                 seen_keyword = True
+                if a.name in given:  # Python's "keyword argument repeated"
+                    self.fail(GrammarError, f"{name}(): keyword argument '{a.name}' is given twice", a.loc,
+                              hint="give each keyword argument once")
+                given.add(a.name)
             elif seen_keyword:
                 self.fail(GrammarError, "a positional argument follows a keyword argument", loc)
 
