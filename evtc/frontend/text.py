@@ -797,6 +797,7 @@ class _ExprReader(_TextReader):
         if name in self.functions:
             self.fail(GrammarError, f"'{name}' is a function: call it, e.g. '{name}(x)'", ref)
         if name.startswith("_"):
+            self.builder.check_input_name(name, loc)  # a name no C++ parameter may have says so first
             self.fail(GrammarError, f"'{name}' is used before it is assigned: a name starting with '_' is a "
                       "temporary, not a parameter", ref,
                       hint=f"assign it on an earlier line ('{name} = ...'); the parameters are acc, C, indexed names "
