@@ -30,6 +30,9 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 DOCS_ERRORS = "docs/errors.md"
 
+#: the most characters of a source line an error shows (a longer line shows a window of it)
+_EXCERPT_WIDTH = 160
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SourceLoc:
@@ -58,12 +61,22 @@ class SourceLoc:
         if not self.text:
             return ""
         stripped = self.text.rstrip()
+        col = self.col
+        end = None
+        if col is not None:
+            end = self.end_col if self.end_col and self.end_col > col else col + 1
+            end = min(end, max(len(stripped), col + 1))
+        if len(stripped) > _EXCERPT_WIDTH:  # a window of a long line (a 100 KB expression) around the span
+            start = max(0, min(col or 0, len(stripped) - _EXCERPT_WIDTH) - 20)
+            shown = stripped[start:start + _EXCERPT_WIDTH]
+            lead = "..." if start else ""
+            stripped = lead + shown + ("..." if start + _EXCERPT_WIDTH < len(self.text.rstrip()) else "")
+            if col is not None:
+                col, end = col - start + len(lead), min(end, start + _EXCERPT_WIDTH) - start + len(lead)
         gutter = f"{self.line:>6} | "
         lines = [gutter + stripped]
-        if self.col is not None:
-            end = self.end_col if self.end_col and self.end_col > self.col else self.col + 1
-            end = min(end, max(len(stripped), self.col + 1))
-            lines.append(" " * (len(gutter) - 2) + "| " + " " * self.col + "^" * (end - self.col))
+        if col is not None:
+            lines.append(" " * (len(gutter) - 2) + "| " + " " * col + "^" * max(1, end - col))
         return "\n".join(lines)
 
 
@@ -150,6 +163,15 @@ class UnknownFunctionError(UnsupportedOpError, AttributeError):
     module."""
 
     anchor = "unsupported-op"
+
+
+class GraphTooLargeError(EvtcError):
+    """An epilogue beyond evtc's size limits (:data:`evtc.ir.limits.LIMITS`: nodes, nesting
+    depth, outputs, parameters), raised by the frontend at the line that crossed the limit (or
+    by ``evtc.passes.run`` for a graph built by hand). The message names the limit and the
+    epilogue."""
+
+    anchor = "too-large"
 
 
 class EpilogueTypeError(EvtcError):

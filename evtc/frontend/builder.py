@@ -91,6 +91,7 @@ from evtc.errors import (
     UnknownDTypeError,
     UnsupportedOpError,
 )
+from evtc.ir import limits
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.names import name_problem, reserved_output, reserved_parameter
 from evtc.ir.nodes import (
@@ -364,6 +365,7 @@ class IRBuilder:
         self.inputs: list[Leaf] = []
         self.outputs: list[Output] = []
         self._interned = GraphBuilder()
+        self._built = 0  # nodes built (distinct ones when interning), for the size limits
         self._input_names: dict[str, Leaf] = {}
         self._output_names: set[str] = set()
         self.rename(epilogue, name_loc or loc)
@@ -469,6 +471,8 @@ class IRBuilder:
                 (``dtype_error``): an accumulator that is not f32.
         """
         self.check_input_name(name, loc)
+        if len(self.inputs) >= limits.LIMITS.inputs:
+            raise limits.too_large("inputs", self.epilogue, loc)
         if name in self._input_names:
             self.fail(self.dialect.signature_error, f"parameter '{name}' is declared twice", loc,
                       hint="give each parameter its own name")
@@ -497,8 +501,24 @@ class IRBuilder:
     # ---- nodes ----------------------------------------------------------------------------
 
     def add(self, node: Node) -> Node:
-        """Intern ``node`` (return the equal node already built), unless interning is off."""
-        return self._interned.add(node) if self.intern else node
+        """Intern ``node`` (return the equal node already built), unless interning is off.
+
+        Raises:
+            GraphTooLargeError: the epilogue grows beyond :data:`evtc.ir.limits.LIMITS` (nodes,
+                depth), located at ``node``'s line: a frontend stops there, having built no
+                more than the limit (NOTE [Epilogue size limits]).
+        """
+        if node.depth > limits.LIMITS.depth:
+            raise limits.too_large("depth", self.epilogue, node.loc)
+        if not self.intern:
+            self._built += 1
+            out = node
+        else:
+            out = self._interned.add(node)
+            self._built = len(self._interned)
+        if self._built > limits.LIMITS.nodes:
+            raise limits.too_large("nodes", self.epilogue, node.loc)
+        return out
 
     def constant(self, x: Any, loc: SourceLoc | None) -> float:
         """The float64 value of the Python constant ``x``, checked to be an f32 the kernel can
@@ -799,6 +819,8 @@ class IRBuilder:
         """Record the output node ``node`` as it is (its name checked, at ``node.loc``): for
         frontends that spell outputs out in full, like the IR text."""
         self.check_output_name(node.name, node.loc)
+        if len(self.outputs) >= limits.LIMITS.outputs:
+            raise limits.too_large("outputs", self.epilogue, node.loc)
         out = self.add(node)
         self.outputs.append(out)  # type: ignore[arg-type]
         self._output_names.add(node.name)

@@ -89,7 +89,10 @@ def test_a_2000_node_chain_raises_no_recursion_error(make):
     assert seconds < 5.0
 
 
-def test_the_cut_arithmetic_chain_keeps_its_values():
+def test_the_cut_arithmetic_chain_keeps_its_values(monkeypatch):
+    from evtc.ir import limits
+
+    monkeypatch.setattr(limits, "LIMITS", limits.Limits(depth=10**4))  # 600 deep: beyond evtc's limit
     g = arithmetic_chain(300)
     out = passes.run(g, "sm90")
     assert len(out.nodes) < len(g.nodes) / 4  # sympy collected each piece
