@@ -101,4 +101,8 @@ def __getattr__(name: str):
         from evtc.frontend.text import parse_ir
 
         return parse_ir
-    raise AttributeError(f"module 'evtc' has no attribute '{name}'")
+    if name.startswith("_"):
+        raise AttributeError(f"module 'evtc' has no attribute '{name}'")
+    from evtc.frontend.functions import unknown_function  # located, with close matches (an AttributeError too)
+
+    raise unknown_function(name)

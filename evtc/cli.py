@@ -185,6 +185,9 @@ def load_epilogue(spec: str):
         mspec.loader.exec_module(module)
     except EvtcError:
         raise
+    except SystemExit as e:  # sys.exit() at import: nothing was emitted, so never status 0
+        raise CliError(f"importing {path} called sys.exit({e.code!r}): the module must only define the "
+                       "epilogue (guard a script's own code with `if __name__ == \"__main__\":`)") from None
     except Exception as e:  # the user's module is broken: say so, without our traceback
         if os.environ.get("EVTC_TRACEBACK") == "full":
             raise
@@ -251,22 +254,34 @@ def _write(path: Path, data: str | bytes) -> None:
         raise CliError(f"can't write {path}: {e.strerror or e}") from None
 
 
+#: ``--plan``'s example in its help (tests/null/test_cli.py runs every example of the help)
+PLAN_EXAMPLE = '{"reuse": true, "stages_c": 2}'
+
+
 class PlanParam(click.ParamType):
     """``--plan``: ``evtc``, ``cutlass``, or a JSON object of fixed planner decisions, e.g.
-    ``'{"alias": true, "stages_c": 2}'`` (the keys of ``evtc.Gemm(plan={...})``: policy, c_slot,
-    d_slot, epilogue_tile, stages_c, stages_d, reuse, direct, alias)."""
+    ``'{"reuse": true, "stages_c": 2}'`` (the keys of ``evtc.Gemm(plan={...})``:
+    :data:`evtc.plan.config.PLAN_DECISIONS`), checked by key and type as ``evtc.Gemm`` checks
+    them (:func:`evtc.plan.config.check_plan_decisions`: ``"direct": "X"`` is no list of names,
+    ``true`` is no number of stages)."""
 
     name = "PLAN"
 
     def convert(self, value, param, ctx):
         if not isinstance(value, str) or value in ("evtc", "cutlass"):
             return value
+        from evtc.plan.config import check_plan_decisions
+
         try:
             d = json.loads(value)
         except json.JSONDecodeError as e:
             self.fail(f"'{value}' is neither evtc, cutlass nor a JSON object ({e.msg})", param, ctx)
         if not isinstance(d, dict):
             self.fail(f"'{value}' is not a JSON object of plan decisions", param, ctx)
+        try:
+            check_plan_decisions(d)
+        except EvtcError as e:
+            self.fail(f"{e.message} ({e.hint})" if e.hint else e.message, param, ctx)
         return tuple(sorted((k, _tuples(v)) for k, v in d.items()))
 
 
@@ -291,8 +306,8 @@ def gemm_request(many: bool = False) -> Callable:
         click.option("--c", "c", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of C (default: D's)"),
         click.option("--d", "d", type=click.Choice(DTYPE_CHOICES), default=None, help="dtype of D (default: bf16)"),
         click.option("--plan", "plan", type=PlanParam(), default="evtc", show_default=True,
-                     help="evtc's planner, stock CUTLASS's additive rule (cutlass), or fixed decisions as JSON, "
-                          "e.g. '{\"alias\": true, \"stages_c\": 2}'"),
+                     help="sm90: evtc's planner, stock CUTLASS's additive rule (cutlass), or fixed decisions as "
+                          f"JSON, e.g. '{PLAN_EXAMPLE}'"),
         click.option("--tile", callback=_dims(3, "128x256x64"), help="CTA tile MxNxK, e.g. 128x256x64"),
         click.option("--cluster", callback=_dims(2, "2x1"), help="cluster MxN, e.g. 2x1"),
         click.option("--schedule", type=click.Choice(["cooperative", "pingpong"]), default=None,
@@ -313,6 +328,9 @@ def gemm_request(many: bool = False) -> Callable:
             base = GemmRequest(**fields)
             if specs and base.expr:
                 raise click.UsageError("give SPEC or --expr, not both")
+            if base.arch != "sm90" and base.plan != "evtc":
+                raise click.UsageError(f"--plan chooses sm90's shared-memory plan; {base.arch} kernels have none "
+                                       "(leave --plan out)")
             if not many:
                 return f(request=dataclasses.replace(base, spec=specs), **kw)
             requests = [dataclasses.replace(base, spec=s) for s in specs] if specs else [base]
@@ -381,7 +399,8 @@ def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path | No
 @main.command()
 @gemm_request()
 @click.option("-o", "--output", callback=_writable_file, help="write the .cu here (default: stdout)")
-@click.option("--print-includes", is_flag=True, help="print the nvcc -I flags of the CUTLASS headers and exit")
+@click.option("--print-includes", is_flag=True,
+              help="print the nvcc -I flags the .cu needs (evtc's headers and CUTLASS's) and exit")
 @click.option("--print-nvcc", is_flag=True,
               help="print the nvcc command that builds the .cu (-o's, else k.cu) for --arch, exactly as evtc "
                    "builds it, and exit")
@@ -403,10 +422,11 @@ def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_
     --print-nvcc -o k.cu` prints the exact command (the flags evtc's own builds use, -DNDEBUG
     included).
     """
+    _check_emit_options(click.get_current_context())
     if print_includes:
-        from evtc.compiler.nvcc import cutlass_include_dirs
+        from evtc.compiler.nvcc import include_dirs
 
-        click.echo(" ".join(f"-I{d_}" for d_ in cutlass_include_dirs()))
+        click.echo(" ".join(f"-I{d_}" for d_ in include_dirs()))  # evtc's own headers, then CUTLASS's
         return
     if print_nvcc:
         click.echo(shlex.join(nvcc_command(request.arch, output or "k.cu")))
@@ -425,6 +445,41 @@ def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_
                    f"epilogue smem {g.plan.epilogue_smem_bytes} B, {g.plan.mainloop_stages} mainloop stages", err=True)
     else:
         click.echo(g.source, nl=False)
+
+
+#: emit's options that only mean something with another (option -> the one it needs)
+_EMIT_NEEDS = {"fragment_name": "fragment", "namespace": "fragment", "dims": "conv_kind"}
+#: emit's modes, at most one at a time, and the options each reads besides itself (None: all)
+_EMIT_MODES = {"print_includes": (), "print_nvcc": ("arch", "output"), "fragment": None, "conv_kind": None}
+
+
+def _check_emit_options(ctx: click.Context) -> None:
+    """Refuse emit options that conflict or would be ignored (``--conv`` with ``--fragment``,
+    ``--dims`` without ``--conv``, an epilogue with ``--print-includes``): a command that quietly
+    drops what it was asked for reports success for something it didn't do.
+
+    Raises:
+        click.UsageError: naming the options.
+    """
+    given = {p.name: p for p in ctx.command.params
+             if ctx.get_parameter_source(p.name) not in (None, click.core.ParameterSource.DEFAULT)
+             and not (p.name == "spec" and not ctx.params.get("spec"))}
+
+    def flag(name: str) -> str:
+        p = given[name]
+        return p.opts[0] if isinstance(p, click.Option) else p.name.upper()
+
+    modes = [m for m in _EMIT_MODES if m in given and ctx.params.get(m)]
+    if len(modes) > 1:
+        raise click.UsageError(f"{flag(modes[0])} and {flag(modes[1])} can't be combined")
+    for name, needs in _EMIT_NEEDS.items():
+        if name in given and needs not in modes:
+            raise click.UsageError(f"{flag(name)} only applies with "
+                                   f"{next(o for p in ctx.command.params if p.name == needs for o in p.opts)}")
+    if modes and _EMIT_MODES[modes[0]] is not None:
+        ignored = [flag(n) for n in given if n != modes[0] and n not in _EMIT_MODES[modes[0]]]
+        if ignored:
+            raise click.UsageError(f"{flag(modes[0])} prints and exits: {', '.join(ignored)} would be ignored")
 
 
 # ---- plan ---------------------------------------------------------------------------------------
@@ -642,7 +697,17 @@ def errors(anchor: str | None):
     section = _section(page.read_text(), anchor.lstrip("#"))
     if section is None:
         raise click.UsageError(f"docs/errors.md has no section '{anchor}' (run `evtc errors` for the list)")
-    click.echo(section)
+    click.echo(_plain(section))
+
+
+def _plain(markdown: str) -> str:
+    """The page's text as a terminal shows it: without its HTML comments (the ``<!-- gen: ... -->``
+    markers of docs/gen_docs.py) and the blank lines they leave."""
+    import re
+
+    text = re.sub(r"^[ \t]*<!--.*?-->[ \t]*(\n|$)", "", markdown, flags=re.S | re.M)  # a comment line goes
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)  # an inline comment leaves the text around it
+    return re.sub(r"\n{3,}", "\n\n", text)
 
 
 def _section(markdown: str, anchor: str) -> str | None:

@@ -30,6 +30,9 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 DOCS_ERRORS = "docs/errors.md"
 
+#: the most characters of a source line an error shows (a longer line shows a window of it)
+_EXCERPT_WIDTH = 160
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SourceLoc:
@@ -58,12 +61,22 @@ class SourceLoc:
         if not self.text:
             return ""
         stripped = self.text.rstrip()
+        col = self.col
+        end = None
+        if col is not None:
+            end = self.end_col if self.end_col and self.end_col > col else col + 1
+            end = min(end, max(len(stripped), col + 1))
+        if len(stripped) > _EXCERPT_WIDTH:  # a window of a long line (a 100 KB expression) around the span
+            start = max(0, min(col or 0, len(stripped) - _EXCERPT_WIDTH) - 20)
+            shown = stripped[start:start + _EXCERPT_WIDTH]
+            lead = "..." if start else ""
+            stripped = lead + shown + ("..." if start + _EXCERPT_WIDTH < len(self.text.rstrip()) else "")
+            if col is not None:
+                col, end = col - start + len(lead), min(end, start + _EXCERPT_WIDTH) - start + len(lead)
         gutter = f"{self.line:>6} | "
         lines = [gutter + stripped]
-        if self.col is not None:
-            end = self.end_col if self.end_col and self.end_col > self.col else self.col + 1
-            end = min(end, max(len(stripped), self.col + 1))
-            lines.append(" " * (len(gutter) - 2) + "| " + " " * self.col + "^" * (end - self.col))
+        if col is not None:
+            lines.append(" " * (len(gutter) - 2) + "| " + " " * col + "^" * max(1, end - col))
         return "\n".join(lines)
 
 
@@ -140,6 +153,25 @@ class UnsupportedOpError(EvtcError):
     """An operation has no entry in the op table (``evtc/ops.py``) or no lowering for the arch."""
 
     anchor = "unsupported-op"
+
+
+class UnknownFunctionError(UnsupportedOpError, AttributeError):
+    """``evtc.<name>`` for a name evtc doesn't have (a typo such as ``evtc.rleu``): raised by the
+    ``evtc`` module's ``__getattr__`` at the user's line, with the close matches and the list of
+    functions, the same message the expression form gives for ``rleu(x)``. It is also an
+    ``AttributeError``, so ``hasattr(evtc, name)`` and ``from evtc import name`` behave as for any
+    module."""
+
+    anchor = "unsupported-op"
+
+
+class GraphTooLargeError(EvtcError):
+    """An epilogue beyond evtc's size limits (:data:`evtc.ir.limits.LIMITS`: nodes, nesting
+    depth, outputs, parameters), raised by the frontend at the line that crossed the limit (or
+    by ``evtc.passes.run`` for a graph built by hand). The message names the limit and the
+    epilogue."""
+
+    anchor = "too-large"
 
 
 class EpilogueTypeError(EvtcError):
@@ -231,10 +263,11 @@ class NoDeviceError(EvtcError, RuntimeError):
 
 
 class ConstantFoldError(EvtcError):
-    """A constant subexpression of finite constants evaluates to a value the f32 compute type
-    can't hold (an overflow such as ``exp(100.0)``, or NaN such as ``log(-1.0)``); raised by
-    the ``fold`` pass at the user's line (``evtc/passes/fold.py``). Fix the constant, or make
-    it a runtime scalar parameter if its value is only known at run time."""
+    """A constant subexpression of finite constants evaluates to a value the compute type can't
+    hold (an overflow such as ``exp(1000)``, or NaN such as ``log(-1.0)``), at the user's line:
+    one rule (``check_fold`` in ``evtc/passes/fold.py``) for the ``fold`` pass, the expression
+    form's folding and ``evtc.*`` functions called on numbers. Fix the constant, or make it a
+    runtime scalar parameter if its value is only known at run time."""
 
     anchor = "constant-fold"
 

@@ -138,7 +138,7 @@ class TreeEmitter:
 
         def arguments(item: tuple[TreeLike, int]) -> Generator[tuple[TreeLike, int], list[str], list[str]]:
             t, level = item
-            pad = "  " * level
+            pad = "  " * min(level, 32)  # bounded: a line per node, never one as long as the depth
             if isinstance(t, Tree) and not t.children:
                 return [f"{pad}{self.table.args(t.op)}  // {self.alias_of[id(t)]}"]
             parts: list[list[str]] = []

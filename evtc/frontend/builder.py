@@ -72,6 +72,7 @@ them); integer arithmetic on constants is exact as in Python but bounded to
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import operator
 from typing import Any, Callable, NoReturn, Sequence, Union
@@ -90,6 +91,7 @@ from evtc.errors import (
     UnknownDTypeError,
     UnsupportedOpError,
 )
+from evtc.ir import limits
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.names import name_problem, reserved_output, reserved_parameter
 from evtc.ir.nodes import (
@@ -112,7 +114,8 @@ from evtc.ir.nodes import (
 
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
-    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error", "KIND_WORDS",
+    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error",
+    "unknown_function_error", "KIND_WORDS",
 ]
 
 #: integer constants are folded exactly (as Python does) up to this many bits; a result that
@@ -245,6 +248,19 @@ def short_repr(x: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _shown(x: Any) -> str:
+    """A constant as an expression shows it: ``2``, ``0.5``, ``True``, ``inf``."""
+    if isinstance(x, (bool, np.bool_)):
+        return str(bool(x))
+    if isinstance(x, (int, np.integer)):
+        return short_repr(int(x))
+    try:
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        return short_repr(x)
+    return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
+
+
 def _int_bits(x: Any) -> int:
     return abs(x).bit_length() if isinstance(x, int) else 0
 
@@ -276,6 +292,33 @@ def not_elementwise_error(name: str, dialect: Dialect, loc: SourceLoc | None, ep
     return dialect.trace_error(f"{dialect.fn(name)}() takes one value and reduces it", loc=loc, epilogue=epilogue,
                                hint=f"for the elementwise {name} of two values use {dialect.fn(name + 'imum')}(a, b); "
                                     "pass the axis as dim=")
+
+
+def unknown_function_error(name: str, functions: Sequence[str], dialect: Dialect, loc: SourceLoc | None,
+                           epilogue: str | None, *, also: Sequence[str] = (),
+                           cls: type[EvtcError] | None = None) -> EvtcError:
+    """The error for calling a function the frontend doesn't have (``evtc.rleu(x)`` in Python,
+    ``rleu(x)`` in an expression): the same message in every frontend, with the close matches
+    (difflib) and the list of functions.
+
+    Args:
+        name: the name as written, without the dialect's prefix.
+        functions: the functions the frontend offers (listed in the hint).
+        dialect: spells the names (``evtc.relu`` or ``relu``) and picks the class (``op_error``).
+        also: other names a close match may be (``Gemm``, ``RowVector``: not listed).
+        cls: the class instead of the dialect's (the ``evtc`` module's ``__getattr__`` raises
+            :class:`~evtc.errors.UnknownFunctionError`, an ``AttributeError`` too).
+
+    Example::
+
+        unknown function 'evtc.rleu'
+          hint: did you mean 'evtc.relu'? functions: abs, amax, clamp, ...
+    """
+    close = difflib.get_close_matches(name, [*functions, *also], n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(dialect.fn(c)) for c in close)}? " if close else ""
+    hint += f"functions: {', '.join(sorted(functions))}"
+    return (cls or dialect.op_error)(f"unknown function '{dialect.fn(name)}'", loc=loc, epilogue=epilogue,
+                                     hint=hint)
 
 
 def constant_reduction_error(loc: SourceLoc | None, epilogue: str | None) -> EvtcError:
@@ -322,6 +365,7 @@ class IRBuilder:
         self.inputs: list[Leaf] = []
         self.outputs: list[Output] = []
         self._interned = GraphBuilder()
+        self._built = 0  # nodes built (distinct ones when interning), for the size limits
         self._input_names: dict[str, Leaf] = {}
         self._output_names: set[str] = set()
         self.rename(epilogue, name_loc or loc)
@@ -427,6 +471,8 @@ class IRBuilder:
                 (``dtype_error``): an accumulator that is not f32.
         """
         self.check_input_name(name, loc)
+        if len(self.inputs) >= limits.LIMITS.inputs:
+            raise limits.too_large("inputs", self.epilogue, loc)
         if name in self._input_names:
             self.fail(self.dialect.signature_error, f"parameter '{name}' is declared twice", loc,
                       hint="give each parameter its own name")
@@ -455,8 +501,24 @@ class IRBuilder:
     # ---- nodes ----------------------------------------------------------------------------
 
     def add(self, node: Node) -> Node:
-        """Intern ``node`` (return the equal node already built), unless interning is off."""
-        return self._interned.add(node) if self.intern else node
+        """Intern ``node`` (return the equal node already built), unless interning is off.
+
+        Raises:
+            GraphTooLargeError: the epilogue grows beyond :data:`evtc.ir.limits.LIMITS` (nodes,
+                depth), located at ``node``'s line: a frontend stops there, having built no
+                more than the limit (NOTE [Epilogue size limits]).
+        """
+        if node.depth > limits.LIMITS.depth:
+            raise limits.too_large("depth", self.epilogue, node.loc)
+        if not self.intern:
+            self._built += 1
+            out = node
+        else:
+            out = self._interned.add(node)
+            self._built = len(self._interned)
+        if self._built > limits.LIMITS.nodes:
+            raise limits.too_large("nodes", self.epilogue, node.loc)
+        return out
 
     def constant(self, x: Any, loc: SourceLoc | None) -> float:
         """The float64 value of the Python constant ``x``, checked to be an f32 the kernel can
@@ -473,7 +535,7 @@ class IRBuilder:
         except OverflowError:
             self._not_f32(short_repr(x), loc)
         if math.isfinite(value) and abs(value) >= F32_OVERFLOW:
-            self._not_f32(short_repr(x), loc)
+            self._not_f32(_shown(x), loc)
         return value
 
     def _not_f32(self, shown: str, loc: SourceLoc | None) -> NoReturn:
@@ -557,23 +619,32 @@ class IRBuilder:
 
     # ---- constant folding -----------------------------------------------------------------
 
-    def fold(self, what: str, fn: Callable[[], Any], loc: SourceLoc | None) -> Any:
+    def fold(self, expr: str, operands: Sequence[Any], fn: Callable[[], Any], loc: SourceLoc | None) -> Any:
         """Evaluate a constant expression as Python would (the frontend has only constants);
         its errors become located errors.
+
+        Args:
+            expr: the expression as written, for messages (``exp(1000)``, ``1 / 0``).
+            operands: its constants; ``fn`` computes it.
 
         Raises:
             EvtcError (``trace_error``): the evaluation fails (division by zero, overflow, an
                 operation the operands' types don't have, such as ``-`` of a comparison's numpy
                 bool) or gives a complex number.
+            ConstantFoldError: finite operands give inf or NaN (``exp(1000)``, ``log(0)``): the
+                fold pass's rule, :func:`evtc.passes.fold.check_fold`.
         """
+        from evtc.passes.fold import check_fold  # (the passes' package: loaded on the first fold)
+
         try:
             with np.errstate(all="ignore"):
                 out = fn()
         except (ArithmeticError, ValueError, TypeError) as e:
-            self.fail(self.dialect.trace_error, f"evaluating the constant expression ({what}) fails: {e}", loc)
+            self.fail(self.dialect.trace_error, f"evaluating the constant expression {expr} fails: {e}", loc)
         if isinstance(out, complex) or np.iscomplexobj(out):
-            self.fail(self.dialect.trace_error, f"the constant expression ({what}) is complex: {short_repr(out)}",
+            self.fail(self.dialect.trace_error, f"the constant expression {expr} is complex: {short_repr(out)}",
                       loc, hint="a negative number to a fractional power has no real value")
+        check_fold(expr, operands, out, loc=loc, epilogue=self.epilogue)
         return out
 
     def _bounded(self, what: str, bits: int, loc: SourceLoc | None) -> None:
@@ -592,7 +663,7 @@ class IRBuilder:
                 self._bounded(what, max(_int_bits(a), _int_bits(b)) + 1, loc)
             elif op == "mul":
                 self._bounded(what, _int_bits(a) + _int_bits(b), loc)
-        return self.fold(what, lambda: _BINARY[op](a, b), loc)
+        return self.fold(f"{_shown(a)} {what} {_shown(b)}", (a, b), lambda: _BINARY[op](a, b), loc)
 
     # ---- operations -----------------------------------------------------------------------
 
@@ -615,7 +686,7 @@ class IRBuilder:
     def negate(self, x: Value, loc: SourceLoc | None) -> Value:
         """``-x``: folds a constant, else ``neg(x)``."""
         if is_constant(x):
-            return self.fold("-x", lambda: -x, loc)
+            return self.fold(f"-{_shown(x)}", (x,), lambda: -x, loc)
         return self.apply("neg", (x,), loc)
 
     def plus(self, x: Value, loc: SourceLoc | None) -> Value:
@@ -636,7 +707,8 @@ class IRBuilder:
         if is_constant(base) and is_constant(exponent):
             if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
                 self._bounded("**", exponent * (_int_bits(base) - 1) + 1, loc)
-            return self.fold("**", lambda: base ** exponent, loc)
+            return self.fold(f"{_shown(base)} ** {_shown(exponent)}", (base, exponent), lambda: base ** exponent,
+                             loc)
         if isinstance(base, Node) and not is_constant(exponent):
             self.fail(self.dialect.trace_error, "x ** y needs a constant exponent y", loc,
                       hint=f"write the exponent as a number, or use {self.dialect.fn('exp')}(y * "
@@ -650,7 +722,8 @@ class IRBuilder:
         :meth:`power`."""
         if all(is_constant(a) for a in args):
             ref = ops.get(op).numpy
-            return self.fold(f"{op}(...)", lambda: ref(*[np.asarray(a, dtype=np.float64) for a in args]), loc)
+            return self.fold(f"{op}({', '.join(_shown(a) for a in args)})", args,
+                             lambda: ref(*[np.asarray(a, dtype=np.float64) for a in args]), loc)
         if op == "pow" and len(args) == 2:
             return self.power(args[0], args[1], loc)
         return self.apply(op, args, loc)
@@ -667,7 +740,8 @@ class IRBuilder:
         if isinstance(x, Pending):
             return Pending(dataclasses.replace(x.node, dtype=dt), loc)
         if is_constant(x):
-            return self.fold("to(...)", lambda: dtypes.round_to(np.asarray(x, dtype=np.float64), dt), loc)
+            return self.fold(f"to({_shown(x)}, {dt.name})", (x,),
+                             lambda: dtypes.round_to(np.asarray(x, dtype=np.float64), dt), loc)
         return self.apply("convert", (x,), loc, dtype=dt)
 
     def reduce(self, op: str, x: Value, dim: Any, loc: SourceLoc | None, *,
@@ -745,6 +819,8 @@ class IRBuilder:
         """Record the output node ``node`` as it is (its name checked, at ``node.loc``): for
         frontends that spell outputs out in full, like the IR text."""
         self.check_output_name(node.name, node.loc)
+        if len(self.outputs) >= limits.LIMITS.outputs:
+            raise limits.too_large("outputs", self.epilogue, node.loc)
         out = self.add(node)
         self.outputs.append(out)  # type: ignore[arg-type]
         self._output_names.add(node.name)

@@ -21,7 +21,8 @@ import numpy as np
 
 from evtc import ops
 from evtc.dtypes import DType
-from evtc.frontend.builder import constant_reduction_error, is_constant
+from evtc.errors import UnknownFunctionError
+from evtc.frontend.builder import PYTHON, _shown, constant_reduction_error, is_constant, unknown_function_error
 from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
 
 __all__ = [
@@ -30,6 +31,23 @@ __all__ = [
     "leaky_relu", "where", "multiply_add", "sum", "max", "min", "amax",
     "gt", "ge", "lt", "le", "eq", "ne", "to",
 ]
+
+#: the functions an epilogue calls as ``evtc.<name>`` (what an unknown name's error lists;
+#: ``__all__`` is exactly these: ``evtc ops`` and docs/language.md are generated from it)
+FUNCTIONS = tuple(__all__)
+
+
+def unknown_function(name: str) -> UnknownFunctionError:
+    """The error for ``evtc.<name>`` when the ``evtc`` module has no such attribute (its
+    ``__getattr__`` raises it): located at the line that wrote it, with the close matches among
+    the functions and evtc's other public names, and the list of functions (the expression form
+    says the same for ``rleu(x)``: :func:`~evtc.frontend.builder.unknown_function_error`)."""
+    import evtc
+
+    public = [n for n in dir(evtc) if not n.startswith("_") and n not in FUNCTIONS]
+    return unknown_function_error(name, FUNCTIONS, PYTHON, user_loc(), None,  # type: ignore[return-value]
+                                  also=[*public, "Gemm", "Conv", "ConvProblem", "GemmConfig", "from_expr", "parse_ir"],
+                                  cls=UnknownFunctionError)
 
 
 def _is_traced(args) -> bool:
@@ -66,7 +84,13 @@ def _call(name: str, *args: Any):
         like = next(a for a in args if type(a).__module__.startswith("torch"))
         host = [a.detach().double().cpu().numpy() if type(a).__module__.startswith("torch") else a for a in args]
         return torch.as_tensor(op.numpy(*[np.asarray(h, dtype=np.float64) for h in host])).to(like.device, like.dtype)
-    return op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+    with np.errstate(all="ignore"):
+        out = op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+    if all(is_constant(a) for a in args):  # a constant folded, as math.exp(1000) raises: the fold rule
+        from evtc.passes.fold import check_fold
+
+        check_fold(f"evtc.{name}({', '.join(map(_shown, args))})", args, out, loc=user_loc(), epilogue=None)
+    return out
 
 
 # ---- elementwise -------------------------------------------------------------------------------

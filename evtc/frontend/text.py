@@ -21,16 +21,18 @@ one per distinct value (the text can't tell shared constants from copies).
 
 * Statements ``NAME = expr`` separated by ``;`` or newlines (a newline inside brackets continues
   the statement; ``#`` starts a comment). Every assigned name not starting with ``_`` is an
-  output, in order of assignment; ``_name`` is a temporary. A later statement may use an
-  earlier assigned name, getting its value (``F = acc + bias[n]; D = gelu(F)`` is the Python
-  ``F = acc + bias; return {"F": F, "D": gelu(F)}``). A name is assigned once.
+  output, in order of assignment; ``_name`` is a temporary, never a parameter (using one before
+  it is assigned is an error). A later statement may use an earlier assigned name, getting its
+  value (``F = acc + bias[n]; D = gelu(F)`` is the Python ``F = acc + bias; return {"F": F,
+  "D": gelu(F)}``). A name is assigned once.
 * Inputs: ``acc`` (the accumulator), ``C`` (the source, dtype ``c``, default ``d``),
   ``name[n]`` (a row vector, length N, f32), ``name[m]`` (a column vector, length M, f32),
-  ``name[m, n]`` (an M x N aux load, dtype ``d``), and any other bare name (a runtime scalar by
-  value, f32). ``:dtype`` after an input reference overrides its dtype (``bias[n]:bf16``,
-  ``R[m, n]:f16``, ``C:f16``); it may be given once or repeated identically. An input must be
-  referenced the same way every time. The graph's inputs are ``acc`` first (when used), then the
-  others in order of first appearance: the signature the equivalent Python function would have.
+  ``name[m, n]`` (an M x N aux load, dtype ``d``), and any other bare name not starting with
+  ``_`` (a runtime scalar by value, f32). ``:dtype`` after an input reference overrides its
+  dtype (``bias[n]:bf16``, ``R[m, n]:f16``, ``C:f16``); it may be given once or repeated
+  identically. An input must be referenced the same way every time. The graph's inputs are
+  ``acc`` first (when used), then the others in order of first appearance: the signature the
+  equivalent Python function would have.
 * Operators as in Python: comparisons ``> >= < <= == !=`` (loosest, not chained; 1.0/0.0
   masks), ``+ -``, ``* /``, unary ``-``/``+``, then ``**`` (right associative, tighter than
   unary minus on its left: ``-x**2`` is ``-(x**2)``). Numbers: ``2``, ``0.5``, ``1e-3``,
@@ -74,7 +76,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Un
 from evtc import dtypes, ops
 from evtc.dtypes import DType, f32
 from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, SourceLoc, TraceError, UnknownDTypeError, api_boundary
-from evtc.frontend.builder import EXPRESSION, IR_TEXT, KIND_WORDS, IRBuilder, Pending
+from evtc.frontend.builder import EXPRESSION, IR_TEXT, KIND_WORDS, IRBuilder, Pending, unknown_function_error
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
     LEAF_KINDS,
@@ -794,6 +796,12 @@ class _ExprReader(_TextReader):
             return
         if name in self.functions:
             self.fail(GrammarError, f"'{name}' is a function: call it, e.g. '{name}(x)'", ref)
+        if name.startswith("_"):
+            self.builder.check_input_name(name, loc)  # a name no C++ parameter may have says so first
+            self.fail(GrammarError, f"'{name}' is used before it is assigned: a name starting with '_' is a "
+                      "temporary, not a parameter", ref,
+                      hint=f"assign it on an earlier line ('{name} = ...'); the parameters are acc, C, indexed names "
+                           "(bias[n], scale[m], R[m, n]) and bare names not starting with '_' (runtime scalars)")
         if name == "acc":
             cls: type[Leaf] = Accumulator
         elif name == "C":
@@ -888,17 +896,21 @@ class _ExprReader(_TextReader):
         positional = tuple(a for a in args if not isinstance(a, _Kwarg))
         keywords = [a for a in args if isinstance(a, _Kwarg)]
         seen_keyword = False
+        given: set[str] = set()
         for a in args:
             if isinstance(a, _Kwarg):
                 seen_keyword = True
+                if a.name in given:  # Python's "keyword argument repeated"
+                    self.fail(GrammarError, f"{name}(): keyword argument '{a.name}' is given twice", a.loc,
+                              hint="give each keyword argument once")
+                given.add(a.name)
             elif seen_keyword:
                 self.fail(GrammarError, "a positional argument follows a keyword argument", loc)
 
         if name in _REDUCERS:
             return self._reduction_call(name, positional, keywords, loc)
         if name not in self.functions:
-            self.fail(GrammarError, f"unknown function '{name}'", name_tok,
-                      hint=f"functions: {', '.join(sorted(self.functions))}")
+            raise unknown_function_error(name, sorted(self.functions), EXPRESSION, self.loc(name_tok), self.epilogue)
         if keywords:
             self.fail(GrammarError, f"{name}() takes no keyword arguments", keywords[0].loc,
                       hint="pass the arguments by position")

@@ -631,7 +631,7 @@ def import_torch(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16
             gm = make_fx(flat, tracing_mode="fake")(*examples)
     except EvtcError as err:
         raise err.with_context(epilogue=epilogue)
-    except Exception as err:  # noqa: BLE001 - the user's own error, located at their line
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's own error, located at their line
         located = _raised_by_the_function(err, epilogue, _LOC_MODE_CODE)
         if isinstance(err, RuntimeError) and ("must match the size of tensor" in str(err)
                                                or "Attempting to broadcast a dimension" in str(err)):

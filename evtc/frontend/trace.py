@@ -13,7 +13,8 @@ What can't be traced raises a located :class:`~evtc.errors.TraceError`: Python `
 ``bool()``/``and``/``or`` on a traced value (use :func:`evtc.where`), ``float(x)``/``math.*``
 (use the ``evtc.*`` op), numpy ufuncs, iterating, indexing, and using a reduction result
 inside the epilogue. An exception the function itself raises while it is traced (a
-``NameError``, ``1/0``) comes out as a TraceError located at the line that raised it.
+``NameError``, ``1/0``, ``sys.exit()``'s ``SystemExit``) comes out as a TraceError located at the
+line that raised it.
 
 What a function may be: a ``def`` or a ``lambda``, with positional-only, ordinary and
 keyword-only parameters (defaults are ignored: every parameter is a runtime input), a
@@ -627,7 +628,7 @@ def trace(fn: Callable, *, c: DType | None = None, d: DType = dtypes.bf16, name:
         result = fn(*args, **kwargs)
     except EvtcError as err:
         raise err.with_context(epilogue=builder.epilogue)  # (errors of eager evtc.* calls know no epilogue)
-    except Exception as err:  # noqa: BLE001 - the user's own error, located at their line
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's own error (or sys.exit()), at their line
         raise _raised_by_the_function(err, builder.epilogue) from err
     if inspect.iscoroutine(result):
         result.close()

@@ -38,6 +38,10 @@ class GraphBuilder:
     def __init__(self) -> None:
         self._table: dict[tuple, Node] = {}
 
+    def __len__(self) -> int:
+        """The number of distinct nodes built."""
+        return len(self._table)
+
     def add(self, node: Node) -> Node:
         """Intern ``node``: return the equal node already built, or ``node`` itself."""
         key = node.key()

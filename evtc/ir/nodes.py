@@ -72,10 +72,12 @@ class _Memo:
 
     ``_bcast`` is set at construction from the inputs' own (already computed) classes, so it
     costs O(arity) per node and no walk of the graph: a chain of reuse like ``x = x + gelu(x)``
-    repeated n times is O(n), not O(2^n) (issue 10). ``_key`` is filled on first use.
+    repeated n times is O(n), not O(2^n) (issue 10). ``_depth`` is set the same way, from the
+    inputs' own depths (the epilogue's size limits read it: :mod:`evtc.ir.limits`). ``_key`` is
+    filled on first use.
     """
 
-    __slots__ = ("_bcast", "_key")
+    __slots__ = ("_bcast", "_key", "_depth")
 
 
 def _rebuild(cls: type, fields: dict) -> "Node":
@@ -101,6 +103,17 @@ class Node(_Memo):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_bcast", self._derive_bcast())
+        object.__setattr__(self, "_depth", self._derive_depth())
+
+    def _derive_depth(self) -> int:
+        """One more than the deepest input (an input or constant is 0): O(arity), no walk."""
+        return 1 + max((i._depth for i in self.inputs), default=0)
+
+    @property
+    def depth(self) -> int:
+        """The longest chain of computes and outputs from an input to this node (an input or a
+        constant is 0, ``relu(acc)`` 1): how deeply CUTLASS nests its visitor types."""
+        return self._depth
 
     def _derive_bcast(self) -> Bcast | None:
         """The broadcast class from the fields (None for the abstract bases)."""
@@ -170,6 +183,9 @@ class Leaf(Node):
     """A value that comes from outside the epilogue. ``name`` is the parameter name."""
 
     name: str = ""
+
+    def _derive_depth(self) -> int:
+        return 0
 
     @property
     def is_tensor(self) -> bool:
@@ -250,6 +266,9 @@ class Immediate(Node):
 
     value: float = 0.0
     kind: ClassVar[str] = "const"
+
+    def _derive_depth(self) -> int:
+        return 0
 
     def _derive_bcast(self) -> Bcast:
         return Bcast.SCALAR

@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+from evtc.ir import limits
 from evtc.ir.graph import Graph
 from evtc.passes.canonicalize import CANONICALIZE, canonicalize
 from evtc.passes.cse import CSE, cse
@@ -88,10 +89,12 @@ def run(graph: Graph, arch: str | None = None, *, verify: bool | None = None,
         The simplified, legalized Graph (:class:`PassManager` gives the :class:`PassResult`).
 
     Raises:
+        GraphTooLargeError: the graph is beyond :data:`evtc.ir.limits.LIMITS`.
         EvtcError subclasses from the passes, located at the user's line (type, constant
         folding, legalization); IRVerificationError naming the pass that broke an invariant;
         PassError for an internal failure inside a pass, naming it.
     """
+    limits.check(graph)  # a graph built by hand never met a frontend's checks
     passes = _pipeline_for(arch) if pipeline is None else pipeline
     return PassManager(passes, verify=verify)(graph).graph
 

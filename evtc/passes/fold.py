@@ -9,15 +9,17 @@ first, so ``(0.1).to(e4m3)`` folds to the e4m3 value, held in f32 exactly; it sa
 kernel's conversion does).
 
 NOTE [Constant folding refuses what f32 can't hold]
-    When every operand is finite but the result is not representable in the f32 compute type
-    (it overflows f32, like ``exp(100.0)`` = 2.7e43 > 3.4e38, or is NaN, like ``log(-1.0)``
-    or ``0.0 / 0.0``), folding raises a :class:`~evtc.errors.ConstantFoldError` at the user's
-    line rather than keep the compute: either choice gives inf or NaN in every element of the
-    kernel's result, while the float64 reference (and the user's intent) may differ, so the
-    epilogue is almost surely wrong and the user is told where. Results that underflow to zero
-    or a subnormal fold to the f32 value (as the kernel computes them). Operands that are
-    already inf or NaN (``float("inf")`` written by the user) fold to what IEEE arithmetic
-    gives, silently: the user asked for them.
+    One rule for every fold (:func:`check_fold`): when every operand is finite but the result,
+    in the compute type, is not (``exp(100.0)`` = 2.7e43 > 3.4e38 in f32, ``exp(1000)``,
+    ``log(0.0)``, ``sqrt(-1.0)``, ``rsqrt(0.0)``, ``0.0 * inf`` excepted), folding raises a
+    located :class:`~evtc.errors.ConstantFoldError` rather than keep inf or NaN: the kernel would
+    compute it in every element while the user meant a number. This pass folds in f32 (as the
+    kernel computes); the expression form's folds (:meth:`evtc.frontend.builder.IRBuilder.fold`)
+    and ``evtc.*`` functions called on numbers follow Python and fold in float64, so there only
+    inf and NaN are refused (a finite float64 beyond f32 is refused when it becomes a
+    constant of the graph). Results that underflow to zero or a subnormal fold to that value;
+    operands that are already inf or NaN (``float("inf")``, written by the user) fold to what
+    IEEE arithmetic gives, silently: the user asked for them.
 
 Requires: propagate. Ensures: no all-constant compute (other than ``first``). Preserves:
 outputs and their values up to f32 rounding of the folded constants (the kernel computes them
@@ -27,19 +29,65 @@ in f32 too).
 from __future__ import annotations
 
 import math
+from typing import Any, Sequence
 
 import numpy as np
 
 from evtc import ops
 from evtc.dtypes import f32, round_to
-from evtc.errors import ConstantFoldError
+from evtc.errors import ConstantFoldError, SourceLoc
 from evtc.ir.graph import Graph, GraphBuilder, with_inputs
 from evtc.ir.nodes import Compute, Immediate, Node
 from evtc.ir.printer import format_float
 from evtc.ir.verify import Violation
 from evtc.passes.manager import Pass, PassResult, rewrite
 
-__all__ = ["FOLD", "fold"]
+__all__ = ["FOLD", "check_fold", "fold"]
+
+
+def _finite(x: Any) -> bool:
+    """Whether a folded operand or result is finite (ints and bools always are)."""
+    if isinstance(x, (bool, int, np.bool_, np.integer)):
+        return True
+    try:
+        return bool(np.all(np.isfinite(np.asarray(x, dtype=np.float64))))
+    except (TypeError, ValueError, OverflowError):
+        return True  # not a number at all: the caller reports that
+
+
+def check_fold(expr: str, operands: Sequence[Any], result: Any, *, exact: Any = None, loc: SourceLoc | None,
+               epilogue: str | None) -> None:
+    """The one rule of constant folding (NOTE [Constant folding refuses what f32 can't hold]):
+    finite operands must give a finite result.
+
+    Args:
+        expr: the expression as the user would read it, e.g. ``exp(1000.0)``.
+        operands: the constants folded.
+        result: the result in the compute type.
+        exact: the float64 result, when ``result`` was rounded from it (for the message).
+        loc: the user's line; ``epilogue``: the epilogue's name.
+
+    Raises:
+        ConstantFoldError: every operand is finite and ``result`` is inf or NaN.
+
+    Example::
+
+        check_fold("log(0.0)", [0.0], -inf, loc=loc, epilogue="e")   # raises: "... is infinite (-inf)"
+    """
+    if _finite(result) or not all(_finite(x) for x in operands):
+        return
+    value = float(np.asarray(result if exact is None else exact, dtype=np.float64))
+    if math.isnan(value):
+        what = "is not a number"
+    elif math.isfinite(value):  # (only when rounding to f32 overflowed)
+        what = f"is {value:.4g}, beyond f32's range (+-{f32.max:.4g})"
+    else:
+        what = f"is infinite ({format_float(value)})"
+    raise ConstantFoldError(
+        f"the constant expression {expr} {what}", loc=loc, epilogue=epilogue,
+        hint="the kernel would compute with inf or NaN here; check the constant (or pass it as a runtime "
+             "scalar if it is meant)",
+    )
 
 
 def _foldable(node: Node) -> bool:
@@ -59,18 +107,9 @@ def _fold(graph: Graph):
             else:
                 v = ops.get(node.op).numpy(*vals)
             folded = float(round_to(np.asarray(v, dtype=np.float64), f32))
-        if not math.isfinite(folded) and all(math.isfinite(x) for x in vals):
-            shown = ", ".join(format_float(float(x)) for x in vals)
-            exact = float(np.asarray(v, dtype=np.float64))
-            what = "is not a number" if math.isnan(exact) else (
-                f"is {exact:.4g}, beyond f32's range (+-{f32.max:.4g})" if math.isfinite(exact) else "is infinite")
-            expr = f"({shown}).to({node.dtype})" if node.op == "convert" else f"{node.op}({shown})"
-            raise ConstantFoldError(
-                f"the constant expression {expr} {what}",
-                loc=node.loc, epilogue=graph.name,
-                hint="the kernel would compute with inf or NaN here; check the constant (or pass it as a runtime "
-                     "scalar if it is meant)",
-            )
+        shown = ", ".join(format_float(float(x)) for x in vals)
+        expr = f"({shown}).to({node.dtype})" if node.op == "convert" else f"{node.op}({shown})"
+        check_fold(expr, vals, folded, exact=v, loc=node.loc, epilogue=graph.name)
         return Immediate(f32, value=folded, loc=node.loc)
 
     return rule

@@ -18,11 +18,14 @@ warpgroup and N a multiple of 8 up to 256; ``sm90_gmma_builder.inl``):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from evtc.dtypes import DType
-from evtc.errors import ConfigError
+from evtc.errors import ConfigError, PlanError
+from evtc.plan.target import SM90
 
 SCHEDULES_SM90 = ("cooperative", "pingpong")
 SCHEDULERS = ("persistent", "streamk", "batch_inner")
@@ -45,6 +48,20 @@ RUNTIME_FIELDS_SM90 = ("swizzle", "raster", "split_k", "decomposition")
 DEFAULT_SWIZZLE = {"sm90": {"cooperative": 3, "pingpong": 0}, "sm80": 3}
 #: the schedule of a GemmConfig that names none, by arch
 ARCH_SCHEDULE = {"sm90": "cooperative", "sm80": "multistage"}
+
+
+# NOTE [Bounds of the tile order and of split-K]
+# swizzle is the log2 of a band width CUTLASS takes up to 8 tiles: sm90's tile schedulers clamp
+# max_swizzle_size to log2 <= 3 (get_log_swizzle_size, gemm/kernel/tile_scheduler_params.h), and
+# sm80's GemmIdentityThreadblockSwizzle<N> uses at most 1 << 3 (get_log_tile,
+# gemm/threadblock/threadblock_swizzle.h; its N is an int, so 1 << 40 doesn't even compile). So
+# 0 to 3 on both. split_k is the stream-K scheduler's `int splits`, which CUTLASS lowers to the
+# SM count (adjust_split_count in tile_scheduler_params.h): above MAX_SPLIT_K, the SM count of
+# the sm90 target (132 on H100/H200), a split count never takes effect.
+#: the largest GemmConfig.swizzle (log2 of 8 tiles) on either arch
+MAX_SWIZZLE = 3
+#: the largest GemmConfig.split_k: the sm90 target's SM count (evtc/plan/target.py)
+MAX_SPLIT_K = SM90.sm_count
 
 
 def default_swizzle(arch: str, schedule: str | None) -> int:
@@ -292,7 +309,7 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
                 )
         if config.stages is not None and config.stages < 2:
             raise ConfigError(f"stages = {config.stages}: the TMA mainloop needs at least 2")
-        if config.swizzle not in (0, 1, 2, 3):
+        if not 0 <= config.swizzle <= MAX_SWIZZLE:
             raise ConfigError(f"swizzle = {config.swizzle}: sm90's tile scheduler takes a swizzle of 1, 2, 4 or 8 tiles "
                               "(log2: 0 to 3; tile_scheduler_params.h)")
         if config.scheduler == "streamk" and config.schedule != "cooperative":
@@ -300,6 +317,10 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
                               "static_asserts it away: sm90_gemm_tma_warpspecialized_pingpong.hpp)")
         if isinstance(config.split_k, bool) or not isinstance(config.split_k, int) or config.split_k < 1:
             raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
+        if config.split_k > MAX_SPLIT_K:
+            raise ConfigError(f"split_k = {config.split_k}: CUTLASS's stream-K scheduler splits K at most once per SM "
+                              f"({MAX_SPLIT_K} on the sm90 target; adjust_split_count in tile_scheduler_params.h)",
+                              hint=f"use split_k <= {MAX_SPLIT_K}, or decomposition='heuristic' to let CUTLASS choose")
         if config.atomic_reductions is not None and not isinstance(config.atomic_reductions, bool):
             raise ConfigError(f"atomic_reductions = {config.atomic_reductions!r}: True, False or None")
         if config.packed_stores and (config.unaligned or config.swap_ab):
@@ -341,6 +362,9 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
             raise ConfigError("more than 8 warps per threadblock")
         if config.stages is not None and not 2 <= config.stages <= 8:
             raise ConfigError(f"sm80 stages = {config.stages}: between 2 and 8")
+        if not 0 <= config.swizzle <= MAX_SWIZZLE:
+            raise ConfigError(f"swizzle = {config.swizzle}: sm80's GemmIdentityThreadblockSwizzle<N> takes bands of at "
+                              "most 8 tiles (log2: 0 to 3; get_log_tile in threadblock_swizzle.h)")
         if config.raster != "heuristic":
             raise ConfigError(f"raster '{config.raster}': sm80's threadblock swizzle has no raster order choice",
                               hint="leave raster='heuristic' on sm80 (it is an sm90 tile scheduler argument)")
@@ -374,6 +398,81 @@ def _check_types(config: GemmConfig, arch: str) -> None:
             if getattr(config, name):
                 raise ConfigError(f"{name} = {getattr(config, name)!r}: an sm90 field ({why})",
                                   hint=f"leave {name} unset on sm80")
+
+
+#: The planner decisions a caller may fix (``evtc.Gemm(plan={...})``, ``evtc emit --plan '{...}'``)
+#: and what each takes: ``policy`` picks the planner, the others are the sm90 planner's
+#: ``FIXABLE`` decisions (evtc/plan/sm90.py).
+PLAN_DECISIONS = {
+    "policy": "'evtc' or 'cutlass'",
+    "c_slot": "the name of an M x N input, or None/null for no C",
+    "d_slot": "the name of an M x N output",
+    "epilogue_tile": "[M, N], two positive integers",
+    "stages_c": "a positive integer",
+    "stages_d": "a positive integer",
+    "reuse": "True or False",
+    "direct": "a list of the names of aux inputs, aux outputs and row vectors",
+    "share": "True, False, or a list of [aux store, aux load] name pairs",
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in v)
+
+
+_DECISION_OK = {
+    "policy": lambda v: v in ("evtc", "cutlass"),
+    "c_slot": lambda v: v is None or isinstance(v, str),
+    "d_slot": lambda v: isinstance(v, str),
+    "epilogue_tile": lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(x) and x > 0 for x in v),
+    "stages_c": lambda v: _is_int(v) and v > 0,
+    "stages_d": lambda v: _is_int(v) and v > 0,
+    "reuse": lambda v: isinstance(v, bool),
+    "direct": _names,
+    "share": lambda v: isinstance(v, bool) or (isinstance(v, (list, tuple, set, frozenset)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and _names(p) for p in v)),
+}
+
+
+def check_plan_decisions(decisions: Mapping[str, Any], *, policy: bool = True,
+                         epilogue: str | None = None) -> dict[str, Any]:
+    """Check fixed planner decisions strictly, by key and by type (a bool is no integer, a
+    string no list of names), before the planner compares them with its candidates.
+
+    Args:
+        decisions: the decisions, e.g. ``{"reuse": True, "stages_c": 2}`` (:data:`PLAN_DECISIONS`).
+        policy: whether ``policy`` may be among them (``evtc.Gemm(plan=...)`` takes it; the
+            sm90 planner gets it as its own argument).
+        epilogue: the epilogue's name, for the message.
+
+    Returns:
+        ``decisions`` as a dict.
+
+    Raises:
+        PlanError: an unknown decision (with the close matches and the list), or a value of the
+            wrong type, naming the decision and what it takes.
+    """
+    if not isinstance(decisions, Mapping):
+        raise PlanError(f"plan={decisions!r:.60} is not a dict of planner decisions", epilogue=epilogue,
+                        hint="e.g. plan={'reuse': True, 'stages_c': 2}, or plan='evtc' / 'cutlass'")
+    known = [k for k in PLAN_DECISIONS if policy or k != "policy"]
+    unknown = sorted(k for k in decisions if k not in known)
+    if unknown:
+        close = sorted({m for k in unknown for m in difflib.get_close_matches(str(k), known, n=2)})
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise PlanError(f"unknown plan decision{'s' if len(unknown) > 1 else ''} {unknown}", epilogue=epilogue,
+                        hint=f"{hint}fixable decisions: {', '.join(k for k in known if k != 'policy')}")
+    for key, value in decisions.items():
+        if not _DECISION_OK[key](value):
+            hint = ("True/False is not a number" if isinstance(value, bool) and key != "share" else
+                    "a string is not a list of names" if isinstance(value, str) and key in ("direct", "share") else None)
+            raise PlanError(f"plan decision {key}={value!r:.60}: needs {PLAN_DECISIONS[key]}", epilogue=epilogue,
+                            hint=hint)
+    return dict(decisions)
 
 
 def column_reduction_tile_ok(graph, config: GemmConfig) -> bool:

@@ -79,7 +79,7 @@ from evtc.ir.nodes import AuxLoad, Leaf, Reduction, RowBroadcast, ScalarBroadcas
 from evtc.iterative import trampoline
 from evtc.lower import Role, Tree, TreeLike, Visitor, VisitorTree, lower
 from evtc.plan import cost as cost_model
-from evtc.plan.config import GemmConfig, atomic_reduction, column_reduction_tile_ok
+from evtc.plan.config import GemmConfig, atomic_reduction, check_plan_decisions, column_reduction_tile_ok
 from evtc.plan.model import Buffer, Plan
 from evtc.plan.smem import EMPTY, CType, array_aligned, cute_tuple, round_up, struct, union, with_alignas
 from evtc.plan.target import Target
@@ -611,11 +611,7 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ConfigError(f"plan_rank={rank!r}: the rank of a plan in the cost model's order is an integer >= 0",
                           epilogue=graph.name)
-    fixed = dict(fixed or {})
-    unknown = sorted(set(fixed) - set(FIXABLE))
-    if unknown:
-        raise PlanError(f"unknown plan decision{'s' if len(unknown) > 1 else ''} {unknown}", epilogue=graph.name,
-                        hint=f"fixable decisions: {', '.join(FIXABLE)}")
+    fixed = check_plan_decisions(fixed or {}, policy=False, epilogue=graph.name)
     if not column_reduction_tile_ok(graph, config):
         raise PlanError(f"tile N = {config.tile[1]}: a column reduction (over M, one value per column) needs a "
                         "tile N of at most 32 or a multiple of 64 (CUTLASS's Sm90RowReduction divides each lane's "

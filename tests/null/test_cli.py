@@ -258,3 +258,142 @@ def test_ops_lists_what_users_write():
         assert any(s.startswith(want) for s in spelled) or any(want in line for line in lines), want
     assert any(line.startswith("  a + b") for line in lines) and any(line.startswith("  a * b") for line in lines)
     assert not any(line.split()[0] in ("add", "mul", "first", "convert") for line in lines if line.startswith("  "))
+
+
+# ---- issue 37: no quiet success ------------------------------------------------------------------
+
+
+def test_sys_exit_in_the_users_module_is_an_error(tmp_path):
+    mod = tmp_path / "quits.py"
+    mod.write_text("import sys\nimport evtc\nsys.exit(0)\n")
+    r = CliRunner().invoke(main, ["emit", f"{mod}:x"])
+    assert r.exit_code == 2 and "called sys.exit(0)" in r.output and r.exception is not None
+    mod.write_text("import sys\nimport evtc\n\n@evtc.epilogue\ndef quits(acc):\n    sys.exit(0)\n")
+    r = CliRunner().invoke(main, ["emit", f"{mod}:quits"])
+    assert r.exit_code == 2 and "TraceError" in r.output and "SystemExit" in r.output and "quits.py:6" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--conv", "fprop", "--fragment"], "--fragment and --conv can't be combined"),
+    (["--dims", "3"], "--dims only applies with --conv"),
+    (["--name", "X"], "--name only applies with --fragment"),
+    (["--namespace", "x"], "--namespace only applies with --fragment"),
+    (["--print-includes"], "--print-includes prints and exits: --expr would be ignored"),
+    (["--print-nvcc", "--tile", "128x128x64"], "--print-nvcc prints and exits: --expr, --tile would be ignored"),
+    (["--print-nvcc", "--print-includes"], "can't be combined"),
+    (["--arch", "sm80", "--plan", "cutlass"], "--plan chooses sm90's shared-memory plan"),
+])
+def test_conflicting_or_ignored_emit_options_are_refused(args, needle):
+    r = CliRunner().invoke(main, ["emit", "--expr", "D = relu(acc)", *args])
+    assert r.exit_code == 2 and needle in r.output, r.output
+
+
+def test_print_modes_take_what_they_use():
+    assert run("emit", "--print-includes").exit_code == 0
+    r = run("emit", "--print-nvcc", "--arch", "sm80", "-o", "k.cu")
+    assert r.exit_code == 0 and "compute_80" in r.output
+    r = run("emit", "--expr", "D = relu(acc)", "--conv", "fprop", "--dims", "3")
+    assert r.exit_code == 0 and "Conv" in r.output
+
+
+@pytest.mark.parametrize("plan, needle", [
+    ('{"direct": "X"}', "plan decision direct='X': needs a list"),
+    ('{"stages_c": true}', "plan decision stages_c=True: needs a positive integer"),
+    ('{"stages_c": 2.0}', "needs a positive integer"),
+    ('{"reuse": 1}', "plan decision reuse=1: needs True or False"),
+    ('{"epilogue_tile": [128]}', "needs [M, N]"),
+    ('{"share": "F"}', "a string is not a list of names"),
+    ('{"stages": 2}', "did you mean stages_c, stages_d?"),
+])
+def test_plan_decisions_are_checked_by_type(plan, needle):
+    r = CliRunner().invoke(main, ["emit", f"{EX}:bias_relu", "--plan", plan])
+    assert r.exit_code == 2 and needle in r.output, r.output
+    with pytest.raises(evtc.errors.PlanError, match=needle.split(":")[0].replace("[", r"\[")):  # as the API does
+        evtc.Gemm(evtc.from_expr("D = relu(acc + C)"), plan=json.loads(plan), config=evtc.GemmConfig())
+
+
+@pytest.mark.parametrize("config, arch, needle", [
+    (dict(scheduler="streamk", split_k=10**9), "sm90", "split_k = 1000000000: CUTLASS's stream-K scheduler"),
+    (dict(swizzle=4), "sm90", "swizzle = 4"),
+    (dict(swizzle=40, tile=(128, 128, 32)), "sm80", "swizzle = 40: sm80's GemmIdentityThreadblockSwizzle<N>"),
+])
+def test_split_k_and_swizzle_are_bounded_by_what_cutlass_takes(config, arch, needle):
+    with pytest.raises(evtc.ConfigError, match=needle.replace("(", r"\(")):
+        evtc.Gemm(evtc.from_expr("D = relu(acc)"), arch=arch, config=evtc.GemmConfig(**config))
+    ok = dict(config, **({"split_k": 132} if "split_k" in config else {"swizzle": 3}))
+    evtc.Gemm(evtc.from_expr("D = relu(acc)"), arch=arch, config=evtc.GemmConfig(**ok))
+
+
+def _help_examples(command: str) -> dict[str, str]:
+    """Option -> the example its --help gives ('e.g. X')."""
+    import re
+
+    import click
+
+    out = {}
+    for p in main.commands[command].params:
+        m = re.search(r"e\.g\. (\"[^\"]*\"|'[^']*'|[^\s,;()]+)", (getattr(p, "help", None) or "").replace("\n", " "))
+        if isinstance(p, click.Option) and m:
+            out[p.opts[0]] = m.group(1).strip("'\"")
+    return out
+
+
+@pytest.mark.parametrize("command", ["emit", "plan"])
+def test_every_example_of_the_help_runs(command, tmp_path, monkeypatch):
+    """Each 'e.g.' of an option's help, with the epilogue examples of the help (SPEC_HELP)."""
+    import re
+
+    from evtc.cli import SPEC_HELP
+
+    monkeypatch.chdir(ROOT)
+    examples = _help_examples(command)
+    assert {"--expr", "--plan", "--tile", "--cluster", "--epilogue-tile"} <= set(examples)
+    spec = re.search(r"for example (\S+:\w+)", SPEC_HELP).group(1)
+    expr = re.search(r'--expr "([^"]+)"', SPEC_HELP.replace("\n", " ")).group(1)
+    assert expr == examples["--expr"]
+    out = ["-o", str(tmp_path / "k.cu")] if command == "emit" else []
+    for option, example in examples.items():
+        for epilogue in ([spec], ["--expr", expr]):
+            args = [command, *epilogue, *out] + ([option, example] if option != "--expr" else [])
+            r = CliRunner().invoke(main, args)
+            assert r.exit_code == 0, (args, r.output)
+    r = CliRunner().invoke(main, ["emit", "--print-nvcc", "-o", "k.cu"])  # emit's own docstring
+    assert "`evtc emit --print-nvcc -o k.cu`" in " ".join(main.commands["emit"].help.split()) and r.exit_code == 0
+
+
+def test_errors_command_prints_text_not_generator_markers():
+    for anchor in ("plan", "unsupported-op", "grammar", "constant-fold"):
+        r = run("errors", anchor)
+        assert r.exit_code == 0 and "<!--" not in r.output and "-->" not in r.output
+        assert "\n\n\n" not in r.output and "```" in r.output
+
+
+def test_print_includes_resolves_every_evtc_header(tmp_path):
+    """Every #include "evtc/..." of an emitted .cu (and of the headers it includes) is a file
+    under one of the printed -I folders (a CPU check; nothing is compiled)."""
+    import re
+
+    dirs = [Path(f[2:]) for f in run("emit", "--print-includes").output.split()]
+    assert dirs and all(d.is_dir() for d in dirs)
+    for arch in ("sm90", "sm80"):
+        source = run("emit", f"{EX}:bias_relu", "--arch", arch).output
+        todo = re.findall(r'#include [<"](evtc/[^>"]+)[>"]', source)
+        assert todo, arch
+        seen = set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            found = [d / name for d in dirs if (d / name).is_file()]
+            assert found, f"{arch}: #include {name} is under none of {dirs}"
+            todo += re.findall(r'#include [<"](evtc/[^>"]+)[>"]', found[0].read_text())
+        cutlass = re.findall(r'#include [<"](cutlass/[^>"]+|cute/[^>"]+)[>"]', source)
+        assert all(any((d / h).is_file() for d in dirs) for h in cutlass), arch
+
+
+def test_the_checked_decisions_are_the_planners():
+    from evtc.plan.config import PLAN_DECISIONS
+    from evtc.plan.sm90 import FIXABLE
+
+    assert tuple(PLAN_DECISIONS) == ("policy", *FIXABLE)

@@ -244,3 +244,33 @@ def test_unknown_dtype_inside_the_epilogue_is_located_once():
     _assert_located(ei.value, 'acc.to("f64")', "bad_dtype")
     text = str(ei.value)
     assert text.count("see docs/errors.md") == 1 and "use one of f32" in text
+
+
+# ---- issue 37: an unknown evtc.<name> is the expression form's error ---------------------------
+
+
+def test_typo_in_an_op_name_is_located_with_close_matches():
+    @evtc.epilogue
+    def typo(acc):
+        return evtc.rleu(acc)  # the offending line
+
+    with pytest.raises(evtc.UnsupportedOpError) as ei:
+        typo.graph
+    _assert_located(ei.value, "evtc.rleu(acc)", "typo")
+    text = str(ei.value)
+    assert "unknown function 'evtc.rleu'" in text and "did you mean 'evtc.relu'" in text
+    assert "functions: abs, amax, clamp" in text and "bug in evtc" not in text
+    with pytest.raises(evtc.GrammarError) as ex:  # the expression form says the same
+        evtc.from_expr("D = rleu(acc)")
+    assert ex.value.message == "unknown function 'rleu'" and "did you mean 'relu'" in ex.value.hint
+    assert ex.value.hint.split("? ")[1] == ei.value.hint.split("? ")[1]  # the same list of functions
+
+
+def test_unknown_evtc_attribute_is_still_an_attribute_error():
+    assert not hasattr(evtc, "rleu") and not hasattr(evtc, "__wrapped__")
+    with pytest.raises(ImportError, match="cannot import name 'rleu'"):
+        from evtc import rleu  # noqa: F401
+    with pytest.raises(AttributeError) as ei:
+        evtc.Gemmm  # noqa: B018
+    assert isinstance(ei.value, evtc.EvtcError) and "did you mean 'evtc.Gemm'" in str(ei.value)
+    assert ei.value.loc is not None and ei.value.loc.file == THIS

@@ -1,7 +1,8 @@
 """Only EvtcErrors leave the frontends (issue 10): every form a Python epilogue can take either
 traces or gives a clear located error, and random, partly invalid epilogues, written both as
 Python functions and as expressions, raise nothing but EvtcError subclasses from ``trace``,
-``from_expr`` and ``parse_ir``."""
+``from_expr`` and ``parse_ir``; random ``evtc emit`` options and ``--plan`` JSON end in a message
+with status 2 or a written file (issue 37)."""
 
 from __future__ import annotations
 
@@ -445,3 +446,49 @@ def test_an_error_inside_evtc_is_told_apart_from_the_functions_own(monkeypatch):
     with pytest.raises(TraceError) as ei:
         trace(lambda acc: acc * {}["missing"])
     assert ei.value.message == "the epilogue function raised KeyError: 'missing'"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line's options (issue 37): a message and status 2, or a written file; never a
+# traceback, never status 0 with nothing written
+# ---------------------------------------------------------------------------------------------
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False) |
+                     st.sampled_from(["X", "D", "C", "evtc", "cutlass", ""]),
+                     lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+_PLAN_KEYS = ["policy", "c_slot", "d_slot", "epilogue_tile", "stages_c", "stages_d", "reuse", "direct", "share",
+              "alias", "stages"]
+_OPTIONS = st.sampled_from([
+    ("--conv", "fprop"), ("--conv", "wgrad"), ("--fragment",), ("--dims", "3"), ("--dims", "4"), ("--name", "X"),
+    ("--name", "1bad"), ("--namespace", "ns"), ("--print-includes",), ("--print-nvcc",), ("--arch", "sm80"),
+    ("--tile", "128x128x64"), ("--tile", "0x1x1"), ("--tile", "axb"), ("--cluster", "1x1"), ("--cluster", "3x1"),
+    ("--epilogue-tile", "128x32"), ("--stages", "1"), ("--stages", "9"), ("--scheduler", "streamk"),
+    ("--schedule", "pingpong"), ("--a", "e5m2"), ("--d", "e4m3"), ("--plan", "cutlass"), ("--plan", "[1]"),
+    ("--plan", "{"),
+])
+
+
+@pytest.mark.filterwarnings("ignore")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(st.lists(_OPTIONS, max_size=3), st.none() | st.dictionaries(st.sampled_from(_PLAN_KEYS), _JSON, max_size=3))
+def test_random_cli_options_fail_only_as_messages(tmp_path_factory, options, plan):
+    import json
+
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    out = tmp_path_factory.mktemp("cli") / "k.cu"
+    args = ["emit", "--expr", "D = relu(acc + C); F = acc * bias[n]", "-o", str(out)]
+    for opt in options:
+        args += list(opt)
+    if plan is not None:
+        args += ["--plan", json.dumps(plan)]
+    r = CliRunner().invoke(main, args)
+    assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.output, r.exception)
+    assert "Traceback" not in r.output, (args, r.output)
+    if r.exit_code == 0:
+        printed = any(o[0] in ("--print-includes", "--print-nvcc") for o in options)
+        assert printed or (out.is_file() and out.stat().st_size > 0), (args, r.output)
+    else:
+        assert r.exit_code == 2 and ("evtc: " in r.output or "Error: " in r.output), (args, r.output)

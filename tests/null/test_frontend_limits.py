@@ -1,5 +1,8 @@
 """Compile time linear in the epilogue's size, no recursion a long epilogue can exhaust, and
-constants that can't hang or overflow (issue 10), in both frontends and the IR."""
+constants that can't hang or overflow (issue 10), in both frontends and the IR.
+
+The scaling tests measure the algorithms far beyond evtc's size limits (evtc.ir.limits), which
+this module raises; tests/null/test_frontend_size_limits.py tests the limits themselves."""
 
 from __future__ import annotations
 
@@ -14,8 +17,13 @@ from evtc.errors import EvtcError, TraceError
 from evtc.frontend.builder import F32_OVERFLOW, MAX_INT_BITS
 from evtc.frontend.text import from_expr, parse_ir
 from evtc.frontend.trace import trace
-from evtc.ir import interpret, print_graph
+from evtc.ir import interpret, limits, print_graph
 from evtc.ir.nodes import Bcast, Compute
+
+
+@pytest.fixture(autouse=True)
+def _beyond_the_size_limits(monkeypatch):
+    monkeypatch.setattr(limits, "LIMITS", limits.Limits(nodes=10**6, depth=10**6, outputs=10**4, inputs=10**4))
 
 
 def _residual(n: int):

@@ -817,3 +817,27 @@ def test_fuzz_arbitrary_text(text):
     assume(text.strip())
     _only_evtc_errors(from_expr, text, name="fuzz")
     _only_evtc_errors(parse_ir, text)
+
+
+# ---- issue 37: temporaries are never parameters; a keyword is given once -----------------------
+
+
+@pytest.mark.parametrize("text,at", [
+    ("D = acc + _x", "_x"),                      # never assigned
+    ("D = _t * acc; _t = acc", "_t"),            # assigned after its use
+    ("_a = acc; D = _a + _b[n]", "_b[n]"),       # not an input either, whatever its index
+])
+def test_an_unassigned_temporary_is_an_error_not_a_scalar(text, at):
+    with pytest.raises(evtc.GrammarError) as ei:
+        evtc.from_expr(text)
+    err = ei.value
+    assert "is used before it is assigned" in err.message and "temporary, not a parameter" in err.message
+    assert text[err.loc.col:err.loc.end_col] == at and "bare names not starting with '_'" in err.hint
+
+
+def test_a_repeated_keyword_argument_is_an_error():
+    with pytest.raises(evtc.GrammarError, match="keyword argument 'dim' is given twice") as ei:
+        evtc.from_expr("D = acc; S = sum(acc, dim=1, dim=0)")
+    assert ei.value.loc.col == len("D = acc; S = sum(acc, dim=1, ")
+    with pytest.raises(evtc.GrammarError, match="is given twice"):
+        evtc.from_expr("D = acc; S = max(acc, dim=0, dim=0)")
