@@ -94,7 +94,7 @@ TOOLCHAIN_RE = re.compile(r"[0-9a-f]{16}")
 
 class CacheWarning(UserWarning):
     """A cache entry was refused (and skipped, or moved aside and rebuilt), or the cache
-    directory's permissions were tightened."""
+    directory is writable by group or others (and left so)."""
 
 
 #: An entry failed verification (NOTE [Trusted files] in evtc/compiler/trust.py, :func:`check_meta`);
@@ -192,21 +192,40 @@ def _secret() -> bytes | None:
     return data
 
 
-def _mkdirs(path: Path, mode: int) -> None:
-    """Create ``path`` and missing parents with exactly ``mode`` (umask ignored)."""
+# NOTE [Modes of folders evtc did not create]
+# evtc sets the mode only of a folder it has just created itself (to undo the umask), through a
+# descriptor opened with O_NOFOLLOW, so never through a link. A folder that already exists, the
+# cache directory the user names included, keeps its mode, however open: what lies under it is
+# verified before use anyway (NOTE [Trusted files]). Source: issue 37 (as root, EVTC_CACHE_DIR=/tmp
+# turned /tmp from 1777 into 1755 for everyone).
+
+def _mkdirs(path: Path, mode: int) -> list[Path]:
+    """Create ``path`` and missing parents with exactly ``mode`` (umask ignored); folders that
+    exist are left alone (NOTE [Modes of folders evtc did not create]).
+
+    Returns:
+        The folders created, outermost first.
+    """
     missing = []
     p = path
-    while not p.exists():
+    while not os.path.lexists(p):
         missing.append(p)
         if p.parent == p:
             break
         p = p.parent
+    created = []
     for d in reversed(missing):
         try:
             os.mkdir(d, mode)
         except FileExistsError:
             continue
-        os.chmod(d, mode)
+        created.append(d)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    return created
 
 
 def _cache_error(what: str, path: Path, e: OSError) -> CacheError:
@@ -220,8 +239,10 @@ def cache_root(create: bool = True) -> CacheRoot:
 
     ``EVTC_SHARED_CACHE`` (a shared cache), else ``EVTC_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/evtc``, else ``~/.cache/evtc``. A private cache that does not exist is
-    created with mode 0700 (parents too, whatever the umask); one that exists and is yours but
-    writable by others is tightened (``chmod go-w``) with a :class:`CacheWarning`.
+    created with mode 0700 (parents too, whatever the umask); one that exists is never chmod'ed
+    (NOTE [Modes of folders evtc did not create]): if it is yours but writable by group or others,
+    a :class:`CacheWarning` says so, entries in it are still verified one by one, and the
+    construct memo stays off.
 
     Args:
         create: create the directory if missing (else a missing one is returned unchecked).
@@ -260,12 +281,10 @@ def cache_root(create: bool = True) -> CacheRoot:
         if st.st_uid != os.geteuid():
             raise CacheError(f"the kernel cache {path} is writable by others (mode {mode:o})",
                              hint="set EVTC_CACHE_DIR to a private directory of yours")
-        try:
-            os.chmod(path, mode & ~0o022)
-        except OSError as e:
-            raise _cache_error("can't make the kernel cache private", path, e) from None
-        warnings.warn(f"the kernel cache {path} was writable by group or others (mode {mode:o}); made it "
-                      f"{mode & ~0o022:o} (every entry is still verified before it is loaded)", CacheWarning, stacklevel=2)
+        warnings.warn(f"the kernel cache {path} is writable by group or others (mode {mode:o}); evtc leaves the mode "
+                      f"of a folder it did not create alone: every entry in it is still verified before it is loaded, "
+                      f"and the construct memo is off (chmod go-w {path}, or set EVTC_CACHE_DIR to a private folder)",
+                      CacheWarning, stacklevel=2)
     return root
 
 
@@ -280,14 +299,11 @@ def cache_dir() -> Path:
 
 
 def _ensure_dir(root: CacheRoot, path: Path) -> None:
-    """Create a folder inside the cache with the cache's mode; tighten one of ours that is too
-    open (entries under it are verified anyway)."""
+    """Create a folder inside the cache (and missing parents) with the cache's mode; one that
+    exists keeps its mode (NOTE [Modes of folders evtc did not create]: entries under a folder
+    that fails NOTE [Trusted files] are refused, not fixed)."""
     try:
         _mkdirs(path, root.dir_mode)
-        st = os.lstat(path)
-        bad = 0o002 if root.shared else 0o022
-        if stat.S_IMODE(st.st_mode) & bad and st.st_uid == os.geteuid():
-            os.chmod(path, stat.S_IMODE(st.st_mode) & ~bad)
     except OSError as e:
         raise _cache_error("can't write to the kernel cache", path, e) from None
 
@@ -696,8 +712,9 @@ def install_entry(root: CacheRoot, meta: dict, library: bytes, *, source: str | 
             if p.exists():
                 p.unlink()
             _write(p, data, root.file_mode, sync=fname in ("kernel.so", "meta.json"))
-        for p in stage.iterdir():
-            os.chmod(p, root.file_mode)
+        for p in stage.iterdir():  # written in this staging folder just now (not through a link)
+            if not p.is_symlink():
+                os.chmod(p, root.file_mode)
         os.chmod(stage, root.dir_mode)
         _ensure_dir(root, final.parent)
         if os.path.lexists(final):
@@ -719,7 +736,9 @@ def install_entry(root: CacheRoot, meta: dict, library: bytes, *, source: str | 
     try:
         return verify_entry(root, key, tc)
     except EntryRejected as e:
-        raise CacheError(f"the new cache entry {final} fails verification: {e}") from None
+        raise CacheError(f"the new cache entry {final} fails verification: {e}",
+                         hint="evtc sets modes only of folders it creates: fix the named folder's owner or mode, or "
+                              "remove it (`evtc cache prune --bad`)") from None
 
 
 def keep_failed(root: CacheRoot, key: str, source: str | None, log: str | None, staged: Path | None = None) -> Path:

@@ -90,6 +90,57 @@ def in_thread(fn, timeout: float = 20.0):
     return out.get("value")
 
 
+# ---- modes of folders evtc did not create ----------------------------------------------------
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775])
+def test_an_existing_open_cache_folder_keeps_its_mode(cache_env, mode):
+    """EVTC_CACHE_DIR=/tmp as root made /tmp 1755 for everyone: a folder evtc did not create
+    keeps its mode; a warning says so; what evtc creates in it is private."""
+    cache_env.mkdir()
+    os.chmod(cache_env, mode)
+    with pytest.warns(CacheWarning, match="leaves the mode"):
+        root = store.cache_root()
+    assert stat.S_IMODE(os.stat(cache_env).st_mode) == mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        entry = make_entry(store.cache_root(), "a")
+        assert store.find_entry(root, entry.key)[0] == entry
+    assert stat.S_IMODE(os.stat(cache_env).st_mode) == mode
+    for d in (cache_env / "kernels", entry.path, cache_env / "locks", cache_env / "tmp"):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+
+
+def test_an_existing_open_folder_inside_the_cache_keeps_its_mode(cache_env):
+    root = store.cache_root()
+    (cache_env / "kernels" / "ab").mkdir(parents=True)
+    os.chmod(cache_env / "kernels", 0o700)
+    os.chmod(cache_env / "kernels" / "ab", 0o777)
+    store._ensure_dir(root, root.sub("kernels", "ab"))
+    store._ensure_dir(root, root.sub("kernels", "ab", "c" * 64))
+    assert stat.S_IMODE(os.stat(cache_env / "kernels" / "ab").st_mode) == 0o777
+    assert stat.S_IMODE(os.stat(cache_env / "kernels" / "ab" / ("c" * 64)).st_mode) == 0o700
+
+
+def test_no_chmod_through_a_link_in_the_cache(cache_env, tmp_path):
+    """A link planted in the cache (a shared cache's member, a careless script) must not make evtc
+    chmod its target."""
+    root = store.cache_root()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.chmod(outside, 0o777)
+    (cache_env / "tmp").symlink_to(outside)
+    (cache_env / "locks").symlink_to(outside)
+    try:
+        store.staging_dir(root, "0" * 64)
+    except CacheError:
+        pass
+    try:
+        store.key_lock(root, "0" * 64, 1).release()
+    except CacheError:
+        pass
+    assert stat.S_IMODE(os.stat(outside).st_mode) == 0o777
+
+
 # ---- untrusted shapes in cache entries: a miss, never a crash --------------------------------
 
 DEEP = 5000
