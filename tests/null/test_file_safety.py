@@ -350,3 +350,76 @@ def test_the_four_readers_call_the_one_rule(cache_env, tmp_path, monkeypatch):
         before = len(calls)
         assert not reads(), f"{name} did not ask trust.check_stat"
         assert len(calls) > before, name
+
+
+# ---- compilers die with the process that started them ----------------------------------------
+
+CHILD = textwrap.dedent("""\
+    import sys, time
+    from pathlib import Path
+    from evtc.compiler import nvcc
+    pids, log = sys.argv[1], Path(sys.argv[2])
+    run = nvcc._Run("nvcc", ["sh", "-c", f"sleep 300 & echo $! >> {pids}; sh -c 'sleep 300' & echo $! >> {pids}; "
+                                         f"echo $$ >> {pids}; wait"], log)
+    with open(pids, "a") as f:
+        f.write(f"{run.proc.pid}\\n")
+    time.sleep(300)
+    """)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_compilers_die_when_evtc_is_killed(tmp_path):
+    """A build process killed with SIGKILL left nvcc and cicc running: the compiler's whole
+    process group now dies with it."""
+    pids = tmp_path / "pids"
+    pids.touch()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(store.__file__).parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(pids), str(tmp_path / "log")], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids.read_text().split()) < 4:
+            assert time.monotonic() < deadline and child.poll() is None, "the child did not start its compiler"
+            time.sleep(0.05)
+        started = [int(p) for p in pids.read_text().split()]
+        assert all(_state(p) not in (None, "Z") for p in started)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_state(p) not in (None, "Z") for p in started):
+            time.sleep(0.05)
+        alive = [(p, _state(p)) for p in started if _state(p) not in (None, "Z")]
+    finally:
+        if child.poll() is None:
+            child.kill()
+    for p, _ in alive:  # don't leave them behind when the test fails
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert alive == []
+
+
+def test_spawn_keeps_exit_status_and_refuses_missing_programs(tmp_path):
+    from evtc.compiler import nvcc
+
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        p = nvcc.spawn(["sh", "-c", "echo hello; exit 3"], stdout=f, stderr=subprocess.STDOUT)
+        assert p.wait(timeout=30) == 3
+    assert out.read_text() == "hello\n"
+    p = nvcc.spawn(["sleep", "30"])
+    try:
+        assert os.getpgid(p.pid) == p.pid  # a group of its own, for killpg
+    finally:
+        nvcc._kill_group(p, grace_s=5)
+    assert p.returncode is not None
+    with pytest.raises(FileNotFoundError):
+        nvcc.spawn([str(tmp_path / "no-such-nvcc"), "--version"])
