@@ -4,6 +4,24 @@ Input: a cache and (for export) a selection of keys, or (for import) an archive.
 archive of ``evtc cache export``'s format, or entries added to the cache after their checks
 (:func:`evtc.compiler.store.check_meta` and the library's SHA-256), like Triton's and Inductor's
 cache artifacts. ``evtc cache export`` / ``evtc cache import`` call these.
+
+# NOTE [Export targets]
+
+``export_entries`` never replaces what is not a regular file:
+
+* ``-`` is standard output, streamed into (refused when it is a terminal);
+* a path that does not exist, or a regular file, is written atomically: a temporary file beside
+  it, renamed over it, so nobody reads half an archive;
+* a FIFO or a character device (``/dev/null``, a named pipe) is opened for writing and streamed
+  into: never created, truncated, renamed or removed;
+* a symbolic link is followed, never replaced: a link to a regular file has that file replaced
+  atomically at its real path (the link keeps pointing at it); a link to a FIFO or character
+  device (``/dev/stdout`` in a pipe) is streamed into; a dangling link is refused;
+* a folder, a block device (a disk) or a socket is refused.
+
+The compression follows the name (``.tar``, ``.tar.gz``, ``.tar.bz2``, else xz, ``-`` too).
+Source: issue 37 (as root, ``evtc cache export /dev/full`` replaced the device node with a tar
+file; ``/dev/stdout`` replaced the link and wrote nothing into the pipe).
 """
 
 from __future__ import annotations
@@ -15,15 +33,18 @@ import json
 import lzma
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
+from evtc.compiler import trust
 from evtc.compiler.store import (
     CACHE_FORMAT,
+    MAX_META_BYTES,
     CacheRoot,
     EntryInfo,
     EntryRejected,
@@ -45,6 +66,8 @@ MANIFEST = "evtc-cache.json"
 _MEMBER_RE = re.compile(r"kernels/([0-9a-f]{2})/([0-9a-f]{64})/([0-9a-f]{16})/(meta\.json|kernel\.so|kernel\.cu|build\.log)")
 #: Largest file an import accepts (a kernel library is a few MB).
 MAX_IMPORT_FILE_BYTES = 1 << 30
+#: The largest kernel.cu or build.log exported.
+MAX_TEXT_BYTES = 64 << 20
 
 
 def _sha256_bytes(data: bytes) -> str:
@@ -52,35 +75,43 @@ def _sha256_bytes(data: bytes) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class ExportSummary:
     """What :func:`export_entries` wrote.
 
     Attributes:
-        file: the archive.
+        file: the archive (``-``: standard output).
         exported: the entries in it.
         refused: entries left out because they failed verification, with the reason.
         missing: requested keys (or prefixes) with no entry.
+        bytes: the archive's size.
+        streamed: it was streamed into standard output, a pipe or a device (NOTE [Export
+            targets]), not written as a file.
     """
 
     file: Path
     exported: list[EntryInfo] = dataclasses.field(default_factory=list)
     refused: list[tuple[EntryInfo, str]] = dataclasses.field(default_factory=list)
     missing: list[str] = dataclasses.field(default_factory=list)
+    bytes: int = 0
+    streamed: bool = False
+
+
+def _compression(name: str) -> str:
+    if name.endswith((".tar.gz", ".tgz")):
+        return "gz"
+    if name.endswith(".tar"):
+        return ""
+    if name.endswith((".tar.bz2", ".tbz2")):
+        return "bz2"
+    return "xz"
 
 
 def _tar_mode(path: Path, write: bool) -> str:
-    name = path.name
-    if name.endswith((".tar.gz", ".tgz")):
-        comp = "gz"
-    elif name.endswith(".tar"):
-        comp = ""
-    elif name.endswith((".tar.bz2", ".tbz2")):
-        comp = "bz2"
-    else:
-        comp = "xz"
-    return ("w:" + comp) if write else "r:*"
+    return ("w:" + _compression(path.name)) if write else "r:*"
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
@@ -90,6 +121,142 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> No
     info.mode = 0o644
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(data))
+
+
+def _write_error(file: str, e: OSError) -> CacheError:
+    return CacheError(f"can't write the cache archive {file}: {e.strerror or e}")
+
+
+def _refuse_target(file: str, what: str) -> CacheError:
+    return CacheError(f"won't write the cache archive into {file}: it is {what}",
+                      hint="name a regular file (replaced atomically), a pipe or character device (streamed into), "
+                           "or - for standard output")
+
+
+def _kind(st: os.stat_result) -> str | None:
+    """What a target of this mode is called when it is refused; None when it can be written."""
+    m = st.st_mode
+    if stat.S_ISREG(m) or stat.S_ISFIFO(m) or stat.S_ISCHR(m):
+        return None
+    if stat.S_ISDIR(m):
+        return "a folder"
+    if stat.S_ISBLK(m):
+        return "a block device (a disk)"
+    if stat.S_ISSOCK(m):
+        return "a socket"
+    return "not a regular file, pipe or character device"
+
+
+def _target(file: str) -> tuple[str, Path | None]:
+    """Where ``file`` sends an export (NOTE [Export targets]).
+
+    Returns:
+        ``("file", path)``: write ``path`` atomically; ``("stream", path)``: open ``path`` (maybe
+        through a link) and write into it; ``("stdout", None)``.
+
+    Raises:
+        CacheError: a target that is refused.
+    """
+    if file == "-":
+        return "stdout", None
+    p = Path(file)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return "file", p
+    except OSError as e:
+        raise _write_error(file, e) from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise _refuse_target(file, f"a symbolic link to {os.readlink(p)!r}, which does not exist") from None
+        except OSError as e:
+            raise _write_error(file, e) from None
+        if stat.S_ISREG(st.st_mode):
+            real = Path(os.path.realpath(p))
+            try:
+                same = os.lstat(real)
+            except OSError:
+                same = None
+            if same is None or (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):  # /proc/<pid>/fd/<n> of a deleted file
+                raise _refuse_target(file, "a link whose target has no path of its own")
+            return "file", real
+    what = _kind(st)
+    if what is not None:
+        raise _refuse_target(file, what)
+    return ("file" if stat.S_ISREG(st.st_mode) else "stream"), p
+
+
+class _Out:
+    """An export's destination (NOTE [Export targets]): :meth:`write`, then :meth:`commit` or
+    :meth:`abort`."""
+
+    def __init__(self, file: str) -> None:
+        self.file, self.bytes, self._tmp, self._final = file, 0, None, None
+        kind, path = _target(file)
+        self.streamed = kind != "file"
+        try:
+            if kind == "file":
+                assert path is not None
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, self._tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+                os.fchmod(fd, 0o644 & ~_umask())
+                self._final = path
+            elif kind == "stdout":
+                fd = os.dup(1)
+            else:  # never created or truncated: O_CREAT and O_TRUNC left out
+                fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise _write_error(file, e) from None
+        if kind != "file":
+            st = os.fstat(fd)
+            bad = "a terminal" if os.isatty(fd) else _kind(st)
+            if kind == "stream" and stat.S_ISREG(st.st_mode):
+                bad = "a regular file now (it changed while it was opened)"
+            if bad is not None:
+                os.close(fd)
+                raise _refuse_target(file, bad)
+        self._f: BinaryIO = os.fdopen(fd, "wb")
+
+    def write(self, data) -> int:
+        try:
+            n = self._f.write(data)
+        except OSError as e:
+            raise _write_error(self.file, e) from None
+        self.bytes += len(data)
+        return n
+
+    def commit(self) -> None:
+        try:
+            self._f.close()
+            if self._final is not None:
+                try:  # it may have appeared, or changed kind, since it was looked at
+                    st = os.lstat(self._final)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and not stat.S_ISREG(st.st_mode):
+                    raise _refuse_target(str(self._final), "not a regular file any more")
+                os.replace(self._tmp, self._final)  # type: ignore[arg-type]
+                self._tmp = None
+        except OSError as e:
+            raise _write_error(self.file, e) from None
+
+    def abort(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+        if self._tmp is not None and os.path.lexists(self._tmp):
+            os.unlink(self._tmp)
+
+
+def _own_file(path: Path, max_bytes: int, shared: bool) -> bytes | None:
+    """An entry's ``kernel.cu`` or ``build.log`` (NOTE [Trusted files]), or None."""
+    try:
+        return trust.read(path, max_bytes=max_bytes, shared=shared)
+    except trust.Untrusted:
+        return None
 
 
 def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None = None,
@@ -103,7 +270,9 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
 
     Args:
         root: the cache.
-        file: the archive to write (replaced atomically).
+        file: the archive: a regular file (replaced atomically), ``-`` (standard output), a pipe
+            or character device (streamed into), or a link to one of those (NOTE [Export
+            targets]).
         keys: full keys or prefixes of at least 8 hex digits; None for every entry.
         include_sources: also carry ``kernel.cu`` and ``build.log``.
 
@@ -111,9 +280,11 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
         An :class:`ExportSummary`.
 
     Raises:
-        CacheError: a key prefix is too short or not hex, or the archive can't be written.
+        CacheError: a key prefix is too short or not hex, the target is refused (a folder, a
+            block device, a socket, a terminal, a dangling link), or the archive can't be
+            written.
     """
-    file = Path(file)
+    name = str(file)
     wanted = None
     if keys is not None:
         wanted = []
@@ -121,21 +292,16 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
             if not re.fullmatch(r"[0-9a-f]{8,64}", k):
                 raise CacheError(f"'{k}' is not a cache key or a prefix of at least 8 hex digits")
             wanted.append(k)
-    summary = ExportSummary(file)
+    summary = ExportSummary(Path(file))
     infos = list_entries(root, verify=False)
     if wanted is not None:
         summary.missing = [k for k in wanted if not any(e.key.startswith(k) for e in infos)]
         infos = [e for e in infos if any(e.key.startswith(k) for k in wanted)]
+    out = _Out(name)
+    summary.streamed = out.streamed
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{file.name}.", dir=file.parent)
-        os.close(fd)
-    except OSError as e:
-        raise CacheError(f"can't write {file}: {e.strerror}") from None
-    rows = []
-    try:
-        with tarfile.open(tmp_name, _tar_mode(file, write=True)) as tar:
-            chosen = []
+        with tarfile.open(fileobj=out, mode="w|" + _compression(Path(name).name)) as tar:  # type: ignore[call-overload]
+            rows, chosen = [], []
             for info in infos:
                 try:
                     entry = verify_entry(root, info.key, info.toolchain_id)
@@ -156,21 +322,23 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
                     continue
                 names = ["meta.json", "kernel.so"] + (["kernel.cu", "build.log"] if include_sources else [])
                 for fname in names:
-                    p = entry.path / fname
                     if fname == "kernel.so":
-                        data = lib
-                    elif p.is_file() and not p.is_symlink():
-                        data = p.read_bytes()
+                        data: bytes | None = lib
                     else:
-                        continue
+                        cap = MAX_META_BYTES if fname == "meta.json" else MAX_TEXT_BYTES
+                        data = _own_file(entry.path / fname, cap, root.shared)
+                        if data is None:
+                            continue
                     _add_bytes(tar, f"{base}/{fname}", data, info.created)
                 summary.exported.append(info)
-        os.chmod(tmp_name, 0o644 & ~_umask())
-        os.replace(tmp_name, file)
+        out.commit()
+    except OSError as e:
+        out.abort()
+        raise _write_error(name, e) from None
     except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+        out.abort()
         raise
+    summary.bytes = out.bytes
     return summary
 
 
@@ -179,6 +347,10 @@ def _umask() -> int:
     os.umask(m)
     return m
 
+
+# --------------------------------------------------------------------------------------------
+# Import
+# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class ImportSummary:
