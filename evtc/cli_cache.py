@@ -6,7 +6,7 @@ Input: the cache directory (``EVTC_CACHE_DIR``, ``EVTC_SHARED_CACHE`` or ``--dir
     evtc cache list                         # every kernel: name, arch, toolchain, size, age, status
     evtc cache export kernels.tar.xz        # every verified kernel (or --key PREFIX ...)
     evtc cache import kernels.tar.xz        # on the machine without nvcc: checked, then added
-    evtc cache export - | xz -dc | tar -t    # - is standard output
+    evtc cache export - | ssh gpu evtc cache import -     # - is standard output / input
     evtc cache prune --older-than 30d       # or --max-size 5G, --bad, --all (and --dry-run)
 
 Registered in :mod:`evtc.cli` as the ``cache`` command group. Errors are evtc errors (exit status
@@ -21,7 +21,6 @@ import re
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import click
 
@@ -220,17 +219,21 @@ def export(file, keys, no_sources):
 
 
 @cache.command("import")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-def import_cmd(files):
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("--max-bytes", "max_bytes", default=None,
+              help="refuse an archive larger than this, uncompressed (default 16G)")
+def import_cmd(files, max_bytes):
     """Add the kernels of archives written by `evtc cache export`, each checked first (format, ABI
-    version, key, SHA-256 of the library). Exits with 1 if any entry was refused."""
-    from evtc.compiler.archive import import_entries
+    version, key, SHA-256 of the library). FILES may be - (standard input) or pipes. Exits with 1
+    if any entry was refused."""
+    from evtc.compiler.archive import ImportLimits, import_entries
 
+    limits = ImportLimits(total_bytes=parse_size(max_bytes)) if max_bytes else ImportLimits()
     root = _root(create=True)
     con = _console()
     refused = 0
     for f in files:
-        s = import_entries(root, Path(f))
+        s = import_entries(root, f, limits=limits)
         for key, tc, name, why in s.refused:
             con.print(f"[red]refused[/red] {key[:12]} {name} ({tc}): {why}")
         refused += len(s.refused)
