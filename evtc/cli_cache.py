@@ -6,6 +6,7 @@ Input: the cache directory (``EVTC_CACHE_DIR``, ``EVTC_SHARED_CACHE`` or ``--dir
     evtc cache list                         # every kernel: name, arch, toolchain, size, age, status
     evtc cache export kernels.tar.xz        # every verified kernel (or --key PREFIX ...)
     evtc cache import kernels.tar.xz        # on the machine without nvcc: checked, then added
+    evtc cache export - | ssh gpu evtc cache import -     # - is standard output / input
     evtc cache prune --older-than 30d       # or --max-size 5G, --bad, --all (and --dry-run)
 
 Registered in :mod:`evtc.cli` as the ``cache`` command group. Errors are evtc errors (exit status
@@ -20,7 +21,6 @@ import re
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import click
 
@@ -190,38 +190,50 @@ def prune(everything, older, max_size, bad, dry_run):
 
 
 @cache.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--key", "keys", multiple=True, help="only this key (or a prefix of 8+ hex digits); repeatable")
 @click.option("--no-sources", is_flag=True, help="leave out kernel.cu and build.log")
 def export(file, keys, no_sources):
-    """Write verified kernels into an archive FILE (.tar.xz, .tar.gz or .tar) for `evtc cache import`."""
+    """Write verified kernels into an archive FILE (.tar.xz, .tar.gz or .tar) for `evtc cache import`.
+
+    FILE may be - (standard output), a pipe or a character device: the archive is streamed into
+    it. A regular file is replaced atomically; a link is written through, never replaced.
+    """
     from evtc.compiler.archive import export_entries
 
     root = _root()
-    s = export_entries(root, Path(file), keys=list(keys) or None, include_sources=not no_sources)
+    s = export_entries(root, file, keys=list(keys) or None, include_sources=not no_sources)
     con = _console()
+    if s.streamed:  # the archive went to stdout, a pipe or a device: the report must not join it
+        from rich.console import Console
+
+        con = Console(highlight=False, soft_wrap=True, stderr=True)
     for e, why in s.refused:
         con.print(f"[red]left out[/red] {e.key[:12]} {e.name}: {why}")
     for k in s.missing:
         con.print(f"[yellow]not in the cache[/yellow]: {k}")
-    con.print(f"[bold]exported {_count(len(s.exported))}[/bold] into {file} ({_size(Path(file).stat().st_size)})"
+    con.print(f"[bold]exported {_count(len(s.exported))}[/bold] into {file} ({_size(s.bytes)})"
               + (f"; {len(s.refused)} refused" if s.refused else "") + (f"; {len(s.missing)} missing" if s.missing else ""))
     if s.missing or s.refused:
         sys.exit(1)
 
 
 @cache.command("import")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-def import_cmd(files):
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("--max-bytes", "max_bytes", default=None,
+              help="refuse an archive larger than this, uncompressed (default 16G)")
+def import_cmd(files, max_bytes):
     """Add the kernels of archives written by `evtc cache export`, each checked first (format, ABI
-    version, key, SHA-256 of the library). Exits with 1 if any entry was refused."""
-    from evtc.compiler.archive import import_entries
+    version, key, SHA-256 of the library). FILES may be - (standard input) or pipes. Exits with 1
+    if any entry was refused."""
+    from evtc.compiler.archive import ImportLimits, import_entries
 
+    limits = ImportLimits(total_bytes=parse_size(max_bytes)) if max_bytes else ImportLimits()
     root = _root(create=True)
     con = _console()
     refused = 0
     for f in files:
-        s = import_entries(root, Path(f))
+        s = import_entries(root, f, limits=limits)
         for key, tc, name, why in s.refused:
             con.print(f"[red]refused[/red] {key[:12]} {name} ({tc}): {why}")
         refused += len(s.refused)

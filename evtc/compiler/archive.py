@@ -4,30 +4,79 @@ Input: a cache and (for export) a selection of keys, or (for import) an archive.
 archive of ``evtc cache export``'s format, or entries added to the cache after their checks
 (:func:`evtc.compiler.store.check_meta` and the library's SHA-256), like Triton's and Inductor's
 cache artifacts. ``evtc cache export`` / ``evtc cache import`` call these.
+
+# NOTE [Export targets]
+
+``export_entries`` never replaces what is not a regular file:
+
+* ``-`` is standard output, streamed into (refused when it is a terminal);
+* a path that does not exist, or a regular file, is written atomically: a temporary file beside
+  it, renamed over it, so nobody reads half an archive;
+* a FIFO or a character device (``/dev/null``, a named pipe) is opened for writing and streamed
+  into: never created, truncated, renamed or removed;
+* a symbolic link is followed, never replaced: a link to a regular file has that file replaced
+  atomically at its real path (the link keeps pointing at it); a link to a FIFO or character
+  device (``/dev/stdout`` in a pipe) is streamed into; a dangling link is refused;
+* a folder, a block device (a disk) or a socket is refused.
+
+The compression follows the name (``.tar``, ``.tar.gz``, ``.tar.bz2``, else xz, ``-`` too).
+Source: issue 37 (as root, ``evtc cache export /dev/full`` replaced the device node with a tar
+file; ``/dev/stdout`` replaced the link and wrote nothing into the pipe).
+
+# NOTE [Import limits]
+
+``import_entries`` reads an archive as untrusted data, once, front to back (so ``-``, a pipe or a
+FIFO work like a file), and holds at most one entry's files at a time:
+
+* the input is decompressed here (xz, gzip or bzip2, told by their magic bytes; anything else is
+  read as a plain tar) and every byte counts against :attr:`ImportLimits.total_bytes` (16 GiB,
+  ``--max-bytes``), the compressed ones too, so an endless stream (``yes |``, ``/dev/zero``,
+  endless empty gzip members) or a decompression bomb ends in a :class:`CacheError` naming the
+  limit;
+* ``evtc-cache.json`` comes first (at most 16 MiB, JSON nested at most 32 deep) and every field
+  of it is checked before any other member is read;
+* every other member must be a regular file of an entry the manifest lists, no bigger than its
+  kind allows (``meta.json`` 1 MiB, ``kernel.so`` 256 MiB, ``kernel.cu`` and ``build.log``
+  64 MiB), with a tar header (pax records included) of at most 64 KiB, checked before its bytes
+  are read; a member over a limit is a :class:`CacheError` naming the limit;
+* an entry's ``meta.json`` comes first and is checked (shape, key, toolchain, the manifest's
+  SHA-256) before its other files are read; ``kernel.so`` must have the size ``meta.json``
+  records; the files of a refused entry are skipped, not held.
+
+Source: issue 37 (an endless stream never returned; an archive of 13 MB with three 1 GiB members
+held 3.1 GB before it was refused; four manifest shapes raised TypeError or RecursionError).
 """
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
+import gzip
 import hashlib
 import io
 import json
 import lzma
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Any, BinaryIO, Iterable
 
+from evtc.compiler import trust
 from evtc.compiler.store import (
     CACHE_FORMAT,
+    KEY_RE,
+    MAX_META_BYTES,
+    TOOLCHAIN_RE,
     CacheRoot,
     EntryInfo,
     EntryRejected,
     _abi_version,
+    _json_type,
     _signature,
     check_meta,
     install_entry,
@@ -37,20 +86,34 @@ from evtc.compiler.store import (
 )
 from evtc.errors import CacheError
 
-__all__ = ["EXPORT_FORMAT", "ExportSummary", "ImportSummary", "MANIFEST", "export_entries", "import_entries"]
+__all__ = ["EXPORT_FORMAT", "ExportSummary", "ImportLimits", "ImportSummary", "MANIFEST", "export_entries",
+           "import_entries"]
 
 #: ``format`` of an export archive's ``evtc-cache.json``.
 EXPORT_FORMAT = "evtc-cache-export/1"
 MANIFEST = "evtc-cache.json"
 _MEMBER_RE = re.compile(r"kernels/([0-9a-f]{2})/([0-9a-f]{64})/([0-9a-f]{16})/(meta\.json|kernel\.so|kernel\.cu|build\.log)")
-#: Largest file an import accepts (a kernel library is a few MB).
-MAX_IMPORT_FILE_BYTES = 1 << 30
+_DIR_RE = re.compile(r"kernels(/[0-9a-f]{2}(/[0-9a-f]{64}(/[0-9a-f]{16})?)?)?/?")
+#: The largest kernel.so an import accepts by default (:attr:`ImportLimits.library_bytes`; a kernel
+#: library is a few MB).
+MAX_IMPORT_FILE_BYTES = 256 << 20
+#: The largest kernel.cu or build.log exported or imported (:attr:`ImportLimits.text_bytes`).
+MAX_TEXT_BYTES = 64 << 20
 
 
 def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{n} bytes"
+
+
+# --------------------------------------------------------------------------------------------
+# Export
 # --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -58,29 +121,31 @@ class ExportSummary:
     """What :func:`export_entries` wrote.
 
     Attributes:
-        file: the archive.
+        file: the archive (``-``: standard output).
         exported: the entries in it.
         refused: entries left out because they failed verification, with the reason.
         missing: requested keys (or prefixes) with no entry.
+        bytes: the archive's size.
+        streamed: it was streamed into standard output, a pipe or a device (NOTE [Export
+            targets]), not written as a file.
     """
 
     file: Path
     exported: list[EntryInfo] = dataclasses.field(default_factory=list)
     refused: list[tuple[EntryInfo, str]] = dataclasses.field(default_factory=list)
     missing: list[str] = dataclasses.field(default_factory=list)
+    bytes: int = 0
+    streamed: bool = False
 
 
-def _tar_mode(path: Path, write: bool) -> str:
-    name = path.name
+def _compression(name: str) -> str:
     if name.endswith((".tar.gz", ".tgz")):
-        comp = "gz"
-    elif name.endswith(".tar"):
-        comp = ""
-    elif name.endswith((".tar.bz2", ".tbz2")):
-        comp = "bz2"
-    else:
-        comp = "xz"
-    return ("w:" + comp) if write else "r:*"
+        return "gz"
+    if name.endswith(".tar"):
+        return ""
+    if name.endswith((".tar.bz2", ".tbz2")):
+        return "bz2"
+    return "xz"
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
@@ -90,6 +155,142 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> No
     info.mode = 0o644
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(data))
+
+
+def _write_error(file: str, e: OSError) -> CacheError:
+    return CacheError(f"can't write the cache archive {file}: {e.strerror or e}")
+
+
+def _refuse_target(file: str, what: str) -> CacheError:
+    return CacheError(f"won't write the cache archive into {file}: it is {what}",
+                      hint="name a regular file (replaced atomically), a pipe or character device (streamed into), "
+                           "or - for standard output")
+
+
+def _kind(st: os.stat_result) -> str | None:
+    """What a target of this mode is called when it is refused; None when it can be written."""
+    m = st.st_mode
+    if stat.S_ISREG(m) or stat.S_ISFIFO(m) or stat.S_ISCHR(m):
+        return None
+    if stat.S_ISDIR(m):
+        return "a folder"
+    if stat.S_ISBLK(m):
+        return "a block device (a disk)"
+    if stat.S_ISSOCK(m):
+        return "a socket"
+    return "not a regular file, pipe or character device"
+
+
+def _target(file: str) -> tuple[str, Path | None]:
+    """Where ``file`` sends an export (NOTE [Export targets]).
+
+    Returns:
+        ``("file", path)``: write ``path`` atomically; ``("stream", path)``: open ``path`` (maybe
+        through a link) and write into it; ``("stdout", None)``.
+
+    Raises:
+        CacheError: a target that is refused.
+    """
+    if file == "-":
+        return "stdout", None
+    p = Path(file)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return "file", p
+    except OSError as e:
+        raise _write_error(file, e) from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise _refuse_target(file, f"a symbolic link to {os.readlink(p)!r}, which does not exist") from None
+        except OSError as e:
+            raise _write_error(file, e) from None
+        if stat.S_ISREG(st.st_mode):
+            real = Path(os.path.realpath(p))
+            try:
+                same = os.lstat(real)
+            except OSError:
+                same = None
+            if same is None or (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):  # /proc/<pid>/fd/<n> of a deleted file
+                raise _refuse_target(file, "a link whose target has no path of its own")
+            return "file", real
+    what = _kind(st)
+    if what is not None:
+        raise _refuse_target(file, what)
+    return ("file" if stat.S_ISREG(st.st_mode) else "stream"), p
+
+
+class _Out:
+    """An export's destination (NOTE [Export targets]): :meth:`write`, then :meth:`commit` or
+    :meth:`abort`."""
+
+    def __init__(self, file: str) -> None:
+        self.file, self.bytes, self._tmp, self._final = file, 0, None, None
+        kind, path = _target(file)
+        self.streamed = kind != "file"
+        try:
+            if kind == "file":
+                assert path is not None
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, self._tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+                os.fchmod(fd, 0o644 & ~_umask())
+                self._final = path
+            elif kind == "stdout":
+                fd = os.dup(1)
+            else:  # never created or truncated: O_CREAT and O_TRUNC left out
+                fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise _write_error(file, e) from None
+        if kind != "file":
+            st = os.fstat(fd)
+            bad = "a terminal" if os.isatty(fd) else _kind(st)
+            if kind == "stream" and stat.S_ISREG(st.st_mode):
+                bad = "a regular file now (it changed while it was opened)"
+            if bad is not None:
+                os.close(fd)
+                raise _refuse_target(file, bad)
+        self._f: BinaryIO = os.fdopen(fd, "wb")
+
+    def write(self, data) -> int:
+        try:
+            n = self._f.write(data)
+        except OSError as e:
+            raise _write_error(self.file, e) from None
+        self.bytes += len(data)
+        return n
+
+    def commit(self) -> None:
+        try:
+            self._f.close()
+            if self._final is not None:
+                try:  # it may have appeared, or changed kind, since it was looked at
+                    st = os.lstat(self._final)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and not stat.S_ISREG(st.st_mode):
+                    raise _refuse_target(str(self._final), "not a regular file any more")
+                os.replace(self._tmp, self._final)  # type: ignore[arg-type]
+                self._tmp = None
+        except OSError as e:
+            raise _write_error(self.file, e) from None
+
+    def abort(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+        if self._tmp is not None and os.path.lexists(self._tmp):
+            os.unlink(self._tmp)
+
+
+def _own_file(path: Path, max_bytes: int, shared: bool) -> bytes | None:
+    """An entry's ``kernel.cu`` or ``build.log`` (NOTE [Trusted files]), or None."""
+    try:
+        return trust.read(path, max_bytes=max_bytes, shared=shared)
+    except trust.Untrusted:
+        return None
 
 
 def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None = None,
@@ -103,7 +304,9 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
 
     Args:
         root: the cache.
-        file: the archive to write (replaced atomically).
+        file: the archive: a regular file (replaced atomically), ``-`` (standard output), a pipe
+            or character device (streamed into), or a link to one of those (NOTE [Export
+            targets]).
         keys: full keys or prefixes of at least 8 hex digits; None for every entry.
         include_sources: also carry ``kernel.cu`` and ``build.log``.
 
@@ -111,9 +314,11 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
         An :class:`ExportSummary`.
 
     Raises:
-        CacheError: a key prefix is too short or not hex, or the archive can't be written.
+        CacheError: a key prefix is too short or not hex, the target is refused (a folder, a
+            block device, a socket, a terminal, a dangling link), or the archive can't be
+            written.
     """
-    file = Path(file)
+    name = str(file)
     wanted = None
     if keys is not None:
         wanted = []
@@ -121,21 +326,16 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
             if not re.fullmatch(r"[0-9a-f]{8,64}", k):
                 raise CacheError(f"'{k}' is not a cache key or a prefix of at least 8 hex digits")
             wanted.append(k)
-    summary = ExportSummary(file)
+    summary = ExportSummary(Path(file))
     infos = list_entries(root, verify=False)
     if wanted is not None:
         summary.missing = [k for k in wanted if not any(e.key.startswith(k) for e in infos)]
         infos = [e for e in infos if any(e.key.startswith(k) for k in wanted)]
+    out = _Out(name)
+    summary.streamed = out.streamed
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{file.name}.", dir=file.parent)
-        os.close(fd)
-    except OSError as e:
-        raise CacheError(f"can't write {file}: {e.strerror}") from None
-    rows = []
-    try:
-        with tarfile.open(tmp_name, _tar_mode(file, write=True)) as tar:
-            chosen = []
+        with tarfile.open(fileobj=out, mode="w|" + _compression(Path(name).name)) as tar:  # type: ignore[call-overload]
+            rows, chosen = [], []
             for info in infos:
                 try:
                     entry = verify_entry(root, info.key, info.toolchain_id)
@@ -156,21 +356,23 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
                     continue
                 names = ["meta.json", "kernel.so"] + (["kernel.cu", "build.log"] if include_sources else [])
                 for fname in names:
-                    p = entry.path / fname
                     if fname == "kernel.so":
-                        data = lib
-                    elif p.is_file() and not p.is_symlink():
-                        data = p.read_bytes()
+                        data: bytes | None = lib
                     else:
-                        continue
+                        cap = MAX_META_BYTES if fname == "meta.json" else MAX_TEXT_BYTES
+                        data = _own_file(entry.path / fname, cap, root.shared)
+                        if data is None:
+                            continue
                     _add_bytes(tar, f"{base}/{fname}", data, info.created)
                 summary.exported.append(info)
-        os.chmod(tmp_name, 0o644 & ~_umask())
-        os.replace(tmp_name, file)
+        out.commit()
+    except OSError as e:
+        out.abort()
+        raise _write_error(name, e) from None
     except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+        out.abort()
         raise
+    summary.bytes = out.bytes
     return summary
 
 
@@ -179,6 +381,10 @@ def _umask() -> int:
     os.umask(m)
     return m
 
+
+# --------------------------------------------------------------------------------------------
+# Import
+# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class ImportSummary:
@@ -197,135 +403,354 @@ class ImportSummary:
     refused: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)
 
 
-def _check_imported(files: dict[str, bytes], key: str, tc: str, rows: dict) -> dict:
-    if "meta.json" not in files or "kernel.so" not in files:
-        raise EntryRejected("the archive lacks its " + ("meta.json" if "meta.json" not in files else "kernel.so"))
+@dataclasses.dataclass(frozen=True)
+class ImportLimits:
+    """The caps of :func:`import_entries` (NOTE [Import limits]); tests lower them.
+
+    Attributes:
+        total_bytes: the whole archive, uncompressed (and its compressed bytes).
+        manifest_bytes: ``evtc-cache.json``.
+        meta_bytes: one ``meta.json``.
+        library_bytes: one ``kernel.so``.
+        text_bytes: one ``kernel.cu`` or ``build.log``.
+        header_bytes: one member's tar header, its pax or GNU long-name records included.
+        entries: rows of the manifest.
+    """
+
+    total_bytes: int = 16 << 30
+    manifest_bytes: int = 16 << 20
+    meta_bytes: int = MAX_META_BYTES
+    library_bytes: int = MAX_IMPORT_FILE_BYTES
+    text_bytes: int = MAX_TEXT_BYTES
+    header_bytes: int = 64 << 10
+    entries: int = 100_000
+
+    def member_cap(self, fname: str) -> int:
+        return {"meta.json": self.meta_bytes, "kernel.so": self.library_bytes}.get(fname, self.text_bytes)
+
+
+#: What tarfile reads past a member or a header before it stops (two records and a block's padding).
+_SLACK = 2 * tarfile.RECORDSIZE + tarfile.BLOCKSIZE
+_MAGIC = {b"\xfd7zXZ\x00": "xz", b"\x1f\x8b": "gz", b"BZh": "bz2"}
+
+
+class _Counted:
+    """A stream whose bytes count against a cap (NOTE [Import limits]); a read past the cap, or
+    past the window :meth:`allow` opened, raises a :class:`CacheError` naming the limit. Bytes
+    put back with ``unread`` are served again without counting."""
+
+    def __init__(self, inner, cap: int, file: str, what: str, shown: int | None = None) -> None:
+        self.inner, self.cap, self.left, self.file, self.what = inner, shown or cap, cap, file, what
+        self.window: int | None = None
+        self.window_error = ""
+        self.unread = b""
+
+    def allow(self, n: int, error: str) -> None:
+        """Let the next ``n`` bytes through; more raise ``CacheError(error)``."""
+        self.window, self.window_error = n, error
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = 1 << 16
+        if self.unread:
+            data, self.unread = self.unread[:n], self.unread[n:]
+            return data
+        data = self.inner.read(n)
+        self.left -= len(data)
+        if self.left < 0:
+            raise CacheError(f"{self.file}: the archive is larger than the import limit of {_size(self.cap)} "
+                             f"({self.what})", hint="an archive of more kernels than that: raise the limit with "
+                                                    "`evtc cache import --max-bytes SIZE`")
+        if self.window is not None:
+            self.window -= len(data)
+            if self.window < 0:
+                raise CacheError(f"{self.file}: {self.window_error}")
+        return data
+
+
+def _open_source(file: str) -> BinaryIO:
+    """The archive's bytes: ``-`` is standard input; a file, FIFO or character device is opened
+    (through links: the user named it); a folder, block device or socket is refused."""
+    if file == "-":
+        try:
+            return os.fdopen(os.dup(0), "rb")
+        except OSError as e:
+            raise CacheError(f"can't read the cache archive from standard input: {e.strerror}") from None
     try:
-        meta = json.loads(files["meta.json"])
-    except ValueError as e:
-        raise EntryRejected(f"meta.json is not JSON: {e}") from None
-    check_meta(meta, key, tc, None)  # the exporting machine's signature is not ours to check
-    lib = files["kernel.so"]
-    if len(lib) != meta.get("library_bytes") or _sha256_bytes(lib) != meta["library_sha256"]:
-        raise EntryRejected("the SHA-256 of kernel.so is not the one meta.json records (corrupted or replaced)")
-    row = rows.get((key, tc))
-    if row is None or row.get("library_sha256") != meta["library_sha256"]:
-        raise EntryRejected("the entry is not listed in the archive's manifest with this library")
-    return meta
+        st = os.stat(file)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+            raise CacheError(f"can't read the cache archive {file}: it is {_kind(st)}",
+                             hint="name the archive file, a pipe, or - for standard input")
+        return open(file, "rb")
+    except OSError as e:
+        raise CacheError(f"can't read the cache archive {file}: {e.strerror or e}") from None
 
 
-def import_entries(root: CacheRoot, file: Path | str, lock_timeout: float = 600.0) -> ImportSummary:
+def _decompressed(source: BinaryIO, file: str, limits: ImportLimits) -> _Counted:
+    """The uncompressed bytes of ``source``, both sides counted (NOTE [Import limits])."""
+    raw = _Counted(source, limits.total_bytes + limits.total_bytes // 8 + (1 << 20), file, "compressed",
+                   shown=limits.total_bytes)  # (xz of random bytes is a little larger than its input)
+    head = b""
+    while len(head) < 6:
+        chunk = raw.read(6 - len(head))
+        if not chunk:
+            break
+        head += chunk
+    raw.unread = head
+    comp = next((c for magic, c in _MAGIC.items() if head.startswith(magic)), None)
+    dec: Any = raw
+    if comp == "xz":
+        dec = lzma.LZMAFile(raw, "rb", format=lzma.FORMAT_XZ)  # not FORMAT_AUTO: zeros are an endless .lzma
+    elif comp == "gz":
+        dec = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[arg-type]
+    elif comp == "bz2":
+        dec = bz2.BZ2File(raw, "rb")
+    return _Counted(dec, limits.total_bytes, file, "uncompressed")
+
+
+def _member_file(m: tarfile.TarInfo) -> bool:
+    return m.type in (tarfile.REGTYPE, tarfile.AREGTYPE)
+
+
+def _read_member(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(m)
+    assert f is not None
+    return f.read()
+
+
+def _skip_member(tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+    f = tar.extractfile(m)
+    assert f is not None
+    while f.read(1 << 20):
+        pass
+
+
+def _check_manifest(manifest: Any, file: str, limits: ImportLimits) -> dict[tuple[str, str], dict]:
+    """Rows of a manifest by (key, toolchain id), every field checked (NOTE [Untrusted JSON]).
+
+    Raises:
+        CacheError: another format, or a field of the wrong type or form (named).
+    """
+    where = f"{file}: {MANIFEST}"
+    if not isinstance(manifest, dict):
+        raise CacheError(f"{where} is {_json_type(manifest)}, not a JSON object: {file} is not an evtc cache export")
+    fmt = manifest.get("format")
+    if fmt != EXPORT_FORMAT:
+        raise CacheError(f"{file} is export format {str(fmt)[:40]!r}; this evtc reads {EXPORT_FORMAT}")
+    for name, ok in (("cache_format", int), ("abi_version", int), ("created", (int, float))):
+        v = manifest.get(name, 0)
+        if not isinstance(v, ok) or isinstance(v, bool):
+            raise CacheError(f"{where}: field '{name}' is {_json_type(v)}, not a number")
+    entries = manifest.get("entries")
+    if not isinstance(entries, list):
+        raise CacheError(f"{where}: field 'entries' is {_json_type(entries)}, not a list")
+    if len(entries) > limits.entries:
+        raise CacheError(f"{where} lists {len(entries)} entries, more than the import limit of {limits.entries}")
+    rows: dict[tuple[str, str], dict] = {}
+    for i, row in enumerate(entries):
+        at = f"{where}: entries[{i}]"
+        if not isinstance(row, dict):
+            raise CacheError(f"{at} is {_json_type(row)}, not an object")
+        for name, form, what in (("key", KEY_RE, "64 hex digits"), ("toolchain_id", TOOLCHAIN_RE, "16 hex digits"),
+                                 ("library_sha256", KEY_RE, "64 hex digits")):
+            v = row.get(name)
+            if not isinstance(v, str):
+                raise CacheError(f"{at}.{name} is {_json_type(v)}, not a string of {what}")
+            if not form.fullmatch(v):
+                raise CacheError(f"{at}.{name} is not {what}")
+        for name in ("name", "arch"):
+            if not isinstance(row.get(name, ""), str):
+                raise CacheError(f"{at}.{name} is {_json_type(row[name])}, not a string")
+        ident = (row["key"], row["toolchain_id"])
+        if ident in rows:
+            raise CacheError(f"{at} lists entry {ident[0][:16]}.../{ident[1]} a second time")
+        rows[ident] = row
+    return rows
+
+
+@dataclasses.dataclass
+class _Pending:
+    """The entry whose members are being read."""
+
+    key: str
+    toolchain_id: str
+    name: str
+    meta: dict | None = None
+    reason: str | None = None
+    files: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    seen: set[str] = dataclasses.field(default_factory=set)
+
+
+def import_entries(root: CacheRoot, file: Path | str, lock_timeout: float = 600.0,
+                   limits: ImportLimits | None = None) -> ImportSummary:
     """Add the entries of an archive written by :func:`export_entries`, each checked first.
 
-    The archive is read as data, never extracted: its manifest must come first and be this
-    export format; every other member must be a regular file at
-    ``kernels/<xx>/<key>/<toolchain>/{meta.json,kernel.so,kernel.cu,build.log}``. Each entry's
-    ``meta.json`` must be this cache format and ABI version, its key material must hash to its
-    key, and its ``kernel.so`` must have the recorded SHA-256; a refused entry is reported and
-    skipped. Entries are installed like builds (atomic rename, private modes, signed when
-    ``EVTC_CACHE_SECRET`` is set).
+    The archive is read as data, front to back, never extracted, within limits (NOTE [Import
+    limits]): its manifest must come first and be this export format with every field of its
+    type; every other member must be a regular file at
+    ``kernels/<xx>/<key>/<toolchain>/{meta.json,kernel.so,kernel.cu,build.log}`` of an entry the
+    manifest lists. Each entry's ``meta.json`` (first) must be this cache format and ABI version,
+    its key material must hash to its key, and its ``kernel.so`` must have the recorded size and
+    SHA-256; a refused entry is reported and skipped. Entries are installed like builds (atomic
+    rename, private modes, signed when ``EVTC_CACHE_SECRET`` is set).
 
     Args:
         root: the cache (created if missing).
-        file: the archive.
+        file: the archive: a file, a pipe or FIFO, or ``-`` for standard input.
         lock_timeout: seconds to wait for a key's lock.
+        limits: the caps (default :class:`ImportLimits`).
 
     Returns:
         An :class:`ImportSummary`.
 
     Raises:
-        CacheError: the file can't be read, is not a tar archive, or is not an evtc cache export
-            (no manifest, another format, a member outside the layout, a link).
+        CacheError: the file can't be read, is not a tar archive, is not an evtc cache export
+            (no manifest, another format, a field of the wrong type, a member outside the layout
+            or not listed, a link), or passes a limit (the message names it).
     """
-    file = Path(file)
-    summary = ImportSummary(file)
+    name = str(file)
+    limits = limits or ImportLimits()
+    summary = ImportSummary(Path(file))
+    source = _open_source(name)
     try:
-        tar = tarfile.open(file, _tar_mode(file, write=False))
-    except (OSError, tarfile.TarError) as e:
-        raise CacheError(f"can't read the cache archive {file}: {e}") from None
-    with tar:
-        rows: dict = {}
-        pending: tuple[str, str] | None = None
-        files: dict[str, bytes] = {}
-        done: set[tuple[str, str]] = set()
-
-        def finish() -> None:
-            if pending is None:
-                return
-            key, tc = pending
-            name = "?"
-            try:
-                meta = _check_imported(files, key, tc, rows)
-                name = str(meta.get("name", "?"))
-            except EntryRejected as e:
-                try:
-                    name = str(json.loads(files.get("meta.json", b"{}")).get("name", "?"))
-                except (ValueError, AttributeError):
-                    pass
-                summary.refused.append((key, tc, name, str(e)))
-                return
-            lock = key_lock(root, key, lock_timeout, name)
-            try:
-                if os.path.lexists(root.entry_dir(key, tc)):
-                    try:
-                        verify_entry(root, key, tc)
-                        summary.present.append((key, tc, name))
-                        return
-                    except EntryRejected:
-                        pass  # install_entry quarantines it
-                meta.pop("signature", None)
-                if root.secret is not None:
-                    meta["signature"] = _signature(root.secret, meta)
-                src = files.get("kernel.cu")
-                log = files.get("build.log")
-                install_entry(root, meta, files["kernel.so"], source=src.decode(errors="replace") if src else None,
-                              log=log.decode(errors="replace") if log else None)
-                summary.imported.append((key, tc, name))
-            finally:
-                lock.release()
-
-        try:
-            first = True
-            for m in tar:
-                if first:
-                    first = False
-                    if m.name != MANIFEST or not m.isreg():
-                        raise CacheError(f"{file} is not an evtc cache export: it does not start with {MANIFEST}",
-                                         hint="write archives with `evtc cache export FILE` (archives of the old "
-                                              "benchmarks/pack_cache.py must be rebuilt)")
-                    try:
-                        manifest = json.loads(tar.extractfile(m).read(MAX_IMPORT_FILE_BYTES))  # type: ignore[union-attr]
-                    except ValueError as e:
-                        raise CacheError(f"{file}: {MANIFEST} is not JSON: {e}") from None
-                    if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT:
-                        raise CacheError(f"{file} is export format {manifest.get('format') if isinstance(manifest, dict) else '?'!r}; "
-                                         f"this evtc reads {EXPORT_FORMAT}")
-                    rows = {(r.get("key"), r.get("toolchain_id")): r for r in manifest.get("entries", [])
-                            if isinstance(r, dict)}
-                    continue
-                if m.isdir() and re.fullmatch(r"kernels(/[0-9a-f]{2}(/[0-9a-f]{64}(/[0-9a-f]{16})?)?)?/?", m.name):
-                    continue
-                match = _MEMBER_RE.fullmatch(m.name)
-                if match is None or not m.isreg():
-                    raise CacheError(f"{file} is not an evtc cache export: unexpected member {m.name!r}"
-                                     + ("" if m.isreg() else " (not a regular file)"))
-                xx, key, tc, fname = match.groups()
-                if key[:2] != xx:
-                    raise CacheError(f"{file}: member {m.name!r} is under the wrong prefix")
-                if m.size > MAX_IMPORT_FILE_BYTES:
-                    raise CacheError(f"{file}: member {m.name!r} is {m.size} bytes")
-                if pending != (key, tc):
-                    finish()
-                    if (key, tc) in done:
-                        raise CacheError(f"{file}: the files of entry {key[:16]}.../{tc} are not together")
-                    pending, files = (key, tc), {}
-                    done.add((key, tc))
-                if fname in files:
-                    raise CacheError(f"{file}: {m.name!r} appears twice")
-                files[fname] = tar.extractfile(m).read()  # type: ignore[union-attr]
-            finish()
-        except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, zlib.error) as e:
-            raise CacheError(f"can't read the cache archive {file}: {e}") from None
-        if first:
-            raise CacheError(f"{file} is empty")
+        with source:
+            _import(root, name, _decompressed(source, name, limits), limits, summary, lock_timeout)
+    except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, zlib.error) as e:
+        raise CacheError(f"can't read the cache archive {name}: {e}") from None
+    except RecursionError:  # tarfile reads a chain of pax headers recursively (bounded by header_bytes anyway)
+        raise CacheError(f"can't read the cache archive {name}: its tar headers are chained too deep") from None
     return summary
+
+
+def _import(root: CacheRoot, file: str, stream: _Counted, limits: ImportLimits, summary: ImportSummary,
+            lock_timeout: float) -> None:
+    header_error = f"a tar header is larger than the import limit of {_size(limits.header_bytes)}"
+    stream.allow(limits.header_bytes + _SLACK, header_error)
+    try:
+        tar = tarfile.open(fileobj=stream, mode="r|")  # type: ignore[call-overload]
+    except tarfile.ReadError as e:
+        raise CacheError(f"can't read the cache archive {file}: it is not a tar archive ({e})") from None
+    with tar:
+        m = tar.next()
+        if m is None:
+            raise CacheError(f"{file} is empty")
+        if m.name != MANIFEST or not _member_file(m):
+            raise CacheError(f"{file} is not an evtc cache export: it does not start with {MANIFEST}",
+                             hint="write archives with `evtc cache export FILE` (archives of the old "
+                                  "benchmarks/pack_cache.py must be rebuilt)")
+        if m.size > limits.manifest_bytes:
+            raise CacheError(f"{file}: {MANIFEST} is {m.size} bytes, more than the import limit of "
+                             f"{_size(limits.manifest_bytes)}")
+        stream.allow(m.size + _SLACK, f"{MANIFEST} is longer than its tar header says")
+        try:
+            manifest = trust.load_json(_read_member(tar, m), f"{file}: {MANIFEST}")
+        except trust.Untrusted as e:
+            raise CacheError(str(e)) from None
+        rows = _check_manifest(manifest, file, limits)
+        most = 8 * len(rows) + 300  # 4 files and 3 folders per entry, kernels/ and its 256 prefixes
+        count = 1
+        pending: _Pending | None = None
+        done: set[tuple[str, str]] = set()
+        while True:
+            stream.allow(limits.header_bytes + _SLACK, header_error)
+            tar.members.clear()  # tarfile keeps every member it read: not needed here
+            m = tar.next()
+            if m is None:
+                break
+            count += 1
+            if count > most:
+                raise CacheError(f"{file} has more members than the {len(rows)} entries {MANIFEST} lists can have")
+            if m.isdir() and _DIR_RE.fullmatch(m.name):
+                continue
+            match = _MEMBER_RE.fullmatch(m.name)
+            if match is None or not _member_file(m):
+                raise CacheError(f"{file} is not an evtc cache export: unexpected member {m.name[:300]!r}"
+                                 + ("" if _member_file(m) else " (not a regular file)"))
+            xx, key, tc, fname = match.groups()
+            if key[:2] != xx:
+                raise CacheError(f"{file}: member {m.name!r} is under the wrong prefix")
+            row = rows.get((key, tc))
+            if row is None:
+                raise CacheError(f"{file}: member {m.name!r} belongs to an entry {MANIFEST} does not list")
+            cap = limits.member_cap(fname)
+            if m.size > cap:
+                raise CacheError(f"{file}: member {m.name!r} is {m.size} bytes, more than the import limit of "
+                                 f"{_size(cap)} for a {fname}")
+            if pending is None or (pending.key, pending.toolchain_id) != (key, tc):
+                _finish(root, pending, summary, lock_timeout)
+                if (key, tc) in done:
+                    raise CacheError(f"{file}: the files of entry {key[:16]}.../{tc} are not together")
+                pending = _Pending(key, tc, row.get("name", "?"))
+                done.add((key, tc))
+            if fname in pending.seen:
+                raise CacheError(f"{file}: {m.name!r} appears twice")
+            pending.seen.add(fname)
+            stream.allow(m.size + _SLACK, f"member {m.name!r} is longer than its tar header says")
+            if pending.reason is None and fname != "meta.json" and pending.meta is None:
+                pending.reason = f"{fname} comes before meta.json in the archive"
+            if pending.reason is None and fname == "kernel.so" and m.size != pending.meta["library_bytes"]:  # type: ignore[index]
+                pending.reason = (f"kernel.so has {m.size} bytes, meta.json records "
+                                  f"{pending.meta['library_bytes']} (truncated or replaced)")  # type: ignore[index]
+            if pending.reason is not None:
+                _skip_member(tar, m)  # a refused entry's files are not held
+                continue
+            data = _read_member(tar, m)
+            if fname == "meta.json":
+                _check_entry_meta(pending, data, row)
+            else:
+                pending.files[fname] = data
+        _finish(root, pending, summary, lock_timeout)
+
+
+def _check_entry_meta(pending: _Pending, data: bytes, row: dict) -> None:
+    try:
+        meta = trust.load_json(data, "meta.json")
+        if isinstance(meta, dict) and isinstance(meta.get("name"), str):
+            pending.name = meta["name"]
+        check_meta(meta, pending.key, pending.toolchain_id, None)  # the exporting machine's signature is not ours to check
+        if meta["library_sha256"] != row["library_sha256"]:
+            raise EntryRejected("the entry is not listed in the archive's manifest with this library")
+    except EntryRejected as e:
+        pending.reason = str(e)
+        return
+    pending.meta = meta
+
+
+def _finish(root: CacheRoot, pending: _Pending | None, summary: ImportSummary, lock_timeout: float) -> None:
+    """Install the entry just read, or report why it is refused."""
+    if pending is None:
+        return
+    key, tc, name, meta, files = pending.key, pending.toolchain_id, pending.name, pending.meta, pending.files
+    reason = pending.reason
+    if reason is None and meta is None:
+        reason = "the archive lacks its meta.json"
+    elif reason is None and "kernel.so" not in files:
+        reason = "the archive lacks its kernel.so"
+    elif reason is None and _sha256_bytes(files["kernel.so"]) != meta["library_sha256"]:  # type: ignore[index]
+        reason = "the SHA-256 of kernel.so is not the one meta.json records (corrupted or replaced)"
+    if reason is not None:
+        summary.refused.append((key, tc, name, reason))
+        return
+    assert meta is not None
+    lock = key_lock(root, key, lock_timeout, name)
+    try:
+        if os.path.lexists(root.entry_dir(key, tc)):
+            try:
+                verify_entry(root, key, tc)
+                summary.present.append((key, tc, name))
+                return
+            except EntryRejected:
+                pass  # install_entry quarantines it
+        meta.pop("signature", None)
+        if root.secret is not None:
+            meta["signature"] = _signature(root.secret, meta)
+        src = files.get("kernel.cu")
+        log = files.get("build.log")
+        install_entry(root, meta, files["kernel.so"], source=src.decode(errors="replace") if src else None,
+                      log=log.decode(errors="replace") if log else None)
+        summary.imported.append((key, tc, name))
+    finally:
+        lock.release()

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import threading
 from pathlib import Path
 
@@ -110,14 +109,19 @@ def _memo_file(memo_dir: Path, root: str, watch_files: bool) -> Path:
     return memo_dir / (hashlib.sha256(f"{root}\0{watch_files}".encode()).hexdigest()[:24] + ".json")
 
 
+#: Largest stored snapshot file read (CUTLASS's has 65 folder names: a few kB).
+MAX_MEMO_BYTES = 4 << 20
+
+
 def _read_memo(path: Path, root: str) -> dict | None:
+    """The stored snapshot and hash, or None when missing or untrusted: the file and its folder
+    (``memo_dir``) must pass NOTE [Trusted files] (evtc/compiler/trust.py)."""
+    from evtc.compiler import trust
+
     try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
-            return None  # not ours, or writable by others: don't trust it
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        data = trust.load_json(trust.read(path, max_bytes=MAX_MEMO_BYTES, root=path.parent.parent), str(path))
+    except trust.Untrusted:
+        return None  # missing, not ours, writable by others, a link, too big or not JSON: don't trust it
     if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("root") != root:
         return None
     value = data.get("hash")
@@ -128,7 +132,7 @@ def _write_memo(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.replace(tmp, path)

@@ -37,9 +37,10 @@ the tracer would parse with lark) has the text and the ``c`` and ``d`` dtypes in
 traced graph. Editing evtc, the epilogue or any option gives another key; stale entries are never
 read again (``evtc cache prune --all`` removes them, ``--older-than`` those unused for a while).
 
-Trust. An entry is read only from a private cache (not ``EVTC_SHARED_CACHE``) and only if it is
-a regular file owned by the user (or root) and writable by nobody else, in a folder of the same
-kind. Its first line is a JSON header (schema, kind, key, payload size, payload SHA-256) that
+Trust. An entry is read only from a private cache (not ``EVTC_SHARED_CACHE``) and only if it and
+its folders pass NOTE [Trusted files] (evtc/compiler/trust.py: no links below the cache
+directory, owned by the user or root, writable by nobody else), read through one checked
+descriptor. Its first line is a JSON header (schema, kind, key, payload size, payload SHA-256) that
 must match what the reader expects; the payload must hash to the header's SHA-256; a pickle is
 read by an unpickler that only builds the dataclasses and enums of evtc's IR, lowering and plan
 modules (and a few builtin containers); and the object read must have the expected type.
@@ -71,7 +72,6 @@ import json
 import logging
 import os
 import pickle
-import stat
 import sys
 import threading
 from pathlib import Path
@@ -104,16 +104,22 @@ def _root():
     shows nothing of the cache; the first build or lookup does)."""
     if not enabled():
         return None
+    from evtc.compiler import trust
     from evtc.compiler.store import CacheRoot, _configured
 
     try:
         path, shared = _configured()
-        st = os.stat(path)
+        st = os.stat(path)  # the trust root may be a link (NOTE [Trusted files])
     except Exception as e:  # no cache directory (yet), no HOME: the memo stays off
         log.debug("construct memo off: %s", e)
         return None
-    if shared or not _private(st, True):
-        log.debug("construct memo off: %s is shared, not a folder, not yours or writable by others", path)
+    if shared:
+        log.debug("construct memo off: %s is a shared cache", path)
+        return None
+    try:
+        trust.check_stat(st, path, want_dir=True)
+    except trust.Untrusted as e:
+        log.debug("construct memo off: %s", e)
         return None
     return CacheRoot(path, False)
 
@@ -365,38 +371,22 @@ def _path(root, key: str, kind: str) -> Path:
     return root.sub("construct", key[:2], f"{key}.{kind}")
 
 
-def _private(st: os.stat_result, want_dir: bool) -> bool:
-    kind_ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
-    return kind_ok and st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
-
-
 def _read(root, key: str, kind: str) -> bytes | None:
     """The verified payload of an entry, or None (missing, or refused: logged at debug level)."""
+    from evtc.compiler import trust
+
     path = _path(root, key, kind)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.debug("construct memo: can't read %s: %s", path, e)
+    if not os.path.lexists(path):
         return None
     try:
-        if not (_private(st, False) and _private(os.lstat(path.parent), True)
-                and _private(os.lstat(path.parent.parent), True)):
-            log.debug("construct memo: ignored %s: not a private regular file of this user", path)
-            return None
-        if st.st_size > MAX_ENTRY_BYTES:
-            log.debug("construct memo: ignored %s: %d bytes", path, st.st_size)
-            return None
-        with open(path, "rb") as f:
-            data = f.read(MAX_ENTRY_BYTES + 1)
-    except OSError as e:
-        log.debug("construct memo: can't read %s: %s", path, e)
+        data = trust.read(path, max_bytes=MAX_ENTRY_BYTES, root=root.path)
+    except trust.Untrusted as e:
+        log.debug("construct memo: ignored %s: %s", path, e)
         return None
     head, sep, payload = data.partition(b"\n")
     try:
-        header = json.loads(head) if sep else None
-    except ValueError:
+        header = trust.load_json(head, str(path)) if sep else None
+    except trust.Untrusted:
         header = None
     want = {"schema": SCHEMA, "kind": kind, "key": key}
     if not isinstance(header, dict) or any(header.get(k) != v for k, v in want.items()):

@@ -18,12 +18,14 @@ nvcc is ``$EVTC_NVCC`` (a path; ``EVTC_NVCC=none`` means "there is none"), else
 ``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), else the first ``nvcc`` on ``PATH``, else
 ``/usr/local/cuda/bin/nvcc``. nvcc runs in its own process group with a time limit
 (``EVTC_NVCC_TIMEOUT``, default 600 s); on timeout the whole group (nvcc, cicc, ptxas, the host
-compiler) is killed, so nothing outlives the build.
+compiler) is killed, and on Linux the group also dies with the evtc process that started it,
+even one killed with SIGKILL (NOTE [Compilers die with evtc]), so nothing outlives the build.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib.util
@@ -34,6 +36,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +47,7 @@ from evtc.errors import BuildError, NoDeviceError
 __all__ = [
     "ARCH_FLAGS", "BASE_FLAGS", "DEFAULT_TIMEOUT_S", "Toolchain", "arch_flags", "compile_shared", "cutlass_include_dirs",
     "cutlass_version", "default_timeout", "env_flags", "evtc_include_dir", "find_nvcc", "include_dirs", "nvcc_command",
-    "nvcc_version", "require_nvcc", "split_build_commands", "supports_split_build", "toolchain",
+    "nvcc_version", "require_nvcc", "spawn", "split_build_commands", "supports_split_build", "toolchain",
 ]
 
 #: Flags of every evtc build, in order. ``-DNDEBUG`` matters: without it the library keeps
@@ -461,15 +464,82 @@ def split_build_commands(arch: str, source: Path, output: Path, work: Path, *, e
     }
 
 
+# NOTE [Compilers die with evtc]
+# spawn() starts every compiler in a session (process group) of its own, so a time limit or an
+# interrupt kills nvcc and all it started (cicc, ptxas, the host compiler) with one killpg. A
+# process killed with SIGKILL runs no cleanup, though, and its compilers ran on for minutes. So on
+# Linux the command runs under a small sh that the kernel signals (SIGTERM, prctl
+# PR_SET_PDEATHSIG, set between fork and exec) when the thread that started it dies; its trap
+# kills the whole group. The signal goes to sh and not to nvcc because the setting is not
+# inherited by nvcc's own children (prctl(2)): only a process that kills the group reaches cicc.
+# The starting thread waits for the build, so it outlives it. Source: issue 37.
+
+_PR_SET_PDEATHSIG = 1
+#: sh -c GUARD evtc-guard CMD...: run CMD in the background, wait for it and exit with its status;
+#: on SIGTERM (the parent's death, a killpg) kill the whole process group
+_GUARD = 'trap "trap - TERM; kill -KILL 0" TERM; "$@" & wait $!'
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl():
+    """libc's ``prctl`` through ctypes (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def spawn(cmd: Sequence[str], *, stdout=None, stderr=None, cwd: Path | None = None) -> subprocess.Popen:
+    """Start a compiler process that can't outlive evtc (NOTE [Compilers die with evtc]): in a new
+    session (its own process group: :func:`_kill_group` kills all it started) and, on Linux,
+    under a guard that kills that group when the starting thread dies, even by SIGKILL.
+
+    Args:
+        cmd: the program and its arguments.
+        stdout, stderr: as for :class:`subprocess.Popen`; stdin is ``/dev/null``.
+        cwd: the working folder.
+
+    Returns:
+        The process (with the guard, the guard's: its exit status is the command's, or 128 plus
+        the signal that killed it).
+
+    Raises:
+        OSError: the program can't be found or started.
+    """
+    cmd = [str(c) for c in cmd]
+    prctl = _prctl()
+    if prctl is None:
+        return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=cwd)
+    program = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
+    if program is None or not os.access(os.path.join(cwd or "", program), os.X_OK):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (or not executable)", cmd[0])
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # runs in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl: nobody will signal us
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return subprocess.Popen(["/bin/sh", "-c", _GUARD, "evtc-guard", *cmd], stdout=stdout, stderr=stderr,
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd, preexec_fn=die_with_parent)
+
+
 class _Run:
-    """One compiler process in its own session (process group), its output collected in a file."""
+    """One compiler process started by :func:`spawn`, its output collected in a file."""
 
     def __init__(self, step: str, cmd: list[str], out: Path, cwd: Path | None = None):
         self.step, self.cmd, self.out = step, cmd, out
         self._fh = open(out, "wb")
         try:
-            self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=cwd)
+            self.proc = spawn(cmd, stdout=self._fh, stderr=subprocess.STDOUT, cwd=cwd)
         except OSError:
             self._fh.close()
             raise
@@ -564,7 +634,8 @@ def compile_shared(source: Path, output: Path, arch: str, log: Path, *, extra_fl
     """Compile ``source`` into ``output``, writing the command and nvcc's output to ``log``.
 
     nvcc runs in a new session (its own process group); on timeout or interrupt the whole group
-    is killed (SIGTERM, then SIGKILL after 5 s).
+    is killed (SIGTERM, then SIGKILL after 5 s), and the group dies with this process (NOTE
+    [Compilers die with evtc]).
 
     Args:
         source: the ``.cu`` file.

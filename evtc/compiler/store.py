@@ -27,8 +27,10 @@ prefers the one of the local toolchain.
 
 * every folder from ``<root>/kernels`` down to the entry, and ``kernel.so`` and ``meta.json``,
   are real folders and regular files (no symlinks), owned by the current user (or root), and not
-  writable by group or others (in a shared cache: not writable by others);
-* ``meta.json`` is this cache format, names this key and toolchain, its key material hashes to the
+  writable by group or others (in a shared cache: not writable by others): the one rule of
+  NOTE [Trusted files] (evtc/compiler/trust.py), which the memo and the torch fast path share;
+* ``meta.json`` (at most 1 MiB, nested at most 32 deep, every field of its type: NOTE [Untrusted
+  JSON]) is this cache format, names this key and toolchain, its key material hashes to the
   key, and its ABI version is :data:`evtc.abi.ABI_VERSION`;
 * the SHA-256 of ``kernel.so`` is the recorded one (a truncated, replaced or foreign library
   fails here and is never dlopen'ed);
@@ -60,7 +62,6 @@ import hashlib
 import hmac
 import json
 import os
-import pwd
 import re
 import shutil
 import stat
@@ -71,6 +72,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from evtc.compiler import trust
+from evtc.compiler.trust import Untrusted
 from evtc.errors import CacheError
 
 if TYPE_CHECKING:
@@ -91,11 +94,12 @@ TOOLCHAIN_RE = re.compile(r"[0-9a-f]{16}")
 
 class CacheWarning(UserWarning):
     """A cache entry was refused (and skipped, or moved aside and rebuilt), or the cache
-    directory's permissions were tightened."""
+    directory is writable by group or others (and left so)."""
 
 
-class EntryRejected(Exception):
-    """An entry failed verification; ``str()`` is the reason."""
+#: An entry failed verification (NOTE [Trusted files] in evtc/compiler/trust.py, :func:`check_meta`);
+#: ``str()`` is the reason. The same class as :class:`evtc.compiler.trust.Untrusted`.
+EntryRejected = Untrusted
 
 
 def canonical_json(obj) -> str:
@@ -107,11 +111,7 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
+_user = trust._user
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,15 +163,26 @@ def _configured() -> tuple[Path, bool]:
     return base / "evtc", False
 
 
+_MAX_SECRET_BYTES = 1 << 16
+
+
 def _secret() -> bytes | None:
     path = os.environ.get("EVTC_CACHE_SECRET")
     if not path:
         return None
-    try:
-        st = os.stat(path)
-        data = Path(path).read_bytes().strip()
+    try:  # a bounded read of a regular file: not a FIFO that blocks, nor /dev/zero
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            data = os.read(fd, _MAX_SECRET_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
+        finally:
+            os.close(fd)
     except OSError as e:
         raise CacheError(f"can't read EVTC_CACHE_SECRET {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode) or len(data) > _MAX_SECRET_BYTES:
+        raise CacheError(f"the cache secret {path} is not a regular file of at most {_MAX_SECRET_BYTES} bytes",
+                         hint=f"make one with: head -c 32 /dev/urandom | base64 > {path}")
+    data = data.strip()
     if st.st_mode & 0o004:
         raise CacheError(f"the cache secret {path} is readable by everyone (mode {stat.S_IMODE(st.st_mode):o})",
                          hint=f"chmod o-rwx {path}")
@@ -181,21 +192,40 @@ def _secret() -> bytes | None:
     return data
 
 
-def _mkdirs(path: Path, mode: int) -> None:
-    """Create ``path`` and missing parents with exactly ``mode`` (umask ignored)."""
+# NOTE [Modes of folders evtc did not create]
+# evtc sets the mode only of a folder it has just created itself (to undo the umask), through a
+# descriptor opened with O_NOFOLLOW, so never through a link. A folder that already exists, the
+# cache directory the user names included, keeps its mode, however open: what lies under it is
+# verified before use anyway (NOTE [Trusted files]). Source: issue 37 (as root, EVTC_CACHE_DIR=/tmp
+# turned /tmp from 1777 into 1755 for everyone).
+
+def _mkdirs(path: Path, mode: int) -> list[Path]:
+    """Create ``path`` and missing parents with exactly ``mode`` (umask ignored); folders that
+    exist are left alone (NOTE [Modes of folders evtc did not create]).
+
+    Returns:
+        The folders created, outermost first.
+    """
     missing = []
     p = path
-    while not p.exists():
+    while not os.path.lexists(p):
         missing.append(p)
         if p.parent == p:
             break
         p = p.parent
+    created = []
     for d in reversed(missing):
         try:
             os.mkdir(d, mode)
         except FileExistsError:
             continue
-        os.chmod(d, mode)
+        created.append(d)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    return created
 
 
 def _cache_error(what: str, path: Path, e: OSError) -> CacheError:
@@ -209,8 +239,10 @@ def cache_root(create: bool = True) -> CacheRoot:
 
     ``EVTC_SHARED_CACHE`` (a shared cache), else ``EVTC_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/evtc``, else ``~/.cache/evtc``. A private cache that does not exist is
-    created with mode 0700 (parents too, whatever the umask); one that exists and is yours but
-    writable by others is tightened (``chmod go-w``) with a :class:`CacheWarning`.
+    created with mode 0700 (parents too, whatever the umask); one that exists is never chmod'ed
+    (NOTE [Modes of folders evtc did not create]): if it is yours but writable by group or others,
+    a :class:`CacheWarning` says so, entries in it are still verified one by one, and the
+    construct memo stays off.
 
     Args:
         create: create the directory if missing (else a missing one is returned unchecked).
@@ -249,12 +281,10 @@ def cache_root(create: bool = True) -> CacheRoot:
         if st.st_uid != os.geteuid():
             raise CacheError(f"the kernel cache {path} is writable by others (mode {mode:o})",
                              hint="set EVTC_CACHE_DIR to a private directory of yours")
-        try:
-            os.chmod(path, mode & ~0o022)
-        except OSError as e:
-            raise _cache_error("can't make the kernel cache private", path, e) from None
-        warnings.warn(f"the kernel cache {path} was writable by group or others (mode {mode:o}); made it "
-                      f"{mode & ~0o022:o} (every entry is still verified before it is loaded)", CacheWarning, stacklevel=2)
+        warnings.warn(f"the kernel cache {path} is writable by group or others (mode {mode:o}); evtc leaves the mode "
+                      f"of a folder it did not create alone: every entry in it is still verified before it is loaded, "
+                      f"and the construct memo is off (chmod go-w {path}, or set EVTC_CACHE_DIR to a private folder)",
+                      CacheWarning, stacklevel=2)
     return root
 
 
@@ -269,14 +299,11 @@ def cache_dir() -> Path:
 
 
 def _ensure_dir(root: CacheRoot, path: Path) -> None:
-    """Create a folder inside the cache with the cache's mode; tighten one of ours that is too
-    open (entries under it are verified anyway)."""
+    """Create a folder inside the cache (and missing parents) with the cache's mode; one that
+    exists keeps its mode (NOTE [Modes of folders evtc did not create]: entries under a folder
+    that fails NOTE [Trusted files] are refused, not fixed)."""
     try:
         _mkdirs(path, root.dir_mode)
-        st = os.lstat(path)
-        bad = 0o002 if root.shared else 0o022
-        if stat.S_IMODE(st.st_mode) & bad and st.st_uid == os.geteuid():
-            os.chmod(path, stat.S_IMODE(st.st_mode) & ~bad)
     except OSError as e:
         raise _cache_error("can't write to the kernel cache", path, e) from None
 
@@ -285,29 +312,8 @@ def _ensure_dir(root: CacheRoot, path: Path) -> None:
 # Verification
 # --------------------------------------------------------------------------------------------
 
-def _check_node(root: CacheRoot, path: Path, want_dir: bool) -> os.stat_result:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise EntryRejected(f"{path.name} is missing") from None
-    except OSError as e:
-        raise EntryRejected(f"can't read {path}: {e.strerror}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise EntryRejected(f"{path} is a symbolic link")
-    if want_dir and not stat.S_ISDIR(st.st_mode):
-        raise EntryRejected(f"{path} is not a folder")
-    if not want_dir and not stat.S_ISREG(st.st_mode):
-        raise EntryRejected(f"{path} is not a regular file")
-    mode = stat.S_IMODE(st.st_mode)
-    if root.shared:
-        if mode & 0o002:
-            raise EntryRejected(f"{path} is writable by everyone (mode {mode:o})")
-    else:
-        if st.st_uid not in (os.geteuid(), 0):
-            raise EntryRejected(f"{path} belongs to {_user(st.st_uid)}, not to you")
-        if mode & 0o022:
-            raise EntryRejected(f"{path} is writable by group or others (mode {mode:o})")
-    return st
+#: Largest ``meta.json`` read (an entry's is about 2 kB).
+MAX_META_BYTES = 1 << 20
 
 
 #: (dev, inode) -> (size, mtime_ns, ctime_ns, sha256): libraries this process already hashed.
@@ -317,14 +323,19 @@ _HASHED: dict[tuple[int, int], tuple[int, int, int, str]] = {}
 _HASHED_LOCK = threading.Lock()
 
 
-def _file_sha256(path: Path, st: os.stat_result) -> str:
+def _file_sha256(path: Path, st: os.stat_result, shared: bool = False) -> str:
+    """SHA-256 of ``path``, whose ``lstat`` was ``st``, read through a checked descriptor
+    (NOTE [Trusted files]) that must be that same file."""
     ident = (st.st_dev, st.st_ino)
     stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _HASHED_LOCK:
         hit = _HASHED.get(ident)
     if hit is not None and hit[:3] == stamp:
         return hit[3]
-    with open(path, "rb") as f:
+    fd, fst = trust.open_checked(path, shared=shared)
+    with os.fdopen(fd, "rb") as f:
+        if (fst.st_dev, fst.st_ino) != ident:
+            raise EntryRejected(f"{path} was replaced while it was checked")
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     with _HASHED_LOCK:
         _HASHED[ident] = (*stamp, digest)
@@ -342,31 +353,86 @@ def _abi_version() -> int:
     return ABI_VERSION
 
 
+_INT, _NUMBER = "an integer", "a number"
+#: The fields of ``meta.json`` and their JSON types: required ones, then those checked when present.
+_META_REQUIRED = {"format": _INT, "key": str, "material": dict, "toolchain": dict, "toolchain_id": str,
+                  "library_sha256": str, "library_bytes": _INT, "abi_version": _INT}
+_META_OPTIONAL = {"name": str, "arch": str, "command": list, "seconds": _NUMBER, "created": _NUMBER, "built_on": str,
+                  "evtc_version": str, "signature": str}
+_TYPE_NAMES = {str: "a string", dict: "an object", list: "a list"}
+
+
+def _json_type(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    return _TYPE_NAMES.get(type(v), type(v).__name__)
+
+
+def _has_type(v, want) -> bool:
+    if want == _INT:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if want == _NUMBER:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, want)
+
+
+def check_meta_shape(meta, what: str = "meta.json") -> dict:
+    """Check the type of every field of a ``meta.json`` (NOTE [Untrusted JSON]).
+
+    Args:
+        meta: the parsed value.
+        what: names the file in the message.
+
+    Returns:
+        ``meta``, a dict whose known fields have their types.
+
+    Raises:
+        EntryRejected: ``<what>: field '<f>' is <type>, not <type>`` (or missing).
+    """
+    if not isinstance(meta, dict):
+        raise EntryRejected(f"{what} is {_json_type(meta)}, not a JSON object")
+    if meta.get("format") != CACHE_FORMAT:  # first: an older entry says so, not that a field is missing
+        raise EntryRejected(f"{what} has cache format {str(meta.get('format'))[:20]!r}, this evtc reads {CACHE_FORMAT}")
+    for table, required in ((_META_REQUIRED, True), (_META_OPTIONAL, False)):
+        for name, want in table.items():
+            if name not in meta:
+                if required:
+                    raise EntryRejected(f"{what}: field '{name}' is missing")
+                continue
+            if not _has_type(meta[name], want):
+                raise EntryRejected(f"{what}: field '{name}' is {_json_type(meta[name])}, not "
+                                    f"{want if isinstance(want, str) else _TYPE_NAMES[want]}")
+    if meta["library_bytes"] < 0:
+        raise EntryRejected(f"{what}: field 'library_bytes' is negative")
+    if not all(isinstance(c, str) for c in meta.get("command", [])):
+        raise EntryRejected(f"{what}: field 'command' is not a list of strings")
+    return meta
+
+
 def check_meta(meta: dict, key: str, toolchain_id: str, secret: bytes | None = None) -> None:
-    """Check a ``meta.json`` against the key and toolchain folder it sits under.
+    """Check a ``meta.json`` against the key and toolchain folder it sits under (its shape first:
+    :func:`check_meta_shape`).
 
     Raises:
         EntryRejected: it doesn't match (the reason says how).
     """
-    if not isinstance(meta, dict):
-        raise EntryRejected("meta.json is not a JSON object")
-    if meta.get("format") != CACHE_FORMAT:
-        raise EntryRejected(f"meta.json has cache format {meta.get('format')!r}, this evtc reads {CACHE_FORMAT}")
-    if meta.get("key") != key:
-        raise EntryRejected(f"meta.json names key {str(meta.get('key'))[:16]}..., not {key[:16]}... "
+    check_meta_shape(meta)
+    if meta["key"] != key:
+        raise EntryRejected(f"meta.json names key {meta['key'][:16]}..., not {key[:16]}... "
                             "(an entry of another kernel placed under this key)")
-    material = meta.get("material")
-    if not isinstance(material, dict) or _sha256_bytes(canonical_json(material).encode()) != key:
+    if _sha256_bytes(canonical_json(meta["material"]).encode()) != key:
         raise EntryRejected("the key material in meta.json does not hash to the key")
-    toolchain = meta.get("toolchain")
-    if not isinstance(toolchain, dict) or meta.get("toolchain_id") != toolchain_id or \
-            _sha256_bytes(canonical_json(toolchain).encode())[:16] != toolchain_id:
+    if meta["toolchain_id"] != toolchain_id or \
+            _sha256_bytes(canonical_json(meta["toolchain"]).encode())[:16] != toolchain_id:
         raise EntryRejected("the toolchain in meta.json does not match the entry's folder")
-    if meta.get("abi_version") != _abi_version():
-        raise EntryRejected(f"built for C ABI {meta.get('abi_version')!r}, this evtc speaks {_abi_version()}")
-    sha = meta.get("library_sha256")
-    if not (isinstance(sha, str) and len(sha) == 64):
-        raise EntryRejected("meta.json has no library_sha256")
+    if meta["abi_version"] != _abi_version():
+        raise EntryRejected(f"built for C ABI {meta['abi_version']!r}, this evtc speaks {_abi_version()}")
+    if not re.fullmatch(r"[0-9a-f]{64}", meta["library_sha256"]):
+        raise EntryRejected("meta.json: field 'library_sha256' is not 64 hex digits")
     if secret is not None:
         sig = meta.get("signature")
         if not isinstance(sig, str) or not hmac.compare_digest(sig, _signature(secret, meta)):
@@ -409,24 +475,17 @@ def verify_entry(root: CacheRoot, key: str, toolchain_id: str) -> Entry:
     """
     if not KEY_RE.fullmatch(key) or not TOOLCHAIN_RE.fullmatch(toolchain_id):
         raise EntryRejected(f"{key}/{toolchain_id} is not a key and toolchain id")
-    kernels = root.path / "kernels"
-    for d in (kernels, kernels / key[:2], kernels / key[:2] / key, kernels / key[:2] / key / toolchain_id):
-        _check_node(root, d, True)
     entry = root.entry_dir(key, toolchain_id)
-    meta_st = _check_node(root, entry / "meta.json", False)
-    lib_st = _check_node(root, entry / "kernel.so", False)
-    if meta_st.st_size > 16 << 20:
-        raise EntryRejected("meta.json is implausibly large")
-    try:
-        meta = json.loads((entry / "meta.json").read_bytes())
-    except (OSError, ValueError) as e:
-        raise EntryRejected(f"meta.json can't be read: {e}") from None
+    trust.check_below(root.path, entry, want_dir=True, shared=root.shared)
+    meta_bytes = trust.read(entry / "meta.json", max_bytes=MAX_META_BYTES, shared=root.shared)
+    lib_st = trust.check(entry / "kernel.so", shared=root.shared)
+    meta = trust.load_json(meta_bytes, "meta.json")
     check_meta(meta, key, toolchain_id, root.secret)
-    if lib_st.st_size != meta.get("library_bytes"):
+    if lib_st.st_size != meta["library_bytes"]:
         raise EntryRejected(f"kernel.so has {lib_st.st_size} bytes, meta.json records {meta.get('library_bytes')} "
                             "(truncated or replaced)")
     try:
-        digest = _file_sha256(entry / "kernel.so", lib_st)
+        digest = _file_sha256(entry / "kernel.so", lib_st, root.shared)
     except OSError as e:
         raise EntryRejected(f"kernel.so can't be read: {e.strerror}") from None
     if digest != meta["library_sha256"]:
@@ -653,8 +712,9 @@ def install_entry(root: CacheRoot, meta: dict, library: bytes, *, source: str | 
             if p.exists():
                 p.unlink()
             _write(p, data, root.file_mode, sync=fname in ("kernel.so", "meta.json"))
-        for p in stage.iterdir():
-            os.chmod(p, root.file_mode)
+        for p in stage.iterdir():  # written in this staging folder just now (not through a link)
+            if not p.is_symlink():
+                os.chmod(p, root.file_mode)
         os.chmod(stage, root.dir_mode)
         _ensure_dir(root, final.parent)
         if os.path.lexists(final):
@@ -676,7 +736,9 @@ def install_entry(root: CacheRoot, meta: dict, library: bytes, *, source: str | 
     try:
         return verify_entry(root, key, tc)
     except EntryRejected as e:
-        raise CacheError(f"the new cache entry {final} fails verification: {e}") from None
+        raise CacheError(f"the new cache entry {final} fails verification: {e}",
+                         hint="evtc sets modes only of folders it creates: fix the named folder's owner or mode, or "
+                              "remove it (`evtc cache prune --bad`)") from None
 
 
 def keep_failed(root: CacheRoot, key: str, source: str | None, log: str | None, staged: Path | None = None) -> Path:
@@ -829,12 +891,11 @@ def list_entries(root: CacheRoot, verify: bool = True) -> list[EntryInfo]:
     for key, tc in _iter_entry_dirs(root):
         path = root.entry_dir(key, tc)
         problem = None
-        try:
-            meta = json.loads((path / "meta.json").read_bytes())
-            if not isinstance(meta, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError) as e:
-            meta, problem = {}, f"meta.json can't be read: {e}"
+        try:  # read like verify_entry (bounded, no links, shape checked): a listing never crashes or hangs
+            meta = check_meta_shape(trust.load_json(
+                trust.read(path / "meta.json", max_bytes=MAX_META_BYTES, shared=root.shared), "meta.json"))
+        except EntryRejected as e:
+            meta, problem = {}, str(e)
         if verify and problem is None:
             try:
                 verify_entry(root, key, tc)
@@ -844,9 +905,9 @@ def list_entries(root: CacheRoot, verify: bool = True) -> list[EntryInfo]:
             last_used = os.lstat(path).st_mtime
         except OSError:
             last_used = 0.0
-        tool = meta.get("toolchain") if isinstance(meta.get("toolchain"), dict) else {}
+        tool = meta.get("toolchain", {})
         out.append(EntryInfo(key, tc, path, str(meta.get("name", "?")), str(meta.get("arch", "?")),
-                             str(tool.get("nvcc", "?")), _dir_bytes(path), float(meta.get("created", last_used) or 0),
+                             str(tool.get("nvcc", "?"))[:200], _dir_bytes(path), float(meta.get("created", last_used)),
                              last_used, problem))
     out.sort(key=lambda e: (e.created, e.key))
     return out

@@ -34,7 +34,6 @@ import importlib.util
 import json
 import logging
 import os
-import stat
 import subprocess
 import sys
 import sysconfig
@@ -114,15 +113,19 @@ def _compile(folder: Path) -> None:
             os.unlink(tmp)
 
 
-def _check_private(*paths: Path) -> None:
-    """Refuse files another user could have written (the kernel cache's rule: a private cache
-    holds only its owner's files, evtc/compiler/store.py): each path must be the current user's,
-    not a symbolic link, and not writable by group or others."""
-    for p in paths:
-        st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
-            raise RuntimeError(f"{p} is not a private file of this user (a link, another owner's, or writable by "
-                               "others): the torch fast path is not loaded")
+def _check_private(folder: Path, *files: Path) -> None:
+    """Refuse files another user could have written: ``folder`` (``<cache>/torch_fast/<tag>``),
+    the folders above it up to the cache directory, and ``files`` in it must pass the kernel
+    cache's one rule, NOTE [Trusted files] (evtc/compiler/trust.py: no links, the user's or
+    root's, writable by nobody else)."""
+    from evtc.compiler import trust
+
+    try:
+        trust.check_below(folder.parent.parent, folder, want_dir=True)
+        for p in files:
+            trust.check(p)
+    except trust.Untrusted as e:
+        raise RuntimeError(f"not a private file of this user ({e}): the torch fast path is not loaded") from None
 
 
 def _clean_stale(folder: Path, age_s: float = 600.0) -> None:

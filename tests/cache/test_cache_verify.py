@@ -199,12 +199,15 @@ def test_built_entry_is_private_under_umask_000(cache_env, fast_rebuild):
     assert loaded_tag(a.verified_library_path()) == "a"
 
 
-def test_open_cache_dir_of_ours_is_tightened(cache):
+def test_open_cache_dir_of_ours_keeps_its_mode(cache):
+    """evtc changes the mode only of folders it creates (NOTE [Modes of folders evtc did not
+    create]): an open cache directory is reported, and its entries are still verified and used."""
     cache.chmod(0o777)
-    with pytest.warns(CacheWarning, match="writable by group or others"):
+    with pytest.warns(CacheWarning, match="writable by group or others.*leaves the mode"):
         store.cache_root()
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o755
-    assert lookup(tiny_source("a"), "sm80", name="a") is not None
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o777
+    with pytest.warns(CacheWarning):
+        assert lookup(tiny_source("a"), "sm80", name="a") is not None
 
 
 def test_cache_dir_of_another_user_is_an_error(cache):
