@@ -52,7 +52,7 @@ rc=0
 NCHUNKS=10
 CHUNKS=(
   ""
-  "sm90 tests and the runtime's: prebuild tests runtime (33 kernels); test_sm90_reference, test_sm90_language, test_sm90_planner, test_runtime_checks, test_graphs"
+  "sm90 tests and the runtime's: prebuild tests runtime degenerate (45 kernels); test_sm90_reference, test_sm90_language, test_sm90_planner, test_runtime_checks, test_graphs, test_degenerate_gpu"
   "sm80, torch, plugin, portable: prebuild sm80 torch (54 kernels); test_sm80_reference, test_torch_gpu, test_torch_backend_gpu, test_torch_fast_gpu, test_plugin_consumers, test_portable_gpu (skipped unless EVTC_PORTABLE_ARCHIVE)"
   "the family: prebuild family (111 kernels); test_family_gpu"
   "sm90 fuzz 0-99: prebuild random:0-99; test_fuzz -k sm90-0"
@@ -114,9 +114,9 @@ run_chunk() {
   echo "=== chunk $n/$NCHUNKS: ${CHUNKS[$n]} ($(date +%T))"
   local t0=$SECONDS
   case $n in
-    1) chunk_prebuild tests runtime; t1=$SECONDS
+    1) chunk_prebuild tests runtime degenerate; t1=$SECONDS
        chunk_pytest $G/test_sm90_reference.py $G/test_sm90_language.py $G/test_sm90_planner.py \
-         $G/test_runtime_checks.py $G/test_graphs.py ;;
+         $G/test_runtime_checks.py $G/test_graphs.py $G/test_degenerate_gpu.py ;;
     2) chunk_prebuild sm80 torch; t1=$SECONDS
        chunk_pytest $G/test_sm80_reference.py $G/test_torch_gpu.py $G/test_torch_backend_gpu.py $G/test_torch_fast_gpu.py \
          $G/test_plugin_consumers.py $G/test_portable_gpu.py ;;

@@ -119,15 +119,32 @@ def candidate_specs(g, p, sms):
 
     amn, ak = aligned(p)
     fp = Problem(p["M"], p["N"], p["K"], p["L"], amn, ak, sms)
-    return {space.label(s): s for s in space.candidates(fp, EpilogueTraits.of(g.graph), g.graph, bf16, bf16,
-                                                         members=space.MEMBERS_ON_TRIAL)}
+    out = {space.label(s): s for s in space.candidates(fp, EpilogueTraits.of(g.graph), g.graph, bf16, bf16,
+                                                        members=space.MEMBERS_ON_TRIAL)}
+    if ONLY_STREAMK:
+        out = {k: s for k, s in out.items() if s.config.scheduler == "streamk"}
+    if RECHECK is not None:  # the earlier run's two fastest and the model's choice
+        keep = set(RECHECK.get((p["id"], g.name), ()))
+        keep.add(space.label(g.choose(p["M"], p["N"], p["K"], p["L"], aligned_mn=amn, aligned_k=ak, sm_count=sms)))
+        out = {k: s for k, s in out.items() if k in keep}
+    return out
+
+
+#: ``--recheck``: (problem id, epilogue) -> the labels of an earlier run's two fastest candidates
+RECHECK: dict | None = None
+
+
+#: time (and build) only the stream-K-scheduler members' variants (``--only-streamk``)
+ONLY_STREAMK = False
 
 
 _pinned: dict = {}
 
 
 def pinned(g, spec):
-    key = (g.name, json.dumps(spec.config.kernel_json(spec.arch), sort_keys=True), spec.arch)
+    # the whole configuration, run-time fields too: a pinned Gemm runs its config's split-K,
+    # decomposition and tile order (its kernel, shared by the variants, is built once)
+    key = (g.name, json.dumps(spec.config.to_json(), sort_keys=True), spec.arch)
     if key not in _pinned:
         _pinned[key] = evtc.Gemm(g.pipeline.traced, a=bf16, b=bf16, c=bf16, d=bf16, arch=spec.arch, config=spec.config)
     return _pinned[key]
@@ -144,7 +161,7 @@ def cmd_build(args) -> None:
             for spec in candidate_specs(g, p, sms).values():
                 k = g.kernel(spec)
                 jobs.setdefault(k.source, k.job())
-            for job in route_jobs(g, p, sms):
+            for job in ([] if ONLY_STREAMK else route_jobs(g, p, sms)):
                 jobs.setdefault(job.source, job)
     t0 = time.perf_counter()
     print(f"building {len(jobs)} kernels with {args.jobs} workers", flush=True)
@@ -175,9 +192,9 @@ def route_specs(g, p, sms) -> list:
         specs.append(base)
         if not base.config.swap_ab:
             specs.append(base.packed_variant())
-        geom = phase_split.packed_geometry(g, M, N, K) if L == 1 else None
+        geom = phase_split.packed_geometry(g.dispatch, M, N, K) if L == 1 else None
         if geom is not None:
-            specs += list(phase_split.members(g, geom, K))
+            specs += list(phase_split.members(g.dispatch, geom, K))
     return specs
 
 
@@ -188,13 +205,17 @@ def route_jobs(g, p, sms) -> list:
     return [g.kernel(s).job() for s in route_specs(g, p, sms)]
 
 
+#: GPU time per candidate, ms (``--recheck`` takes 3x)
+BUDGET_MS = 25.0
+
+
 def _budget(p) -> tuple[int, int]:
-    """(calls per replay, replays) that keep one candidate near 25 ms of GPU time: a rough time
-    estimate from FLOPs and bytes at H200 rates."""
+    """(calls per replay, replays) that keep one candidate near BUDGET_MS of GPU time: a rough
+    time estimate from FLOPs and bytes at H200 rates."""
     M, N, K, L = p["M"], p["N"], p["K"], p["L"]
     est_ms = max(2 * M * N * K * L / 6.5e14, 2 * (M * K + N * K + 3 * M * N) * L / 3.5e12) * 1e3 + 0.006
     calls = max(1, min(20, round(0.25 / est_ms)))
-    iters = max(3, min(15, round(25 / (est_ms * calls))))
+    iters = max(3, min(15 * round(BUDGET_MS / 25), round(BUDGET_MS / (est_ms * calls))))
     return calls, iters
 
 
@@ -213,16 +234,22 @@ def verify_kernels(fams, specs_by_fam, log) -> set:
             seen.add(base)
             if not built(g, spec):
                 continue
-            gv = pinned(g, spec)
-            p = Problem(200 if not spec.config.swap_ab else 24, 392, 136, 1)
-            try:
-                res = check(gv, p, seed=7)
-                failed = [k for k, r in res.items() if not r.ok]
-            except Exception as e:  # noqa: BLE001 - recorded, the candidate is dropped
-                failed = [f"{type(e).__name__}: {str(e)[:300]}"]
-            if failed:
-                bad.add((name, base))
-                log(f"VERIFY FAILED {name} {base}: {failed}")
+            M = 200 if not spec.config.swap_ab else 24
+            variants = [(spec, Problem(M, 392, 136, 1))]
+            if spec.config.scheduler == "streamk":  # split-K, shallow and deep, over a long K
+                variants += [(spec.with_runtime(split_k=s, decomposition="split_k"), Problem(M, 392, 4096, 1))
+                             for s in (4, 32)]
+            for v, p in variants:
+                try:
+                    res = check(pinned(g, v), p, seed=7)
+                    failed = [k for k, r in res.items() if not r.ok]
+                except Exception as e:  # noqa: BLE001 - recorded, the candidate is dropped
+                    failed = [f"{type(e).__name__}: {str(e)[:300]}"]
+                if failed:
+                    bad.add((name, base))
+                    log(f"VERIFY FAILED {name} {base} split_k={v.config.split_k}: {failed}")
+                else:
+                    log(f"verified {name} {base} split_k={v.config.split_k} on {p}")
     return bad
 
 
@@ -253,7 +280,7 @@ def cmd_time(args) -> None:
 
     from evtc.family.spec import EpilogueTraits  # noqa: F401
 
-    compiled = {n: torch.compile(torch_epilogue(n), dynamic=True) for n in EPILOGUES}
+    compiled = {} if ONLY_STREAMK else {n: torch.compile(torch_epilogue(n), dynamic=True) for n in EPILOGUES}
     eager = {n: torch_epilogue(n) for n in EPILOGUES}
     bad = set()
     if args.verify:
@@ -277,7 +304,7 @@ def cmd_time(args) -> None:
             amn, ak = aligned(p)
             cands = {k: s for k, s in candidate_specs(g, p, sms).items()
                      if (name, k.split(":")[0]) not in bad and built(g, s)}
-            if not all(built(g, j) for j in route_specs(g, p, sms)):
+            if not ONLY_STREAMK and not all(built(g, j) for j in route_specs(g, p, sms)):
                 log(f"SKIP {p['id']} {name}: the family call's kernels are not built")
                 continue
             tp = Problem(M, N, K, L)
@@ -298,10 +325,11 @@ def cmd_time(args) -> None:
             for k, v in kw.items():  # eager broadcasting: batched row vectors (L, N) -> (L, 1, N)
                 if hasattr(v, "dim") and v.dim() == 2 and L > 1 and k == "bias":
                     tkw[k] = v.unsqueeze(-2)
-            fns = {"cublas": lambda: torch.matmul(A, Bt, out=plain),
-                   "eager": lambda: eager[name](torch.matmul(A, Bt), **tkw),
-                   "compile": lambda: compiled[name](torch.matmul(A, Bt), **tkw),
-                   "evtc": lambda: g(A, B, out=outs, **kw)}
+            fns = {"cublas": lambda: torch.matmul(A, Bt, out=plain)}
+            if not ONLY_STREAMK:
+                fns.update({"eager": lambda: eager[name](torch.matmul(A, Bt), **tkw),
+                            "compile": lambda: compiled[name](torch.matmul(A, Bt), **tkw),
+                            "evtc": lambda: g(A, B, out=outs, **kw)})
             for label, spec in cands.items():
                 gv = pinned(g, spec)
                 fns[label] = (lambda gv=gv: gv(A, B, out=outs, **kw))
@@ -320,9 +348,9 @@ def cmd_time(args) -> None:
             rows.append(row)
             best = min((v, k) for k, v in t.items() if k not in ("cublas", "eager", "compile", "evtc") and v == v) \
                 if any(v == v for k, v in t.items() if k not in ("cublas", "eager", "compile", "evtc")) else (math.nan, "-")
+            rel = "  ".join(f"{k} {t[k] / t['cublas']:.3f}" for k in ("evtc", "eager", "compile") if k in t)
             log(f"{p['id']} {M}x{N}x{K}x{L} {name:9s} cublas {t['cublas'] * 1e3:8.1f} us  best {best[1]} "
-                f"{best[0] / t['cublas']:.3f}  evtc {t['evtc'] / t['cublas']:.3f}  eager {t['eager'] / t['cublas']:.3f}"
-                f"  compile {t['compile'] / t['cublas']:.3f}  ({len(cands)} cands, {time.perf_counter() - t0:.1f} s)")
+                f"{best[0] / t['cublas']:.3f}  {rel}  ({len(cands)} cands, {time.perf_counter() - t0:.1f} s)")
             save()
             del ins, outs, A, B, kw, tkw, plain, fns
             torch.cuda.empty_cache()
@@ -357,6 +385,10 @@ def main() -> None:
         s.add_argument("--split", default="all", choices=("all", "calibration", "validation"))
         s.add_argument("--problems", help="MxNxK[xL],... instead of the corpus")
         s.add_argument("--max-gflop", type=float, default=0, help="leave out problems above this many GFLOP")
+        s.add_argument("--recheck", help="an earlier run's JSON: time only its two fastest candidates and the "
+                                         "model's choice, with 3x the samples (the selection model's validation)")
+        s.add_argument("--only-streamk", action="store_true",
+                       help="only the stream-K-scheduler members' run-time variants (and cuBLAS, to scale by)")
         s.add_argument("--unaligned-k", action="store_true",
                        help="also the problems whose K is not a multiple of 8 (left out by default)")
     sub.choices["build"].add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
@@ -369,6 +401,14 @@ def main() -> None:
     m.add_argument("files", nargs="+")
     m.add_argument("--out", required=True)
     args = ap.parse_args()
+    global ONLY_STREAMK, RECHECK, BUDGET_MS
+    ONLY_STREAMK = getattr(args, "only_streamk", False)
+    if getattr(args, "recheck", None):
+        RECHECK = {}
+        for r in json.loads(Path(args.recheck).read_text())["rows"]:
+            c = sorted((v, k) for k, v in r["ms"].items() if k not in ("cublas", "eager", "compile", "evtc") and v)
+            RECHECK[(r["id"], r["epilogue"])] = [k for _, k in c[:2]]
+        BUDGET_MS = 75.0
     {"build": cmd_build, "time": cmd_time, "merge": cmd_merge}[args.cmd](args)
 
 

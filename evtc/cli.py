@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import click
 
+from evtc import knobs
 from evtc.errors import EvtcError
 
 __all__ = ["GemmRequest", "gemm_request", "main", "nvcc_command"]
@@ -189,7 +190,7 @@ def load_epilogue(spec: str):
         raise CliError(f"importing {path} called sys.exit({e.code!r}): the module must only define the "
                        "epilogue (guard a script's own code with `if __name__ == \"__main__\":`)") from None
     except Exception as e:  # the user's module is broken: say so, without our traceback
-        if os.environ.get("EVTC_TRACEBACK") == "full":
+        if knobs.traceback.get_or_default() == "full":
             raise
         raise CliError(f"importing {path} failed: {type(e).__name__}: {e}") from None
     finally:
@@ -357,7 +358,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except EvtcError as e:
-            if os.environ.get("EVTC_TRACEBACK") == "full":
+            if knobs.traceback.get_or_default() == "full":
                 raise
             _fail(e)
 
@@ -532,7 +533,7 @@ def print_plan(p, *, file=None) -> None:
 
     text = format_plan(p)
     out = file or sys.stdout
-    if not (hasattr(out, "isatty") and out.isatty()) or os.environ.get("NO_COLOR"):
+    if not (hasattr(out, "isatty") and out.isatty()) or knobs.no_color.raw() is not None:
         click.echo(text, nl=False, file=file)
         return
     from rich.console import Console
@@ -644,6 +645,23 @@ def _require_gpu() -> None:
 
 
 # ---- ops, errors, demo --------------------------------------------------------------------------
+
+
+@main.command(name="knobs")
+def knobs_command():
+    """List every environment variable evtc reads: type, default, current value, what it does.
+
+    Declared once, in evtc/knobs.py; docs/knobs.md is generated from the same table.
+    """
+    from evtc import knobs as k
+
+    rows = k.table()
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        value = f" = {r['value']}" if r["value"] else ""
+        default = f" (default {r['default']})" if r["default"] else ""
+        click.echo(f"{r['name'].ljust(width)}  {r['kind']}{default}{value}")
+        click.echo(f"{' ' * width}  {r['doc']}")
 
 
 @main.command()

@@ -24,6 +24,7 @@ import warnings
 
 import click
 
+from evtc import knobs
 from evtc.errors import EvtcError
 
 __all__ = ["cache", "parse_duration", "parse_size"]
@@ -90,7 +91,7 @@ class _CacheGroup(click.Group):
             try:
                 return super().invoke(ctx)
             except EvtcError as e:
-                if os.environ.get("EVTC_TRACEBACK") == "full":
+                if knobs.traceback.get_or_default() == "full":
                     raise
                 click.echo(f"evtc: {type(e).__name__}: {e}", err=True)
                 sys.exit(2)
@@ -110,8 +111,8 @@ def cache(cache_dir):
     before it is loaded or imported.
     """
     if cache_dir:
-        os.environ["EVTC_CACHE_DIR"] = cache_dir
-        os.environ.pop("EVTC_SHARED_CACHE", None)
+        knobs.cache_dir.set(cache_dir)
+        knobs.shared_cache.set(None)
 
 
 def _root(create: bool = False):

@@ -325,7 +325,9 @@ def make_wrapper(fn, EvtcError, filter_traceback, os):
         try:
             return fn(*args, **kwargs)
         except EvtcError as err:
-            if os.environ.get("EVTC_TRACEBACK", "") == "full":
+            from evtc import knobs  # (knobs imports this module)
+
+            if knobs.traceback.get_or_default() == "full":
                 raise
             raise err.with_traceback(filter_traceback(err.__traceback__)) from None
     return wrapper

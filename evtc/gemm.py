@@ -79,6 +79,11 @@ class Gemm:
             additive rule, for comparison), or a dict of fixed planner decisions (for the
             primary kernel).
         plan_rank: take the n-th best plan of the cost model for the primary kernel.
+        autotune: on the first call of each new shape bucket (M, N, K rounded up to powers of
+            two), time the selection model's 4 best-ranked candidates on the GPU (building those
+            not built) and keep the fastest for this and later processes (:mod:`evtc.dispatch.tune`);
+            never while a CUDA graph is captured or torch.compile traces. None:
+            ``EVTC_AUTOTUNE`` (default off: the model's choice).
 
     Attributes:
         graph: the Graph after passes. ``str(gemm.graph)`` is its IR text.
@@ -101,7 +106,8 @@ class Gemm:
     @api_boundary
     def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
                  c: DType | str | None = None, d: DType | str | None = None, arch: str = "sm90",
-                 config: GemmConfig | Mapping | None = None, plan: str | Mapping = "evtc", plan_rank: int = 0) -> None:
+                 config: GemmConfig | Mapping | None = None, plan: str | Mapping = "evtc", plan_rank: int = 0,
+                 autotune: bool | None = None) -> None:
         self.a = dtypes.coerce(a)
         self.b = dtypes.coerce(b) if b is not None else self.a
         self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
@@ -123,6 +129,9 @@ class Gemm:
         self.graph = kernels.graph
         self.family = kernels.members
         self.dispatch = Dispatcher(kernels, c=self.c, d=self.d)
+        from evtc import knobs
+
+        self.dispatch.autotune = knobs.autotune.get() if autotune is None else bool(autotune)
         self._fast = self.dispatch.fast
         self._torch_op = self._torch_op_error = None
         if "torch" in sys.modules:

@@ -54,10 +54,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evtc import knobs
 from evtc.compiler import fingerprint, nvcc, store
 from evtc.compiler.progress import BuildProgress
 from evtc.compiler.store import CACHE_FORMAT, CacheRoot, cache_dir, cache_root, verified_library_path
-from evtc.errors import BuildError, CacheError, EvtcError, NoDeviceError
+from evtc.errors import BuildError, EvtcError, NoDeviceError
 
 __all__ = [
     "Artifact", "BuildJob", "CACHE_FORMAT", "RemoteBuild", "build", "build_many", "cache_dir", "cache_key",
@@ -102,7 +103,7 @@ def key_material(source: str, *, arch: str, extra_flags: Sequence[str] = (), roo
     cutlass = nvcc.cutlass_include_dirs()
     own = nvcc.evtc_include_dir()
     memo = _memo_dir(root)
-    edited = bool(os.environ.get("CUTLASS_PATH"))  # a checkout may be edited in place; the wheel is not
+    edited = bool(knobs.cutlass_path.get())  # a checkout may be edited in place; the wheel is not
     try:
         headers = {"cutlass": fingerprint.tree_hash(cutlass[0], memo, watch_files=edited),
                    "cutlass_util": fingerprint.tree_hash(cutlass[1], memo, watch_files=edited)
@@ -204,7 +205,7 @@ def _safe_name(name: str) -> str:
 
 
 def _override(name: str, source: str) -> str:
-    d = os.environ.get("EVTC_OVERRIDE_DIR")
+    d = knobs.override_dir.get()
     if d:
         p = Path(d) / f"{_safe_name(name)}.cu"
         if p.is_file():
@@ -213,7 +214,7 @@ def _override(name: str, source: str) -> str:
 
 
 def _dump(name: str, art: Artifact) -> None:
-    d = os.environ.get("EVTC_DUMP_DIR")
+    d = knobs.dump_dir.get()
     if not d:
         return
     out = Path(d)
@@ -225,21 +226,12 @@ def _dump(name: str, art: Artifact) -> None:
 
 
 def _strict() -> bool:
-    mode = os.environ.get("EVTC_CACHE_TOOLCHAIN", "prefer").strip().lower()
-    if mode not in ("prefer", "strict"):
-        raise CacheError(f"EVTC_CACHE_TOOLCHAIN={mode!r}: use 'prefer' (default) or 'strict'")
-    return mode == "strict"
+    return knobs.cache_toolchain.get() == "strict"
 
 
 def _lock_timeout(build_timeout: float | None) -> float:
-    text = os.environ.get("EVTC_LOCK_TIMEOUT")
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise CacheError(f"EVTC_LOCK_TIMEOUT={text!r} is not a positive number of seconds")
+    value = knobs.lock_timeout.get()
+    if value is not None:
         return value
     return (build_timeout if build_timeout is not None else nvcc.default_timeout()) + 60.0
 

@@ -64,6 +64,7 @@ private; a construct never creates, tightens or warns about the cache directory.
 from __future__ import annotations
 
 import dataclasses
+
 import enum
 import hashlib
 import importlib
@@ -76,6 +77,9 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from evtc import knobs
+from evtc.errors import EvtcError
 
 __all__ = ["DEPENDENCIES", "ENV", "SCHEMA", "Memo", "deps_text", "enabled", "graph_text", "memo_for", "ops_text",
            "traced_text"]
@@ -94,7 +98,10 @@ _ON_OFF = frozenset({"1", "true", "yes", "on", "0", "false", "no", "off", ""})
 
 def enabled() -> bool:
     """Whether ``EVTC_CONSTRUCT_MEMO`` leaves the memo on (unset, ``1``, ``true``, ``on``)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    try:
+        return knobs.construct_memo.get()
+    except EvtcError:  # a value the one truthiness rule refuses turns the memo off (it never raises)
+        return False
 
 
 def _root():
@@ -626,7 +633,7 @@ def memo_for(traced) -> Memo | None:
     # The verification setting (NOTE [Verification setting] in evtc.passes.manager), read raw so
     # that this needn't import the passes; a value the passes would refuse turns the memo off, so
     # the construct runs them and raises their ConfigError.
-    verify = [os.environ.get("EVTC_VERIFY"), os.environ.get("EVTC_DEBUG")]
+    verify = [knobs.verify.raw(), knobs.debug.raw()]
     if any(v is not None and v.strip().lower() not in _ON_OFF for v in verify):
         return None
     try:

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from evtc import knobs
 from evtc.errors import BuildError, NoDeviceError
 
 __all__ = [
@@ -97,28 +98,20 @@ def default_timeout() -> float:
     Raises:
         BuildError: ``EVTC_NVCC_TIMEOUT`` is not a positive number.
     """
-    text = os.environ.get("EVTC_NVCC_TIMEOUT")
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise BuildError(f"EVTC_NVCC_TIMEOUT={text!r} is not a positive number of seconds", anchor="build")
-    return value
+    value = knobs.nvcc_timeout.get()
+    return DEFAULT_TIMEOUT_S if value is None else value
 
 
 def find_nvcc() -> Path | None:
     """Path of nvcc (see the module docstring for the search order), or None if there is none."""
-    explicit = os.environ.get("EVTC_NVCC")
+    explicit = knobs.nvcc.raw()
     if explicit is not None:
         if explicit.strip().lower() in ("", "none"):
             return None
         p = Path(explicit)
         return p if p.is_file() and os.access(p, os.X_OK) else None
     candidates = []
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    home = knobs.cuda_home.get() or knobs.cuda_path.get()
     if home:
         candidates.append(Path(home) / "bin" / "nvcc")
     which = shutil.which("nvcc")
@@ -191,7 +184,7 @@ def cutlass_include_dirs() -> tuple[Path, ...]:
     Raises:
         BuildError: neither ``CUTLASS_PATH`` nor the ``nvidia-cutlass`` wheel is available.
     """
-    return _cutlass_dirs(os.environ.get("CUTLASS_PATH") or None)
+    return _cutlass_dirs(knobs.cutlass_path.get())
 
 
 def evtc_include_dir() -> Path | None:
@@ -230,7 +223,7 @@ def cutlass_version() -> str:
 
 def env_flags() -> dict[str, str]:
     """``NVCC_PREPEND_FLAGS`` and ``NVCC_APPEND_FLAGS`` as nvcc will see them ("" when unset)."""
-    return {v: os.environ.get(v, "") for v in ENV_FLAG_VARS}
+    return {k.name: k.raw() or "" for k in (knobs.nvcc_prepend_flags, knobs.nvcc_append_flags)}
 
 
 def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path = "k.so", *,
@@ -314,7 +307,7 @@ def _ccbin(flags: Sequence[str]) -> str:
                 return flags[i + 1]
             if f.startswith(opt + "="):
                 return f.split("=", 1)[1]
-    return os.environ.get("NVCC_CCBIN") or "gcc"
+    return knobs.nvcc_ccbin.get()
 
 
 def _build_ccbin(extra_flags: Sequence[str]) -> str:
@@ -353,7 +346,7 @@ def toolchain(extra_flags: Sequence[str] = ()) -> Toolchain:
     nvcc = require_nvcc()
     ccbin = _build_ccbin(extra_flags)
     return Toolchain(_nvcc_release(str(nvcc), nvcc.stat().st_mtime_ns),
-                     _host_compiler_version(ccbin, os.environ.get("PATH", "")), ccbin)
+                     _host_compiler_version(ccbin, knobs.path.raw() or ""), ccbin)
 
 
 # --------------------------------------------------------------------------------------------

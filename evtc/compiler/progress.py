@@ -10,19 +10,19 @@ turns it off.
 
 from __future__ import annotations
 
-import os
+
 import sys
 import threading
+
+from evtc import knobs
 
 __all__ = ["BuildProgress"]
 
 
 def _enabled() -> bool:
-    flag = os.environ.get("EVTC_PROGRESS", "")
-    if flag == "0":
-        return False
-    if flag == "1":
-        return True
+    flag = knobs.progress.get()
+    if flag != "auto":
+        return flag == "1"
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):

@@ -72,6 +72,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
+from evtc import knobs
 from evtc.compiler import trust
 from evtc.compiler.trust import Untrusted
 from evtc.errors import CacheError
@@ -149,13 +150,13 @@ class CacheRoot:
 
 
 def _configured() -> tuple[Path, bool]:
-    shared = os.environ.get("EVTC_SHARED_CACHE")
+    shared = knobs.shared_cache.get()
     if shared:
         return Path(shared).expanduser(), True
-    root = os.environ.get("EVTC_CACHE_DIR")
+    root = knobs.cache_dir.get()
     if root:
         return Path(root).expanduser(), False
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = knobs.xdg_cache_home.get()
     try:
         base = Path(xdg) if xdg else Path.home() / ".cache"
     except RuntimeError as e:  # no HOME and no passwd entry
@@ -167,7 +168,7 @@ _MAX_SECRET_BYTES = 1 << 16
 
 
 def _secret() -> bytes | None:
-    path = os.environ.get("EVTC_CACHE_SECRET")
+    path = knobs.cache_secret.get()
     if not path:
         return None
     try:  # a bounded read of a regular file: not a FIFO that blocks, nor /dev/zero

@@ -83,6 +83,8 @@ class Dispatcher:
             malformed call).
         unaligned_staging: the padded staging route's mode (``auto``, ``always``, ``never``, or
             None for ``EVTC_UNALIGNED_STAGING``; NOTE [Padded staging for unaligned rows]).
+        autotune: whether the first call of a new shape bucket times the selection model's best
+            candidates and keeps the fastest (never while a CUDA graph is captured).
     """
 
     def __init__(self, family: GemmFamily, *, c: DType | None, d: DType) -> None:
@@ -97,6 +99,10 @@ class Dispatcher:
         self.precheck = Binder(g, family.a, family.b, ctypes_struct(abi_fields(g, "sm80")), arch="sm80",
                                mn_tma=False)
         self.unaligned_staging: str | None = None
+        #: time the model's first ``autotune_top`` candidates on a new shape bucket's first call
+        #: (NOTE [The selection model]; :class:`evtc.Gemm`'s ``autotune``)
+        self.autotune = False
+        self.autotune_top = 4
         self._routes: dict[tuple, Launcher] = {}
         self._single: Launcher | None = None  # a pinned family's launcher, once built
         # NOTE [The row layout of the outputs evtc allocates]: the M x N inputs by name and
@@ -137,6 +143,8 @@ class Dispatcher:
             except ArgumentError:
                 self.prober.signature(A, B, kwargs, out)  # says what is wrong, where it can
                 raise
+            if self.autotune and p.aligned_mn and p.aligned_k and device >= 0:
+                self._autotune(p, device)
             spec = self.choose(p, device)
         if fam.kernel(spec).library is None:
             # NOTE [Checks before builds]: every argument is checked before a build starts
@@ -147,6 +155,21 @@ class Dispatcher:
             if staging.mode(self.unaligned_staging) != "never":
                 return self._staged_launcher(spec)
         return fam.launcher(spec)
+
+    def _autotune(self, p: Problem, device: int) -> None:
+        """Time the model's best-ranked candidates of ``p``'s shape bucket on this device and store
+        the fastest (:mod:`evtc.dispatch.tune`), unless the store has it or a CUDA graph is being
+        captured (the first call of a bucket then takes the model's choice)."""
+        from evtc.dispatch import tune
+
+        name = tensors.device_name(device)
+        if self.family.tuned_choice(p, name) is not None:
+            return
+        torch = sys.modules.get("torch")
+        if torch is None or torch.cuda.is_current_stream_capturing():
+            return
+        with torch.cuda.device(device):
+            tune.tune(self, [(p.M, p.N, p.K, p.L)], iters=10, top=self.autotune_top)
 
     def _staged_launcher(self, fallback: KernelSpec):
         from evtc.dispatch import staging

@@ -231,7 +231,34 @@ class GemmFamily:
             tuned = self.tuned_choice(p, device)
             if tuned is not None:
                 return tuned
+        if self.arch == "sm90" and aligned_mn and aligned_k:
+            ranked = self.ranked(p, device)
+            if ranked:
+                return ranked[0]
         return choose(self.members, p, self.arch, self.a, self.b, self.traits)
+
+    def ranked(self, p: Problem, device: str | None = None) -> list[KernelSpec]:
+        """The candidates of an aligned sm90 problem (:func:`evtc.dispatch.space.candidates`:
+        the members, their cluster-less variants, the stream-K members' run-time variants),
+        fastest first by the selection model of ``device`` (NOTE [The selection model] in
+        :mod:`evtc.dispatch.select`); empty where no table ships."""
+        from evtc.dispatch import select, space
+
+        table = select.load_table(device)
+        if table is None:
+            return []
+        cands = space.candidates(p, self.traits, self.graph, self.a, self.b,
+                                 members=tuple(self.members.values()) + space.cluster_variants(
+                                     tuple(self.members.values())))
+        return select.rank(p, self.epilogue_class, cands, table)
+
+    @property
+    def epilogue_class(self) -> str:
+        """The ground truth's epilogue class this family is ranked as
+        (:func:`evtc.dispatch.select.epilogue_class`)."""
+        from evtc.dispatch.select import epilogue_class
+
+        return epilogue_class(self.graph)
 
     def tuned_choice(self, p: Problem, device: str) -> KernelSpec | None:
         """The tuner's stored choice for ``p`` on ``device`` (:mod:`evtc.dispatch.tune`), or None."""
@@ -240,13 +267,7 @@ class GemmFamily:
         if self._tuned is None:
             self._tuned = tune.TuneStore.for_family(self)
         rec = self._tuned.get(tune.shape_bucket(p.M, p.N, p.K, p.L), device)
-        if rec is None:
-            return None
-        try:
-            base = self.members[rec["member"]]
-        except KeyError:
-            return None
-        return base.with_runtime(**{k: rec["runtime"][k] for k in ("split_k", "decomposition") if k in rec["runtime"]})
+        return tune.spec_of(rec) if rec is not None else None
 
     def forget_tuning(self) -> None:
         """Read the tuner's store again on the next choice."""

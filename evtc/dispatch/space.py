@@ -12,39 +12,53 @@ times the best few.
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 
 from evtc.dtypes import DType
 from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, default_family, fit_swizzle, for_epilogue, on_demand
 from evtc.plan.config import GemmConfig
 
-__all__ = ["MEMBERS_ON_TRIAL", "SPLITS", "candidates", "label", "trial_members"]
+__all__ = ["MEMBERS_ON_TRIAL", "SPLITS", "candidates", "cluster_variants", "label", "trial_members"]
 
 #: the K splits a stream-K-scheduler member is tried with (split-K through the workspace: the
 #: partial accumulators are reduced before the epilogue runs once per tile)
-SPLITS = (2, 3, 4, 6, 8)
+SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 #: the fewest K tiles one split may get (a shorter K loop spends more on the reduction than it saves)
 MIN_K_TILES_PER_SPLIT = 4
 
 
+def cluster_variants(members: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
+    """Each clustered member without its cluster (``<name>_c1``, built on demand), where that is
+    not another member's configuration.
+
+    NOTE [Cluster padding]: CUTLASS's sm90 schedulers round each batch's M and N tile counts up to
+    a multiple of the cluster's extents (:func:`~evtc.family.spec.scheduled_tiles`,
+    ``tile_scheduler_params.h``) and run the padding tiles with a whole tile's MMAs, while a
+    cluster multicasts A and B tiles to its CTAs. Which wins depends on the shape (an LM head at
+    128 tokens: one M tile of ``large`` scheduled as two), so both are candidates and the selection
+    model decides (docs/performance.md, "The rules the selection model replaced": 2.45x without
+    and 1.17x with the cluster dropped at 8 x 128 x 50257 x 4096)."""
+    have = {json.dumps(s.config.kernel_json(s.arch), sort_keys=True) for s in members}
+    out = []
+    for s in members:
+        if s.arch != "sm90" or s.config.cluster is None or tuple(s.config.cluster[:2]) == (1, 1):
+            continue
+        c1 = KernelSpec(s.name + "_c1", s.config.replace(cluster=(1, 1, 1)), s.arch)
+        if json.dumps(c1.config.kernel_json(c1.arch), sort_keys=True) not in have:
+            out.append(c1)
+    return tuple(out)
+
+
 def trial_members(a: DType, b: DType) -> tuple[KernelSpec, ...]:
-    """The default sm90 family plus the members on trial: the clustered members without their
-    cluster (``large_c1``, ``pingpong_c1``), the cooperative 256x128 tile in 2x1 clusters
-    (``c256x128``), and the swap-AB cooperative 128x32 tile on the stream-K scheduler
-    (``swapk``: split-K for decode-sized M over a long K)."""
+    """The default sm90 family, its cluster-less variants, and the members on trial: the
+    cooperative 256x128 tile in 2x1 clusters (``c256x128``; measured on the corpus, 2026-11-28,
+    it was the fastest candidate by more than 2 % on one problem of 1023: not a member)."""
     fam = default_family("sm90", a, b)
     k = fam[0].config.tile[2]
-    by = {s.name: s for s in fam}
-    extra = (
-        KernelSpec("large_c1", by["large"].config.replace(cluster=(1, 1, 1)), "sm90"),
-        KernelSpec("pingpong_c1", by["pingpong"].config.replace(cluster=(1, 1, 1)), "sm90"),
-        KernelSpec("c256x128", GemmConfig(tile=(256, 128, k), cluster=(2, 1, 1), schedule="cooperative"), "sm90"),
-        KernelSpec("swapk", GemmConfig(tile=(128, 32, k), cluster=(1, 1, 1), schedule="cooperative",
-                                       scheduler="streamk", swap_ab=True), "sm90"),
-    )
-    return fam + extra
+    return fam + cluster_variants(fam) + (
+        KernelSpec("c256x128", GemmConfig(tile=(256, 128, k), cluster=(2, 1, 1), schedule="cooperative"), "sm90"),)
 
 
 MEMBERS_ON_TRIAL = "trial"
@@ -79,8 +93,8 @@ def candidates(p: Problem, traits: EpilogueTraits, graph, a: DType, b: DType,
         graph: the epilogue after passes (a column reduction leaves out tiles whose N it can't
             take: :func:`evtc.plan.config.column_reduction_tile_ok`).
         a, b: operand dtypes.
-        members: the aligned members (default: the default family; ``"trial"``:
-            :func:`trial_members`).
+        members: the aligned members (default: the default family and its
+            :func:`cluster_variants`; ``"trial"``: :func:`trial_members`).
 
     Returns:
         KernelSpecs, persistent members with the tile order :func:`~evtc.family.spec.fit_swizzle`
@@ -98,6 +112,7 @@ def candidates(p: Problem, traits: EpilogueTraits, graph, a: DType, b: DType,
         return [on_demand("sm90", a, b, n) for n in ("unaligned", "unaligned_pingpong")]
     if members is None:
         members = default_family("sm90", a, b)
+        members = members + cluster_variants(members)
     elif members == MEMBERS_ON_TRIAL:
         members = trial_members(a, b)
     out: list[KernelSpec] = []

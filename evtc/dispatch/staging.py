@@ -157,10 +157,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import os
 import sys
 from typing import Any, Mapping
 
+from evtc import knobs
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
 from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
@@ -198,7 +198,9 @@ def mode(value: str | None = None) -> str:
     Raises:
         ArgumentError: an unknown mode.
     """
-    return _checked_mode(value if value is not None else os.environ.get(ENV, "auto"), "unaligned staging mode {!r}",
+    if value is None:
+        return knobs.unaligned_staging.get()
+    return _checked_mode(value, "unaligned staging mode {!r}",
                          f"set {ENV} (or Gemm.unaligned_staging) to auto, always or never")
 
 
@@ -208,8 +210,7 @@ def split_mode() -> str:
     Raises:
         ArgumentError: another value.
     """
-    return _checked_mode(os.environ.get(SPLIT_ENV, "auto"), SPLIT_ENV + "={!r}",
-                         f"set {SPLIT_ENV} to auto, always or never (or unset it)")
+    return knobs.phase_split.get()
 
 
 def packed_mode() -> str:
@@ -218,9 +219,7 @@ def packed_mode() -> str:
     Raises:
         ArgumentError: another value.
     """
-    return _checked_mode(os.environ.get(PACKED_ENV, "auto"), PACKED_ENV + "={!r}",
-                         f"set {PACKED_ENV} to auto, always or never (or unset it)",
-                         aliases={"1": "always", "0": "never"})
+    return knobs.packed_stores.get()
 
 
 def _checked_mode(raw: str, what: str, hint: str, aliases: Mapping[str, str] | None = None) -> str:
@@ -412,8 +411,8 @@ class StagedLauncher:
             mn = set(self.loads) | set(self.stores)
             entry = self._plans[key] = (tuple(i for i, op in enumerate(sig.operands) if op.field[2:] in mn), {})
         idx, by = entry
-        k = (self.dispatch.unaligned_staging, os.environ.get(ENV), os.environ.get(PACKED_ENV),
-             os.environ.get(SPLIT_ENV),
+        k = (self.dispatch.unaligned_staging, knobs.unaligned_staging.raw(), knobs.packed_stores.raw(),
+             knobs.phase_split.raw(),
              tuple(ptrs[i] & (ALIGN - 1) for i in idx))
         d = by.get(k)
         if d is None:

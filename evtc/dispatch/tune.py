@@ -1,12 +1,16 @@
-"""The autotuner: time a family's kernels on the GPU and remember the fastest per shape bucket.
+"""The autotuner: time a family's best-ranked kernels on the GPU and remember the fastest per shape
+bucket.
 
-Input: a Gemm's :class:`~evtc.dispatch.dispatcher.Dispatcher` and problem shapes. Output: per (epilogue, dtypes, arch, device,
-shape bucket), the member and run-time arguments that ran fastest, stored as JSON under the
-kernel cache directory (``<cache>/tuning/<key>.json``) so that later processes reuse them;
-:meth:`evtc.dispatch.family.GemmFamily.choose` consults the store before its heuristic.
+Input: a Gemm's :class:`~evtc.dispatch.dispatcher.Dispatcher` and problem shapes. Output: per
+(epilogue, dtypes, arch, device, shape bucket), the candidate (member, cluster and run-time
+arguments) that ran fastest, stored as JSON under the kernel cache directory
+(``<cache>/tuning/<key>.json``) so that later processes reuse them;
+:meth:`evtc.dispatch.family.GemmFamily.choose` consults the store before its model.
 
-Candidates are the family's members with the run-time variants the stream-K kernels offer
-(split-K with 1, 2, 4, 8 and 16 splits; CUTLASS's stream-K decomposition). Each is timed with
+Candidates are the ``top`` the selection model ranks highest (NOTE [The selection model] in
+:mod:`evtc.dispatch.select`; on the validation half of the corpus the fastest candidate was among
+the model's first 4 within 2 % on 95-97 % of problems, docs/performance.md), or every candidate of
+:func:`evtc.dispatch.space.candidates` with ``top=None``. Each is timed with
 CUDA events on fresh random inputs, several sets rotated so that they don't all sit in L2, after a
 warm-up, median of many runs, inside CUDA graphs (:func:`evtc.bench.time_graphs`: the kernels'
 own time, which a back-to-back sample of a small problem hides behind the host's launch path); a candidate whose first call
@@ -28,7 +32,7 @@ from evtc.family.spec import KernelSpec, Problem
 
 __all__ = ["TuneStore", "candidates", "shape_bucket", "tune"]
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2  # 2: records name the candidate's whole configuration (1: a member and split-K)
 
 
 def _pow2(x: int) -> int:
@@ -96,30 +100,42 @@ class TuneStore:
             self._data = data
 
 
-def candidates(family, p: Problem) -> list[KernelSpec]:
-    """The members and run-time variants of a :class:`~evtc.dispatch.family.GemmFamily` worth
-    timing for ``p``."""
-    from evtc.dispatch.family import atomic_reductions
+def candidates(family, p: Problem, top: int | None = 4, device: str | None = None) -> list[KernelSpec]:
+    """The candidates worth timing for ``p``: the first ``top`` (all with None) of a
+    :class:`~evtc.dispatch.family.GemmFamily`'s candidate space as ``device``'s model ranks it."""
+    from evtc.dispatch import space
 
-    out: list[KernelSpec] = []
-    for spec in family.members.values():
-        cfg = spec.config
-        if cfg.swap_ab and p.M > 256:
-            continue  # swap-AB is for small M
-        if cfg.scheduler == "streamk":
-            tile = cfg.tile
-            m, n = (p.N, p.M) if cfg.swap_ab else (p.M, p.N)
-            tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1]) * p.L
-            k_tiles = math.ceil(p.K / tile[2])
-            out.append(spec.with_runtime(split_k=1, decomposition="data_parallel"))
-            if not atomic_reductions(family.graph, cfg):  # NOTE [Scalar reductions and stream-K]
-                out.append(spec.with_runtime(split_k=1, decomposition="stream_k"))
-            for s in (2, 4, 8, 16):
-                if s <= k_tiles and tiles * s <= 4 * p.sm_count:
-                    out.append(spec.with_runtime(split_k=s, decomposition="split_k"))
-        else:
-            out.append(spec)
-    return out
+    ranked = family.ranked(p, device)
+    if not ranked:  # no table: the whole space, in its own order
+        members = tuple(family.members.values())
+        ranked = space.candidates(p, family.traits, family.graph, family.a, family.b,
+                                  members=members + space.cluster_variants(members))
+    return ranked if top is None else ranked[:top]
+
+
+def space_label(spec: KernelSpec) -> str:
+    from evtc.dispatch.space import label
+
+    return label(spec)
+
+
+def record_of(spec: KernelSpec) -> dict:
+    """What the store keeps of a winner: its label, configuration and arch."""
+    from evtc.dispatch.space import label
+
+    return {"label": label(spec), "member": spec.name, "config": spec.config.to_json(), "arch": spec.arch}
+
+
+def spec_of(rec: dict) -> KernelSpec | None:
+    """The KernelSpec of a stored record, or None for a record this evtc can't read (an older
+    format, a configuration that no longer validates)."""
+    from evtc.errors import ConfigError
+    from evtc.plan.config import GemmConfig
+
+    try:
+        return KernelSpec(str(rec["member"]), GemmConfig.from_json(dict(rec["config"])), str(rec["arch"]))
+    except (KeyError, TypeError, ValueError, ConfigError):
+        return None
 
 
 def _wait(event: Any, limit_s: float) -> bool:
@@ -133,7 +149,7 @@ def _wait(event: Any, limit_s: float) -> bool:
 
 
 def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: float = 2.0, seed: int = 0,
-         store: bool = True, verbose: bool = False) -> list[dict]:
+         store: bool = True, verbose: bool = False, top: int | None = 4) -> list[dict]:
     """Time the candidates of every shape and store the fastest (see the module docstring).
 
     Args:
@@ -143,11 +159,12 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
         limit_s: a candidate whose first call runs longer on the GPU is dropped, in seconds.
         seed: seed of the random inputs.
         store: write the winners to the store.
+        top: time the model's first ``top`` candidates (None: all of them).
 
     Returns:
-        One dict per shape: ``shape``, ``bucket``, ``device``, ``times_ms`` (candidate -> median
-        ms), ``member``, ``runtime`` (the winner's run-time arguments) and ``heuristic`` (the
-        member the heuristic would pick, and its time when it was a candidate).
+        One dict per shape: ``shape``, ``bucket``, ``device``, ``times_ms`` (candidate label ->
+        median ms), the winner's ``label``, ``member``, ``config`` and ``arch``, and ``heuristic``
+        (the model's first choice, and its time).
 
     Raises:
         NoDeviceError: no CUDA GPU (through torch).
@@ -172,7 +189,7 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
     for shape in shapes:
         M, N, K, L = (tuple(shape) + (1,))[:4]
         p = Problem(M, N, K, L, sm_count=sms)
-        cands = candidates(fam, p)
+        cands = candidates(fam, p, top, device)
         kernels = {kernel_key(c): fam.kernel(c) for c in cands}
         unbuilt = [k for k in kernels.values() if k.library is None]
         if unbuilt:
@@ -183,7 +200,7 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
         sets = [make_inputs(fam.graph, fam.a, fam.b, TestProblem(M, N, K, L), seed=seed + i) for i in range(3)]
         fns, names = {}, {}
         for c in cands:
-            label = c.config.schedule_name
+            label = space_label(c)
             if kernels[kernel_key(c)].library is None:
                 continue
             launcher = fam.launcher(c)
@@ -215,18 +232,15 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
             times.update(time_interleaved(rest, iters=iters))
         best = min(times, key=times.get)
         winner = names[best]
-        member = next(n for n, s in fam.members.items() if kernel_key(s) == kernel_key(winner))
-        heur = fam.choose(M, N, K, L)
-        rec = {"member": member, "runtime": {"split_k": winner.config.split_k,
-                                             "decomposition": winner.config.decomposition},
-               "ms": times[best], "times_ms": times, "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        first = cands[0]
+        rec = {**record_of(winner), "ms": times[best], "times_ms": times,
+               "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S")}
         if store:
             db.put(shape_bucket(M, N, K, L), device, rec)
         results.append({"shape": [M, N, K, L], "bucket": shape_bucket(M, N, K, L), "device": device, **rec,
-                        "heuristic": {"member": heur.name, "config": heur.config.schedule_name,
-                                      "ms": times.get(heur.config.schedule_name)}})
+                        "heuristic": {"label": space_label(first), "ms": times.get(space_label(first))}})
         if verbose:
-            print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (heuristic {heur.config.schedule_name})")
+            print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (the model's first: {space_label(first)})")
     fam.forget_tuning()  # re-read the store
     if store:
         dispatch.forget()  # calls already dispatched take the new choices too

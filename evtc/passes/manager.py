@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import os
 from typing import Callable, Iterable, Iterator, Sequence
 
-from evtc.errors import ConfigError, EvtcError, IRVerificationError, PassError
+from evtc import knobs
+from evtc.errors import EvtcError, IRVerificationError, PassError
 from evtc.ir.graph import Graph, GraphBuilder, Rule, rebuild, with_inputs
 from evtc.ir.nodes import Node
 from evtc.ir.printer import window
@@ -93,23 +93,6 @@ class Pass:
         return self.fn(graph)
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def _env_flag(name: str) -> bool | None:
-    raw = os.environ.get(name)
-    if raw is None:
-        return None
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name}={raw!r} is neither on nor off",
-                      hint=f"set {name} to 1 (on) or 0 (off)")
-
-
 def verification_enabled() -> bool:
     """Whether the manager verifies after every pass by default (NOTE [Verification setting]).
 
@@ -119,10 +102,10 @@ def verification_enabled() -> bool:
     Raises:
         ConfigError: either variable holds something other than an on/off value.
     """
-    verify = _env_flag("EVTC_VERIFY")
+    verify = knobs.verify.get()
     if verify is not None:
         return verify
-    return bool(_env_flag("EVTC_DEBUG"))
+    return bool(knobs.debug.get())
 
 
 # ---- where a pass is: the node it is visiting, for error messages --------------------------------

@@ -28,6 +28,7 @@ scripts call it).
 from __future__ import annotations
 
 import functools
+
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -42,6 +43,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from evtc import knobs
+
 log = logging.getLogger("evtc")
 
 FAST_ABI = 1  # torch_fast.cpp's kFastAbi
@@ -53,8 +56,7 @@ _state: dict[str, Any] = {"module": None, "failed": None, "thread": None}
 
 def mode() -> str:
     """``EVTC_TORCH_FASTPATH``: ``0`` (off), ``1`` (default: build in the background) or ``sync``."""
-    v = os.environ.get("EVTC_TORCH_FASTPATH", "1").strip().lower()
-    return {"0": "0", "off": "0", "false": "0", "sync": "sync"}.get(v, "1")
+    return knobs.torch_fastpath.get()
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,7 +91,7 @@ def _compile(folder: Path) -> None:
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libdirs = [p for p in cpp_extension.library_paths()]
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
-    cxx = os.environ.get("CXX", "c++")
+    cxx = knobs.cxx.get()
     fd, tmp = tempfile.mkstemp(prefix=".ext-", suffix=".so", dir=folder)
     os.close(fd)
     cmd = [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",

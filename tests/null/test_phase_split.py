@@ -99,12 +99,15 @@ class _Gemm:
         self.family = self  # the stand-in is both the Dispatcher and its GemmFamily
 
     def choose(self, M, N, K, L):
-        """The family's ``pingpong`` member, without its cluster where that pads (as evtc.Gemm.choose)."""
-        from evtc.family.spec import KernelSpec, Problem, fit_cluster
+        """The family's ``pingpong`` member, without its cluster where the cluster's rounding pads
+        the tiles by more than 10 % (NOTE [Cluster padding]; a stand-in for the model's choice)."""
+        from evtc.family.spec import KernelSpec, scheduled_tiles
         from evtc.plan.config import GemmConfig
 
         spec = KernelSpec("pingpong", GemmConfig(tile=(128, 192, 64), cluster=(2, 1, 1), schedule="pingpong"), "sm90")
-        return fit_cluster(spec, Problem(M, N, K, L))
+        c1 = KernelSpec("pingpong_c1", spec.config.replace(cluster=(1, 1, 1)), "sm90")
+        padded = scheduled_tiles(spec.config, M, N, 1, swizzle=0)
+        return c1 if padded > 1.1 * scheduled_tiles(c1.config, M, N, 1, swizzle=0) else spec
 
     def launcher(self, spec):
         def launch(A, B, kwargs, out, stream):

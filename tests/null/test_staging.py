@@ -317,13 +317,13 @@ def test_auto_takes_the_packed_stores_for_one_output_only(monkeypatch):
     assert not h.launched("packed") and sorted(dst for dst, _ in h.copies if dst in (D.ptr, F.ptr)) == \
         sorted([D.ptr, F.ptr])
     h1 = Harness(monkeypatch, ep=lin, mode="always")
-    C = Fake((256, 255))
-    h1.g(Fake((256, 64)), Fake((255, 64)), out=Fake((256, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+    C = Fake((2048, 255))  # (an M the selection model runs on a member that is not swap-AB)
+    h1.g(Fake((2048, 64)), Fake((255, 64)), out=Fake((2048, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
     assert h1.launched("packed")
     monkeypatch.setenv(staging.PACKED_ENV, "sometimes")
     h2 = Harness(monkeypatch, ep=lin, mode="always")
     with pytest.raises(evtc.ArgumentError, match="EVTC_PACKED_STORES"):
-        h2.g(Fake((256, 64)), Fake((255, 64)), out=Fake((256, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
+        h2.g(Fake((2048, 64)), Fake((255, 64)), out=Fake((2048, 255)), C=C, alpha=1.0, bias=Fake((255,), "<f4"))
 
 
 def test_packed_mode_reads_the_switch_and_its_aliases(monkeypatch):
@@ -379,8 +379,8 @@ def test_packed_out_tensors_are_computed_padded_and_copied_back(monkeypatch):
 
 def test_in_place_out_c_reads_the_staged_copy_and_the_packed_stores_write_c(monkeypatch):
     h = Harness(monkeypatch, ep=lin, mode="always")
-    A, B = Fake((256, 64)), Fake((255, 64))
-    C = Fake((256, 255))
+    A, B = Fake((2048, 64)), Fake((255, 64))  # (an M whose member is not swap-AB)
+    C = Fake((2048, 255))
     res = h.g(A, B, out=C, C=C, alpha=1.0, bias=Fake((255,), "<f4"))
     assert res is C
     (staged,) = h.allocs
