@@ -67,7 +67,8 @@ def call_problem(family: GemmFamily, A: Any, B: Any, kwargs: Mapping[str, Any], 
         if x is not None and (not aligned_rows(tensors.view(x, "tensor", g.name), o.dtype.bytes)
                               or N % (ALIGN // o.dtype.bytes)):
             aligned_mn = False
-    return Problem(M, N, K, L, aligned_mn, aligned_k, family.target.sm_count), va.device
+    sms = family.target_for(tensors.device_name(va.device) if va.device >= 0 else None).sm_count
+    return Problem(M, N, K, L, aligned_mn, aligned_k, sms), va.device
 
 
 class Dispatcher:

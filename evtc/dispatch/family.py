@@ -146,6 +146,17 @@ class GemmFamily:
         self.primary = self._kernels[kernel_key(first)] = pipeline.kernel(first, policy, rank, fixed)
         self.launchers: dict[tuple, Launcher] = {}
         self._tuned = None
+        self._targets: dict[str | None, Target] = {None: target}
+
+    def target_for(self, device: str | None) -> Target:
+        """The arch's Target with the hardware facts of ``device`` (a GPU's name; None: the arch's
+        reference part), :func:`evtc.plan.target.get_target`."""
+        t = self._targets.get(device)
+        if t is None:
+            from evtc.plan.target import get_target
+
+            t = self._targets[device] = get_target(self.arch, device)
+        return t
 
     @property
     def pinned(self) -> bool:

@@ -47,7 +47,7 @@ fringe read before the main call writes C) and the scatter last.
 The price is B read once per phase: with CUTLASS's tile order the batches are the scheduler's
 outermost loop, so each phase reads all of B (a 50257 x 4096 B is 412 MB, larger than L2). Where
 those reads hide under the tensor cores' time (:func:`reread_ok`: G reads of B at
-``HBM_BYTES_PER_S`` within ``REREAD_FRACTION`` of the MMAs at ``MMA_FLOPS``; 4096 rows of a
+the Target's ``mem_bandwidth`` within ``REREAD_FRACTION`` of the MMAs at its ``mma_flops``; 4096 rows of a
 50257 x 4096 problem) the main call keeps the member's own order, which measured faster there;
 elsewhere it runs the member's batch-inner variant (``scheduler="batch_inner"``, NOTE
 [Batch-inner tile order] in ``codegen_templates/include/evtc/sm90_batch_inner.hpp``), which
@@ -80,11 +80,9 @@ from typing import Any, Mapping
 
 ALIGN = 16
 #: the main call keeps the member's own tile order where reading B once per phase costs at most
-#: this fraction of the MMA time, else it takes the batch-inner order (NOTE [Row-phase split]);
-#: H100 SXM: dense bf16 tensor-core FLOP/s a GEMM reaches, HBM3 bytes/s
+#: this fraction of the MMA time (at the Target's bandwidth and tensor-core rate), else it takes
+#: the batch-inner order (NOTE [Row-phase split])
 REREAD_FRACTION = 0.6
-MMA_FLOPS = 800e12
-HBM_BYTES_PER_S = 3.0e12
 #: the auto route splits only where each phase has this many rows: at 512 x 32001 x 4096 (64 rows a
 #: phase) the split took 3.5x the aligned time, at 1024 x 50257 x 4096 (128) 1.16-1.25x against
 #: 1.22-1.49x on the staging route (H100, CUDA graphs; docs/performance.md)
@@ -200,9 +198,13 @@ def row_stride_for(geom: Geometry, columns: int, eb: int) -> int:
     raise AssertionError(f"no row stride fits {geom}")  # find_geometry chose a step some stride fits
 
 
-def reread_ok(M: int, N: int, K: int, groups: int, b_bytes: int) -> bool:
-    """Whether reading B ``groups`` times hides under the MMA time (NOTE [Row-phase split])."""
-    return groups * N * K * b_bytes / HBM_BYTES_PER_S <= REREAD_FRACTION * 2.0 * M * N * K / MMA_FLOPS
+def reread_ok(M: int, N: int, K: int, groups: int, b_bytes: int, target=None) -> bool:
+    """Whether reading B ``groups`` times hides under the MMA time on ``target`` (default: the
+    sm90 reference part; NOTE [Row-phase split])."""
+    from evtc.plan.target import SM90
+
+    t = target or SM90
+    return groups * N * K * b_bytes / t.mem_bandwidth <= REREAD_FRACTION * 2.0 * M * N * K / t.mma_flops
 
 
 def members(dispatch, geom: Geometry, K: int):
@@ -223,7 +225,7 @@ def members(dispatch, geom: Geometry, K: int):
     fam = dispatch.family
     G, Mb = geom.groups, geom.rows
     main = fam.choose(Mb, geom.main_n, K, G)  # without its cluster where that pads (NOTE [Cluster padding])
-    inner = BATCH_INNER if BATCH_INNER is not None else not reread_ok(geom.M, geom.N, K, G, fam.b.bytes)
+    inner = BATCH_INNER if BATCH_INNER is not None else not reread_ok(geom.M, geom.N, K, G, fam.b.bytes, fam.target)
     if G > 1 and inner:
         main = main.batch_inner_variant()
     fringe = fam.choose(Mb, geom.fringe_n, K, G)

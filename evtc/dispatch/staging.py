@@ -38,7 +38,7 @@ neighbour N = 50264; bench_shapes.py passes packed ``out=`` tensors):
   +1.75 ms over 2 x 412 MB; rowmax (a D store, no C) 1.14x, +0.32 ms over 412 MB; aux_heavy (two
   aux loads, two stores) 2.34x, +3.1 ms. That fits ``LOAD_S_PER_BYTE`` = 3.4 ps for a load and
   ``STORE_S_PER_BYTE`` = 0.78 ps for a store (aux_heavy predicted +3.4 ms);
-* staging: each copied tensor is read and written once, ``2 * bytes / COPY_BYTES_PER_S``
+* staging: each copied tensor is read and written once, ``2 * bytes / copy_bandwidth``
   (2.5 TB/s, a strided copy on the H100's 3.35 TB/s HBM3) plus ``COPY_OVERHEAD_S`` (10 us: the
   copy's launch and allocation) per copy;
 * stage when its cost is below ``MARGIN`` (0.8) times the penalty. So a packed C or aux load
@@ -183,8 +183,7 @@ SPLIT_ENV = "EVTC_PHASE_SPLIT"
 #: for unaligned rows])
 LOAD_S_PER_BYTE = 3.4e-12
 STORE_S_PER_BYTE = 0.78e-12
-#: a strided device copy's bandwidth (read + write counted separately) and fixed cost
-COPY_BYTES_PER_S = 2.5e12
+#: a strided device copy's fixed cost (its bandwidth is the Target's ``copy_bandwidth``)
 COPY_OVERHEAD_S = 10e-6
 #: the frameworks the route allocates and copies with
 FRAMEWORKS = ("torch", "cupy")
@@ -301,7 +300,8 @@ def split_taken(geom, penalty_s: float, how: str) -> bool:
 
 
 def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[str, DType],
-           staged_inputs: tuple[str, ...], staged_outputs: tuple[str, ...], how: str = "auto") -> Decision:
+           staged_inputs: tuple[str, ...], staged_outputs: tuple[str, ...], how: str = "auto",
+           target=None) -> Decision:
     """Stage or not (NOTE [Padded staging for unaligned rows]).
 
     Args:
@@ -311,12 +311,17 @@ def decide(M: int, N: int, L: int, loads: Mapping[str, DType], stores: Mapping[s
         staged_inputs, staged_outputs: the misaligned inputs and caller-given outputs that the
             route would copy.
         how: ``auto``, ``always`` or ``never``.
+        target: the device's :class:`~evtc.plan.target.Target` (its ``copy_bandwidth``; default
+            the sm90 reference part's).
     """
+    from evtc.plan.target import SM90
+
+    copy_bandwidth = (target or SM90).copy_bandwidth
     elems = M * N * max(L, 1)
     penalty = sum(elems * dt.bytes for dt in loads.values()) * LOAD_S_PER_BYTE + \
         sum(elems * dt.bytes for dt in stores.values()) * STORE_S_PER_BYTE
     copied = [loads[n] for n in staged_inputs] + [stores[n] for n in staged_outputs]
-    cost = sum(2 * elems * dt.bytes / COPY_BYTES_PER_S + COPY_OVERHEAD_S for dt in copied)
+    cost = sum(2 * elems * dt.bytes / copy_bandwidth + COPY_OVERHEAD_S for dt in copied)
     stage = how == "always" or (how == "auto" and cost < MARGIN * penalty)
     return Decision(stage, tuple(staged_inputs), tuple(staged_outputs), cost, penalty)
 
@@ -456,15 +461,19 @@ class StagedLauncher:
             return Decision(False, ins, outs, 0.0, 0.0)
         split = self.split_geometry(sig, kwargs, given, views, gviews)
         if split is not None:
-            d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
+            d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how, self._target(sig))
             if split_taken(split, d.penalty_s, how):
                 return dataclasses.replace(d, stage=True, stage_s=phase_split.SPLIT_OVERHEAD_S, split=split)
         spec = self.packed_spec(sig, gviews) if outs else None
         if spec is not None:
             # the outputs cost nothing more than aligned ones: only the inputs are copied
-            d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, (), how)
+            d = decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, (), how, self._target(sig))
             return dataclasses.replace(d, outputs=outs, packed=spec)
-        return decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how)
+        return decide(sig.M, sig.N, sig.L, self.loads, self.stores, ins, outs, how, self._target(sig))
+
+    def _target(self, sig):
+        """The Target of the call's device (its copy bandwidth)."""
+        return self.family.target_for(tensors.device_name(sig.device) if sig.device >= 0 else None)
 
     def split_geometry(self, sig, kwargs: Mapping[str, Any], given: Mapping[str, Any],
                        views: Mapping[str, TensorView], gviews: Mapping[str, TensorView]):

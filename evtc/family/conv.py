@@ -127,6 +127,7 @@ from collections.abc import Mapping, Sequence
 
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig
+from evtc.plan.target import SM90
 
 __all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "PERSISTENT_SCHEDULES",
            "LONG_K_EFFICIENCY", "LONG_K_MEMBERS", "LONG_K_RATIO", "ConvMember", "choose", "is_persistent", "kernel_kind", "long_k",
@@ -348,7 +349,7 @@ def efficiency(tm: int, tn: int, N: int, kind: str = "nonpersistent") -> float:
     return EFFICIENCY.get((tm, tn, kind), 0.5)
 
 
-def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int, sm_count: int = 132,
+def choose(members: Mapping[str, tuple[GemmConfig, int]], M: int, N: int, K: int, sm_count: int = SM90.sm_count,
            channels: int | None = None) -> str:
     """The member a problem runs on (NOTE [The sm90 conv family]).
 

@@ -33,6 +33,7 @@ import math
 
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig, default_config, default_swizzle
+from evtc.plan.target import SM90
 
 __all__ = ["EpilogueTraits", "KernelSpec", "Problem", "choose", "default_family", "fit_swizzle", "on_demand",
            "scheduled_tiles", "split_count"]
@@ -84,7 +85,7 @@ class Problem:
     L: int = 1
     aligned_mn: bool = True
     aligned_k: bool = True
-    sm_count: int = 132
+    sm_count: int = SM90.sm_count
 
 
 @dataclasses.dataclass(frozen=True)

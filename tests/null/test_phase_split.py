@@ -88,13 +88,13 @@ class _Gemm:
     """Evaluates the epilogue in float64 on the views each launch gets, and rounds into them."""
 
     def __init__(self, graph):
-        import types
+        from evtc.plan.target import SM90
 
         self.graph = graph
         self.launches = []
         self.specs = []
         self.b = bf16
-        self.target = types.SimpleNamespace(sm_count=132)
+        self.target = SM90
         self.members = {}
         self.family = self  # the stand-in is both the Dispatcher and its GemmFamily
 
