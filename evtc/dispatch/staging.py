@@ -121,8 +121,8 @@ N = 50264 in the same run, docs/performance.md):
   spill-free `large` and pp64x256 tiles its packed-store kernel took 1.9x too, and Nsight
   Compute puts 32 % of its stalls on instruction fetch (docs/performance.md); not worked out.
 
-Tried and left out (H100, 2026-11-26, night; benchmarks/experiments/packed_loads,
-docs/performance.md): reading the caller's packed *inputs* in the kernel instead of staging
+Tried and left out (H100, 2026-11-26, night; docs/performance.md, the patches in the history at
+40446b7:benchmarks/experiments/packed_loads): reading the caller's packed *inputs* in the kernel instead of staging
 them. Three designs, each exact and each slower than the copy for bias_relu (1.22-1.25x with C
 staged): the epilogue threads loading rows into a subtile through the collective's barriers
 (1.45-1.88x: the loads' latency sits in the epilogue, and the registers make ping-pong spill),
