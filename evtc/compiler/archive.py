@@ -67,23 +67,18 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable
 
 from evtc.compiler import trust
-from evtc.compiler.store import (
+from evtc.compiler.store_entries import KEY_RE, TOOLCHAIN_RE, install_entry, key_lock, verify_entry
+from evtc.compiler.store_meta import (
     CACHE_FORMAT,
-    KEY_RE,
     MAX_META_BYTES,
-    TOOLCHAIN_RE,
-    CacheRoot,
-    EntryInfo,
     EntryRejected,
     _abi_version,
     _json_type,
     _signature,
     check_meta,
-    install_entry,
-    key_lock,
-    list_entries,
-    verify_entry,
 )
+from evtc.compiler.store_prune import EntryInfo, list_entries
+from evtc.compiler.store_root import CacheRoot
 from evtc.errors import CacheError
 
 __all__ = ["EXPORT_FORMAT", "ExportSummary", "ImportLimits", "ImportSummary", "MANIFEST", "export_entries",
