@@ -115,7 +115,7 @@ class GemmConfig:
             register-direct with per-element predicates (void C and D in the collective), so rows
             need no 16-byte alignment: the variant for N not a multiple of 8 (16-bit) or 16 (fp8).
         atomic_reductions: sm90: how a row or column max/min into an f32 output is reduced across
-            tiles (NOTE [Atomic row and column max], evtc/plan/sm90.py): True with atomics into
+            tiles (NOTE [Atomic row and column max], evtc/plan/sm90_buffers.py): True with atomics into
             the output, False through the workspace (per-tile partials, a tile counter, a final
             reduction), None (default) atomics except on the stream-K scheduler. A kernel with
             atomic reductions never runs the stream-K decomposition (NOTE [Scalar reductions and
@@ -127,7 +127,7 @@ class GemmConfig:
             a TMA store and is then stored by the epilogue threads, 32 consecutive elements of a
             row per store, so its rows need only be element-aligned (a caller's packed
             ``out=`` with N = 50257 in bf16), while C and aux loads keep 16-byte aligned rows
-            (NOTE [Stores into packed rows], evtc/plan/sm90.py). Elements of 8 bits or more,
+            (NOTE [Stores into packed rows], evtc/plan/sm90_buffers.py). Elements of 8 bits or more,
             row-major (not ``swap_ab``). Compiled in; left out of :meth:`to_json` while False.
     """
 
@@ -242,7 +242,7 @@ def atomic_reduction(n, config: GemmConfig) -> bool:
     atomics (else through the workspace): every scalar reduction, and a row or column max/min
     into f32 (:attr:`evtc.ir.nodes.Reduction.atomic_capable`) unless ``config.atomic_reductions``
     says otherwise (None: atomics except on the stream-K scheduler). The rule and its reasons:
-    NOTE [Atomic row and column max] at :func:`evtc.plan.sm90.reduction_mode`, which says why per
+    NOTE [Atomic row and column max] at :func:`evtc.plan.sm90_buffers.reduction_mode`, which says why per
     output; this one is cheap to import (a launch asks it, the planner need not be loaded)."""
     if n.dim is None:
         return True
