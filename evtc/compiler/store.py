@@ -60,30 +60,11 @@ A read-only cache serves the kernels in it (a lookup writes nothing); a build in
 on its own: a silent fallback would rebuild every kernel in every process.
 """
 
-from evtc.compiler.store_entries import (
-    ENTRY_FILES,
-    KEY_RE,
-    TOOLCHAIN_RE,
-    Entry,
-    find_entry,
-    install_entry,
-    keep_failed,
-    key_lock,
-    quarantine,
-    staging_dir,
-    toolchain_ids,
-    verified_library_path,
-    verify_entry,
-)
-from evtc.compiler.store_meta import (
-    CACHE_FORMAT,
-    MAX_META_BYTES,
-    EntryRejected,
-    canonical_json,
-    check_meta,
-    check_meta_shape,
-    make_meta,
-)
+from evtc.compiler.store_entries import (ENTRY_FILES, KEY_RE, TOOLCHAIN_RE, Entry, find_entry, install_entry,
+                                         keep_failed, key_lock, quarantine, staging_dir, toolchain_ids,
+                                         verified_library_path, verify_entry)
+from evtc.compiler.store_meta import (CACHE_FORMAT, MAX_META_BYTES, EntryRejected, canonical_json, check_meta,
+                                      check_meta_shape, make_meta)
 from evtc.compiler.store_prune import EntryInfo, PruneSummary, list_entries, prune
 from evtc.compiler.store_root import _configured  # noqa: F401  (evtc.compiler.memo reads it)
 from evtc.compiler.store_root import CacheRoot, CacheWarning, cache_dir, cache_root
