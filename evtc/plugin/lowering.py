@@ -23,17 +23,8 @@ from evtc.abi import abi_fields
 from evtc.dtypes import DType
 from evtc.emit import common
 from evtc.errors import FragmentError, api_boundary
+from evtc.ir import nodes as N
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
 from evtc.plugin.fragment import FRAGMENT_VERSION, EpilogueFragment, Parameter, Placeholder
 from evtc.plugin.stable import stable
 
@@ -122,19 +113,19 @@ def _epilogue_input(epilogue: Any) -> Any:
 
 
 def _kind(node) -> str:
-    if isinstance(node, Source):
+    if isinstance(node, N.Source):
         return "source"
-    if isinstance(node, AuxLoad):
+    if isinstance(node, N.AuxLoad):
         return "aux_load"
-    if isinstance(node, RowBroadcast):
+    if isinstance(node, N.RowBroadcast):
         return "row_broadcast"
-    if isinstance(node, ColBroadcast):
+    if isinstance(node, N.ColBroadcast):
         return "col_broadcast"
-    if isinstance(node, ScalarBroadcast):
+    if isinstance(node, N.ScalarBroadcast):
         return "device_scalar" if node.by_pointer else "scalar"
-    if isinstance(node, Store):
+    if isinstance(node, N.Store):
         return "store"
-    if isinstance(node, Reduction):
+    if isinstance(node, N.Reduction):
         return {1: "row_reduction", 0: "col_reduction", None: "scalar_reduction"}[node.dim]
     raise FragmentError(f"no fragment parameter kind for {type(node).__name__} '{getattr(node, 'name', '')}'")
 
@@ -153,7 +144,7 @@ def _parameters(graph: Graph, plan, placeholders: tuple[Placeholder, ...]) -> tu
     for p in placeholders:
         by_tensor.setdefault(p.tensor, []).append(p.name)
     out = []
-    nodes = [n for n in graph.used_inputs if not isinstance(n, Accumulator)] + list(graph.outputs)
+    nodes = [n for n in graph.used_inputs if not isinstance(n, N.Accumulator)] + list(graph.outputs)
     for n in nodes:
         kind = _kind(n)
         dt: DType = n.dtype
@@ -165,7 +156,7 @@ def _parameters(graph: Graph, plan, placeholders: tuple[Placeholder, ...]) -> tu
             align = dt.bytes
         slot = "C" if n.name == plan.c_slot else "D" if n.name == plan.d_slot else None
         mode = "value" if kind == "scalar" else modes.get(n.name, "registers")
-        red = n if isinstance(n, Reduction) else None
+        red = n if isinstance(n, N.Reduction) else None
         out.append(Parameter(
             name=n.name, kind=kind, io="output" if kind in ("store",) or red is not None else "input", dtype=dt.name,
             element=dt.cutlass, shape=_SHAPES[kind], slot=slot, mode=mode, alignment=align,
