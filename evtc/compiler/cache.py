@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evtc import knobs
-from evtc.compiler import fingerprint, nvcc, store
+from evtc.compiler import fingerprint, nvcc, store, store_entries
 from evtc.compiler.progress import BuildProgress
 from evtc.compiler.store import CACHE_FORMAT, CacheRoot, cache_dir, cache_root, verified_library_path
 from evtc.errors import BuildError, EvtcError, NoDeviceError
@@ -340,7 +340,7 @@ def _compile_into(root: CacheRoot, key: str, material: dict, tc: nvcc.Toolchain,
                   flags: Sequence[str], timeout: float | None, compiler: Path) -> Artifact:
     stage = store.staging_dir(root, key)
     try:
-        store._write(stage / "kernel.cu", source.encode(), root.file_mode)
+        store_entries._write(stage / "kernel.cu", source.encode(), root.file_mode)
         t0 = time.perf_counter()
         try:
             cmd = nvcc.compile_shared(stage / "kernel.cu", stage / "kernel.so", arch, stage / "build.log",

@@ -40,19 +40,9 @@ from evtc import dtypes
 from evtc.dtypes import DType, f32
 from evtc.errors import EpilogueSignatureError, EvtcError, SourceLoc, TraceError
 from evtc.frontend.builder import PYTHON, IRBuilder, Pending, is_constant, not_elementwise_error
+from evtc.ir import nodes as N
 from evtc.ir.graph import Graph
 from evtc.ir.names import name_problem
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Leaf,
-    Node,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-)
 
 __all__ = [
     "user_loc", "ParamKind", "Scalar", "DeviceScalar", "RowVector", "ColVector", "Matrix", "SourceMatrix", "Acc",
@@ -109,7 +99,7 @@ def user_loc(skip_internal: bool = True) -> SourceLoc | None:
 class ParamKind:
     """What an epilogue parameter is: its leaf class and (optional) dtype."""
 
-    leaf: type[Leaf]
+    leaf: type[N.Leaf]
     dtype: DType | None = None
     by_pointer: bool = False
     label: str = ""
@@ -122,19 +112,19 @@ class ParamKind:
 
 
 #: a runtime scalar passed by value, e.g. ``alpha: evtc.Scalar[f32]`` (a bare ``float`` works too)
-Scalar = ParamKind(ScalarBroadcast, f32, label="Scalar")
+Scalar = ParamKind(N.ScalarBroadcast, f32, label="Scalar")
 #: a scalar read from device memory (one per batch when given a length-L tensor)
-DeviceScalar = ParamKind(ScalarBroadcast, f32, by_pointer=True, label="DeviceScalar")
+DeviceScalar = ParamKind(N.ScalarBroadcast, f32, by_pointer=True, label="DeviceScalar")
 #: a length-N vector broadcast along M (a bias per output column)
-RowVector = ParamKind(RowBroadcast, f32, label="RowVector")
+RowVector = ParamKind(N.RowBroadcast, f32, label="RowVector")
 #: a length-M vector broadcast along N (a scale per output row)
-ColVector = ParamKind(ColBroadcast, f32, label="ColVector")
+ColVector = ParamKind(N.ColBroadcast, f32, label="ColVector")
 #: another M x N input (an aux load); bare ``Matrix`` takes the GEMM's D dtype
-Matrix = ParamKind(AuxLoad, None, label="Matrix")
+Matrix = ParamKind(N.AuxLoad, None, label="Matrix")
 #: the source matrix C; bare ``Source`` (or a parameter named ``C``) takes the GEMM's C dtype
-SourceMatrix = ParamKind(Source, None, label="Source")
+SourceMatrix = ParamKind(N.Source, None, label="Source")
 #: the accumulator (a parameter named ``acc`` needs no annotation)
-Acc = ParamKind(Accumulator, f32, label="Accumulator")
+Acc = ParamKind(N.Accumulator, f32, label="Accumulator")
 
 
 def classify_parameter(epilogue: str, param: inspect.Parameter, annotation: Any, index: int,
@@ -206,7 +196,7 @@ class Tracer:
     def value(self, x: Any) -> Any:
         """A proxy for what the builder returned: a Value for a node, a Reduced for a pending
         reduction (a constant stays a constant)."""
-        if isinstance(x, Node):
+        if isinstance(x, N.Node):
             return Value(self, x)
         if isinstance(x, Pending):
             return Reduced(self, x)
@@ -243,7 +233,7 @@ class Value:
     __slots__ = ("_tracer", "_node")
     __array_ufunc__ = None  # numpy defers to our reflected operators and never loops over us
 
-    def __init__(self, tracer: Tracer, node: Node) -> None:
+    def __init__(self, tracer: Tracer, node: N.Node) -> None:
         self._tracer = tracer
         self._node = node
 
@@ -403,7 +393,7 @@ class Reduced:
         self._pending = pending
 
     @property
-    def _node(self) -> Reduction:
+    def _node(self) -> N.Reduction:
         return self._pending.node
 
     def __repr__(self) -> str:

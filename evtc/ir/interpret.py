@@ -30,32 +30,19 @@ import numpy as np
 from evtc import ops
 from evtc.dtypes import round_to
 from evtc.errors import ArgumentError
+from evtc.ir import nodes as N
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Compute,
-    Immediate,
-    Node,
-    ReduceOp,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
 
 
-def _as_batched(leaf: Node, value, L: int) -> np.ndarray:
+def _as_batched(leaf: N.Node, value, L: int) -> np.ndarray:
     a = np.asarray(value, dtype=np.float64)
-    if isinstance(leaf, (Accumulator, Source, AuxLoad)):
+    if isinstance(leaf, (N.Accumulator, N.Source, N.AuxLoad)):
         return a if a.ndim == 3 else a[None]
-    if isinstance(leaf, RowBroadcast):
+    if isinstance(leaf, N.RowBroadcast):
         return a[:, None, :] if a.ndim == 2 else a[None, None, :]
-    if isinstance(leaf, ColBroadcast):
+    if isinstance(leaf, N.ColBroadcast):
         return a[:, :, None] if a.ndim == 2 else a[None, :, None]
-    if isinstance(leaf, ScalarBroadcast):
+    if isinstance(leaf, N.ScalarBroadcast):
         return a.reshape(-1, 1, 1) if a.ndim == 1 else a.reshape(1, 1, 1)
     raise AssertionError(type(leaf))
 
@@ -81,27 +68,27 @@ def interpret(graph: Graph, acc: np.ndarray, inputs: Mapping[str, object]) -> di
     results: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):
         for node in graph.nodes:
-            if isinstance(node, Accumulator):
+            if isinstance(node, N.Accumulator):
                 values[id(node)] = _as_batched(node, acc, L)
-            elif isinstance(node, (Source, AuxLoad, RowBroadcast, ColBroadcast, ScalarBroadcast)):
+            elif isinstance(node, (N.Source, N.AuxLoad, N.RowBroadcast, N.ColBroadcast, N.ScalarBroadcast)):
                 if node.name not in inputs:
                     raise ArgumentError(f"the reference needs input '{node.name}'", epilogue=graph.name)
                 values[id(node)] = round_to(_as_batched(node, inputs[node.name], L), node.dtype)
-            elif isinstance(node, Immediate):
+            elif isinstance(node, N.Immediate):
                 values[id(node)] = np.float64(node.value)
-            elif isinstance(node, Compute):
+            elif isinstance(node, N.Compute):
                 args = [values[id(a)] for a in node.args]
                 if node.op == "convert":
                     values[id(node)] = round_to(args[0], node.dtype)
                 else:
                     values[id(node)] = np.asarray(ops.get(node.op).numpy(*args), dtype=np.float64)
-            elif isinstance(node, Store):
+            elif isinstance(node, N.Store):
                 v = np.broadcast_to(values[id(node.value)], (L,) + acc.shape[-2:])
                 results[node.name] = round_to(np.array(v), node.dtype)
-            elif isinstance(node, Reduction):
+            elif isinstance(node, N.Reduction):
                 v = np.broadcast_to(values[id(node.value)], (L,) + acc.shape[-2:])
                 axis = node.axis.numpy_axis
-                fn = {ReduceOp.SUM: np.sum, ReduceOp.MAX: np.max, ReduceOp.MIN: np.min}[node.op]
+                fn = {N.ReduceOp.SUM: np.sum, N.ReduceOp.MAX: np.max, N.ReduceOp.MIN: np.min}[node.op]
                 results[node.name] = round_to(fn(v, axis=axis), node.dtype)
             else:  # pragma: no cover
                 raise AssertionError(type(node))

@@ -183,9 +183,14 @@ class Leaf(Node):
     """A value that comes from outside the epilogue. ``name`` is the parameter name."""
 
     name: str = ""
+    #: how the leaf broadcasts over the M x N tile (each leaf class sets it; None: the abstract base)
+    leaf_bcast: ClassVar[Bcast | None] = None
 
     def _derive_depth(self) -> int:
         return 0
+
+    def _derive_bcast(self) -> Bcast | None:
+        return self.leaf_bcast
 
     @property
     def is_tensor(self) -> bool:
@@ -196,9 +201,7 @@ class Leaf(Node):
 @dataclasses.dataclass(**_SLOTS)
 class Accumulator(Leaf):
     kind: ClassVar[str] = "accumulator"
-
-    def _derive_bcast(self) -> Bcast:
-        return Bcast.MN
+    leaf_bcast: ClassVar[Bcast] = Bcast.MN
 
     @property
     def is_tensor(self) -> bool:
@@ -210,9 +213,7 @@ class Source(Leaf):
     """The source matrix C (M x N), loaded by the collective epilogue on sm90."""
 
     kind: ClassVar[str] = "source"
-
-    def _derive_bcast(self) -> Bcast:
-        return Bcast.MN
+    leaf_bcast: ClassVar[Bcast] = Bcast.MN
 
 
 @dataclasses.dataclass(**_SLOTS)
@@ -221,9 +222,7 @@ class ScalarBroadcast(Leaf):
 
     by_pointer: bool = False
     kind: ClassVar[str] = "scalar"
-
-    def _derive_bcast(self) -> Bcast:
-        return Bcast.SCALAR
+    leaf_bcast: ClassVar[Bcast] = Bcast.SCALAR
 
     @property
     def is_tensor(self) -> bool:
@@ -235,9 +234,7 @@ class RowBroadcast(Leaf):
     """A length-N vector broadcast along M (CUTLASS ``RowBroadcast``), e.g. a bias ``bias[n]``."""
 
     kind: ClassVar[str] = "row"
-
-    def _derive_bcast(self) -> Bcast:
-        return Bcast.ROW
+    leaf_bcast: ClassVar[Bcast] = Bcast.ROW
 
 
 @dataclasses.dataclass(**_SLOTS)
@@ -245,9 +242,7 @@ class ColBroadcast(Leaf):
     """A length-M vector broadcast along N (CUTLASS ``ColBroadcast``), e.g. ``scale[m]``."""
 
     kind: ClassVar[str] = "col"
-
-    def _derive_bcast(self) -> Bcast:
-        return Bcast.COL
+    leaf_bcast: ClassVar[Bcast] = Bcast.COL
 
 
 @dataclasses.dataclass(**_SLOTS)
@@ -255,9 +250,7 @@ class AuxLoad(Leaf):
     """Another M x N input tensor (a residual, a saved pre-activation)."""
 
     kind: ClassVar[str] = "aux"
-
-    def _derive_bcast(self) -> Bcast:
-        return Bcast.MN
+    leaf_bcast: ClassVar[Bcast] = Bcast.MN
 
 
 @dataclasses.dataclass(**_SLOTS)

@@ -17,21 +17,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from evtc.ir import nodes as N
 from evtc.ir.axes import ReduceAxis
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Compute,
-    Immediate,
-    Leaf,
-    Node,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
 
 __all__ = ["ROLES", "Role", "RoleSpec", "role_of", "reduction_role"]
 
@@ -114,13 +101,13 @@ ROLES: dict[Role, RoleSpec] = {s.role: s for s in (
 )}
 
 _LEAF_ROLES: dict[type, Role] = {
-    Accumulator: Role.ACC,
-    Source: Role.AUX_LOAD,  # a Source that is not in the C slot (sm80) is loaded as an aux tensor
-    ScalarBroadcast: Role.SCALAR,
-    RowBroadcast: Role.ROW,
-    ColBroadcast: Role.COL,
-    AuxLoad: Role.AUX_LOAD,
-    Immediate: Role.IMM,
+    N.Accumulator: Role.ACC,
+    N.Source: Role.AUX_LOAD,  # a Source that is not in the C slot (sm80) is loaded as an aux tensor
+    N.ScalarBroadcast: Role.SCALAR,
+    N.RowBroadcast: Role.ROW,
+    N.ColBroadcast: Role.COL,
+    N.AuxLoad: Role.AUX_LOAD,
+    N.Immediate: Role.IMM,
 }
 
 
@@ -130,7 +117,7 @@ def reduction_role(axis: ReduceAxis) -> Role:
             ReduceAxis.SCALAR: Role.SCALAR_REDUCTION}[axis]
 
 
-def role_of(node: Node, c_input: Leaf | None = None) -> Role:
+def role_of(node: N.Node, c_input: N.Leaf | None = None) -> Role:
     """The role of ``node`` when ``c_input`` is the leaf in the collective's C slot.
 
     Raises:
@@ -141,10 +128,10 @@ def role_of(node: Node, c_input: Leaf | None = None) -> Role:
     role = _LEAF_ROLES.get(type(node))
     if role is not None:
         return role
-    if isinstance(node, Store):
+    if isinstance(node, N.Store):
         return Role.AUX_STORE
-    if isinstance(node, Reduction):
+    if isinstance(node, N.Reduction):
         return reduction_role(ReduceAxis.of(node.dim))
-    if isinstance(node, Compute):
+    if isinstance(node, N.Compute):
         return Role.KEEP if node.op == "first" else Role.COMPUTE
     raise TypeError(f"no visitor role for {type(node).__name__}")

@@ -75,11 +75,7 @@ def fuse(graph: Graph) -> PassResult:
 
 def no_fusion_matches(graph: Graph) -> Violation | None:
     """What :func:`fuse` ensures: no row of :data:`FUSIONS` matches."""
-    found = FUSIONS.first_match(graph)
-    if found is None:
-        return None
-    rule, node = found
-    return Violation("no-fusion-matches", f"rule '{rule.name}' still matches", node)
+    return FUSIONS.violation(graph, "no-fusion-matches")
 
 
 FUSE = Pass("fuse", fuse, requires=("canonicalize",), ensures=no_fusion_matches)

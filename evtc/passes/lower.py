@@ -79,9 +79,9 @@ def lower(graph: Graph) -> PassResult:
 def every_op_has_a_functor(graph: Graph) -> Violation | None:
     """What :func:`lower` ensures: no row of :data:`LOWERINGS` matches and every compute's op
     has a functor."""
-    found = LOWERINGS.first_match(graph)
-    if found is not None:
-        return Violation("lowered", f"rule '{found[0].name}' still matches", found[1])
+    unlowered = LOWERINGS.violation(graph, "lowered")
+    if unlowered is not None:
+        return unlowered
     for n in graph.nodes:
         if isinstance(n, Compute) and not ops.get(n.op).functor:
             return Violation("lowered", f"op '{n.op}' has no functor", n)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from evtc.dtypes import DType, f32
 from evtc.ir.graph import Graph, GraphBuilder, with_inputs
 from evtc.ir.nodes import Compute, Immediate, Node, Output
+from evtc.ir.verify import Violation
 from evtc.passes.manager import rewrite
 
 __all__ = ["Pat", "PatternMatcher", "RewriteContext", "RewriteRule", "apply", "const", "op", "var"]
@@ -251,6 +252,15 @@ class PatternMatcher:
                 if r.apply(n, ctx) is not None:
                     return r, n
         return None
+
+    def violation(self, graph: Graph, check: str) -> Violation | None:
+        """:meth:`first_match` as the ``ensures`` of a pass that applies this table: a
+        :class:`~evtc.ir.verify.Violation` named ``check`` at the node, or None."""
+        found = self.first_match(graph)
+        if found is None:
+            return None
+        rule, node = found
+        return Violation(check, f"rule '{rule.name}' still matches", node)
 
 
 def apply(graph: Graph, matcher: PatternMatcher) -> Graph:

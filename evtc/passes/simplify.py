@@ -67,11 +67,7 @@ def simplify(graph: Graph) -> PassResult:
 
 def no_identity_matches(graph: Graph) -> Violation | None:
     """What :func:`simplify` (and ``canonicalize``) ensure: no row of :data:`IDENTITIES` matches."""
-    found = IDENTITIES.first_match(graph)
-    if found is None:
-        return None
-    rule, node = found
-    return Violation("no-identity-matches", f"rule '{rule.name}' still matches", node)
+    return IDENTITIES.violation(graph, "no-identity-matches")
 
 
 SIMPLIFY = Pass("simplify", simplify, requires=("fold",), ensures=no_identity_matches)

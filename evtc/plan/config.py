@@ -115,7 +115,7 @@ class GemmConfig:
             register-direct with per-element predicates (void C and D in the collective), so rows
             need no 16-byte alignment: the variant for N not a multiple of 8 (16-bit) or 16 (fp8).
         atomic_reductions: sm90: how a row or column max/min into an f32 output is reduced across
-            tiles (NOTE [Atomic row and column max], evtc/plan/sm90.py): True with atomics into
+            tiles (NOTE [Atomic row and column max], evtc/plan/sm90_buffers.py): True with atomics into
             the output, False through the workspace (per-tile partials, a tile counter, a final
             reduction), None (default) atomics except on the stream-K scheduler. A kernel with
             atomic reductions never runs the stream-K decomposition (NOTE [Scalar reductions and
@@ -127,7 +127,7 @@ class GemmConfig:
             a TMA store and is then stored by the epilogue threads, 32 consecutive elements of a
             row per store, so its rows need only be element-aligned (a caller's packed
             ``out=`` with N = 50257 in bf16), while C and aux loads keep 16-byte aligned rows
-            (NOTE [Stores into packed rows], evtc/plan/sm90.py). Elements of 8 bits or more,
+            (NOTE [Stores into packed rows], evtc/plan/sm90_buffers.py). Elements of 8 bits or more,
             row-major (not ``swap_ab``). Compiled in; left out of :meth:`to_json` while False.
     """
 
@@ -242,7 +242,7 @@ def atomic_reduction(n, config: GemmConfig) -> bool:
     atomics (else through the workspace): every scalar reduction, and a row or column max/min
     into f32 (:attr:`evtc.ir.nodes.Reduction.atomic_capable`) unless ``config.atomic_reductions``
     says otherwise (None: atomics except on the stream-K scheduler). The rule and its reasons:
-    NOTE [Atomic row and column max] at :func:`evtc.plan.sm90.reduction_mode`, which says why per
+    NOTE [Atomic row and column max] at :func:`evtc.plan.sm90_buffers.reduction_mode`, which says why per
     output; this one is cheap to import (a launch asks it, the planner need not be loaded)."""
     if n.dim is None:
         return True
@@ -275,7 +275,6 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
                           "(no GMMA/mma.sync operator mixes f16 and bf16)", hint="convert one operand")
     if config.swizzle is None:
         config = config.replace(swizzle=default_swizzle(arch, config.schedule))
-    tm, tn, tk = config.tile
     if config.scheduler not in SCHEDULERS:
         raise ConfigError(f"scheduler '{config.scheduler}' is not one of {SCHEDULERS}")
     if config.scheduler == "batch_inner" and arch != "sm90":
@@ -284,91 +283,103 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     if config.raster not in RASTER_ORDERS:
         raise ConfigError(f"raster '{config.raster}' is not one of {RASTER_ORDERS}")
     if arch == "sm90":
-        if config.schedule not in SCHEDULES_SM90:
-            raise ConfigError(f"sm90 schedule '{config.schedule}' is not one of {SCHEDULES_SM90}")
-        m_unit = 128 if config.schedule == "cooperative" else 64
-        if tm % m_unit or tm > 256:
-            raise ConfigError(
-                f"tile M = {tm}: the {config.schedule} schedule needs a multiple of {m_unit} up to 256",
-                hint="WGMMA has M = 64 per warpgroup; the cooperative schedule splits M over two warpgroups",
-            )
-        if tn % 16 or not 16 <= tn <= 256:
-            raise ConfigError(f"tile N = {tn}: needs a multiple of 16 in [16, 256] (WGMMA N <= 256, STSM atoms need N % 16)")
-        if (tk * a.bits // 8) % 32 or (tk * b.bits // 8) % 32:
-            raise ConfigError(f"tile K = {tk}: K x element size must be a multiple of 32 bytes (a 32-byte swizzle row)")
-        cm, cn, ck = config.cluster
-        if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
-            raise ConfigError(f"cluster {config.cluster}: each of M, N in (1, 2, 4), K = 1, at most 4 CTAs")
-        if config.epilogue_tile is not None:
-            em, en = config.epilogue_tile
-            if tm % em or tn % en or en % 16 or (config.schedule == "cooperative" and em != min(128, tm)) \
-                    or (config.schedule == "pingpong" and em != min(64, tm)):
-                raise ConfigError(
-                    f"epilogue tile {config.epilogue_tile} doesn't fit tile {config.tile} with the {config.schedule} schedule",
-                    hint="its M must be 128 (cooperative) or 64 (ping-pong), its N a multiple of 16 dividing tile N",
-                )
-        if config.stages is not None and config.stages < 2:
-            raise ConfigError(f"stages = {config.stages}: the TMA mainloop needs at least 2")
-        if not 0 <= config.swizzle <= MAX_SWIZZLE:
-            raise ConfigError(f"swizzle = {config.swizzle}: sm90's tile scheduler takes a swizzle of 1, 2, 4 or 8 tiles "
-                              "(log2: 0 to 3; tile_scheduler_params.h)")
-        if config.scheduler == "streamk" and config.schedule != "cooperative":
-            raise ConfigError("the stream-K scheduler needs the cooperative schedule (CUTLASS's ping-pong kernel "
-                              "static_asserts it away: sm90_gemm_tma_warpspecialized_pingpong.hpp)")
-        if isinstance(config.split_k, bool) or not isinstance(config.split_k, int) or config.split_k < 1:
-            raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
-        if config.split_k > MAX_SPLIT_K:
-            raise ConfigError(f"split_k = {config.split_k}: CUTLASS's stream-K scheduler splits K at most once per SM "
-                              f"({MAX_SPLIT_K} on the sm90 target; adjust_split_count in tile_scheduler_params.h)",
-                              hint=f"use split_k <= {MAX_SPLIT_K}, or decomposition='heuristic' to let CUTLASS choose")
-        if config.atomic_reductions is not None and not isinstance(config.atomic_reductions, bool):
-            raise ConfigError(f"atomic_reductions = {config.atomic_reductions!r}: True, False or None")
-        if config.packed_stores and (config.unaligned or config.swap_ab):
-            raise ConfigError(f"packed_stores=True with {'unaligned' if config.unaligned else 'swap_ab'}=True: the "
-                              "packed stores are for row-major outputs of a kernel whose C and aux loads go "
-                              "through TMA", hint="use one of the two variants")
-        if config.decomposition not in DECOMPOSITIONS:
-            raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")
-        if (config.split_k > 1 or config.decomposition != "heuristic") and config.scheduler != "streamk":
-            raise ConfigError(f"split_k = {config.split_k}, decomposition '{config.decomposition}': split-K and "
-                              "stream-K are decompositions of the stream-K tile scheduler",
-                              hint="add scheduler='streamk' (cooperative schedule)")
-        if config.split_k > 1 and config.decomposition not in ("heuristic", "split_k"):
-            raise ConfigError(f"split_k = {config.split_k} with decomposition '{config.decomposition}': splits are "
-                              "only taken by the heuristic and split_k decompositions (tile_scheduler_params.h)")
+        _check_sm90(config, a, b)
     elif arch == "sm80":
-        for name in ("swap_ab", "unaligned", "packed_stores"):
-            if getattr(config, name):
-                raise ConfigError(f"{name}=True is an sm90 kernel variant",
-                                  hint="sm80 kernels pick aligned or ragged variants at run time by themselves")
-        if config.split_k != 1 or config.decomposition != "heuristic":
-            raise ConfigError("split_k / decomposition are arguments of sm90's stream-K tile scheduler",
-                              hint="on sm80 use scheduler='streamk' (ThreadblockSwizzleStreamK)")
-        if config.schedule != "multistage":
-            raise ConfigError(f"schedule '{config.schedule}': sm80 kernels are multistage (cp.async) GEMMs",
-                              hint="leave schedule unset on sm80 (pingpong and cooperative are sm90 schedules)")
-        if tuple(config.cluster) != (1, 1, 1):
-            raise ConfigError(f"cluster {config.cluster}: thread block clusters are sm90's (sm80 has none)",
-                              hint="leave cluster unset on sm80")
-        wm, wn, wk = config.warp_tile or (64, 64, tk)
-        if tm % wm or tn % wn or wm % 16 or wn % 16 or tm % 32 or tn % 32:
-            raise ConfigError(f"sm80 tile {config.tile} / warp tile {config.warp_tile} don't divide")
-        if tk % wk or wk % 16:
-            raise ConfigError(f"sm80 tile K = {tk} / warp tile K = {wk}: the warp K must divide the tile K and be a "
-                              "multiple of 16 (the K of mma.sync m16n8k16 for 16-bit operands)")
-        if (tk * a.bits // 8) % 32:
-            raise ConfigError(f"tile K = {tk}: K x element size must be a multiple of 32 bytes")
-        if (tm // wm) * (tn // wn) > 8:
-            raise ConfigError("more than 8 warps per threadblock")
-        if config.stages is not None and not 2 <= config.stages <= 8:
-            raise ConfigError(f"sm80 stages = {config.stages}: between 2 and 8")
-        if not 0 <= config.swizzle <= MAX_SWIZZLE:
-            raise ConfigError(f"swizzle = {config.swizzle}: sm80's GemmIdentityThreadblockSwizzle<N> takes bands of at "
-                              "most 8 tiles (log2: 0 to 3; get_log_tile in threadblock_swizzle.h)")
-        if config.raster != "heuristic":
-            raise ConfigError(f"raster '{config.raster}': sm80's threadblock swizzle has no raster order choice",
-                              hint="leave raster='heuristic' on sm80 (it is an sm90 tile scheduler argument)")
+        _check_sm80(config, a)
     return config
+
+
+def _check_sm90(config: GemmConfig, a: DType, b: DType) -> None:
+    """The sm90 rules of :func:`validate` (schedule, tile, cluster, epilogue tile, scheduler)."""
+    tm, tn, tk = config.tile
+    if config.schedule not in SCHEDULES_SM90:
+        raise ConfigError(f"sm90 schedule '{config.schedule}' is not one of {SCHEDULES_SM90}")
+    m_unit = 128 if config.schedule == "cooperative" else 64
+    if tm % m_unit or tm > 256:
+        raise ConfigError(
+            f"tile M = {tm}: the {config.schedule} schedule needs a multiple of {m_unit} up to 256",
+            hint="WGMMA has M = 64 per warpgroup; the cooperative schedule splits M over two warpgroups",
+        )
+    if tn % 16 or not 16 <= tn <= 256:
+        raise ConfigError(f"tile N = {tn}: needs a multiple of 16 in [16, 256] (WGMMA N <= 256, STSM atoms need N % 16)")
+    if (tk * a.bits // 8) % 32 or (tk * b.bits // 8) % 32:
+        raise ConfigError(f"tile K = {tk}: K x element size must be a multiple of 32 bytes (a 32-byte swizzle row)")
+    cm, cn, ck = config.cluster
+    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
+        raise ConfigError(f"cluster {config.cluster}: each of M, N in (1, 2, 4), K = 1, at most 4 CTAs")
+    if config.epilogue_tile is not None:
+        em, en = config.epilogue_tile
+        if tm % em or tn % en or en % 16 or (config.schedule == "cooperative" and em != min(128, tm)) \
+                or (config.schedule == "pingpong" and em != min(64, tm)):
+            raise ConfigError(
+                f"epilogue tile {config.epilogue_tile} doesn't fit tile {config.tile} with the {config.schedule} schedule",
+                hint="its M must be 128 (cooperative) or 64 (ping-pong), its N a multiple of 16 dividing tile N",
+            )
+    if config.stages is not None and config.stages < 2:
+        raise ConfigError(f"stages = {config.stages}: the TMA mainloop needs at least 2")
+    if not 0 <= config.swizzle <= MAX_SWIZZLE:
+        raise ConfigError(f"swizzle = {config.swizzle}: sm90's tile scheduler takes a swizzle of 1, 2, 4 or 8 tiles "
+                          "(log2: 0 to 3; tile_scheduler_params.h)")
+    if config.scheduler == "streamk" and config.schedule != "cooperative":
+        raise ConfigError("the stream-K scheduler needs the cooperative schedule (CUTLASS's ping-pong kernel "
+                          "static_asserts it away: sm90_gemm_tma_warpspecialized_pingpong.hpp)")
+    if isinstance(config.split_k, bool) or not isinstance(config.split_k, int) or config.split_k < 1:
+        raise ConfigError(f"split_k = {config.split_k!r}: a number of K splits, an integer >= 1")
+    if config.split_k > MAX_SPLIT_K:
+        raise ConfigError(f"split_k = {config.split_k}: CUTLASS's stream-K scheduler splits K at most once per SM "
+                          f"({MAX_SPLIT_K} on the sm90 target; adjust_split_count in tile_scheduler_params.h)",
+                          hint=f"use split_k <= {MAX_SPLIT_K}, or decomposition='heuristic' to let CUTLASS choose")
+    if config.atomic_reductions is not None and not isinstance(config.atomic_reductions, bool):
+        raise ConfigError(f"atomic_reductions = {config.atomic_reductions!r}: True, False or None")
+    if config.packed_stores and (config.unaligned or config.swap_ab):
+        raise ConfigError(f"packed_stores=True with {'unaligned' if config.unaligned else 'swap_ab'}=True: the "
+                          "packed stores are for row-major outputs of a kernel whose C and aux loads go "
+                          "through TMA", hint="use one of the two variants")
+    if config.decomposition not in DECOMPOSITIONS:
+        raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")
+    if (config.split_k > 1 or config.decomposition != "heuristic") and config.scheduler != "streamk":
+        raise ConfigError(f"split_k = {config.split_k}, decomposition '{config.decomposition}': split-K and "
+                          "stream-K are decompositions of the stream-K tile scheduler",
+                          hint="add scheduler='streamk' (cooperative schedule)")
+    if config.split_k > 1 and config.decomposition not in ("heuristic", "split_k"):
+        raise ConfigError(f"split_k = {config.split_k} with decomposition '{config.decomposition}': splits are "
+                          "only taken by the heuristic and split_k decompositions (tile_scheduler_params.h)")
+
+
+def _check_sm80(config: GemmConfig, a: DType) -> None:
+    """The sm80 rules of :func:`validate` (no sm90 variants or clusters, warp tiles, stages)."""
+    tm, tn, tk = config.tile
+    for name in ("swap_ab", "unaligned", "packed_stores"):
+        if getattr(config, name):
+            raise ConfigError(f"{name}=True is an sm90 kernel variant",
+                              hint="sm80 kernels pick aligned or ragged variants at run time by themselves")
+    if config.split_k != 1 or config.decomposition != "heuristic":
+        raise ConfigError("split_k / decomposition are arguments of sm90's stream-K tile scheduler",
+                          hint="on sm80 use scheduler='streamk' (ThreadblockSwizzleStreamK)")
+    if config.schedule != "multistage":
+        raise ConfigError(f"schedule '{config.schedule}': sm80 kernels are multistage (cp.async) GEMMs",
+                          hint="leave schedule unset on sm80 (pingpong and cooperative are sm90 schedules)")
+    if tuple(config.cluster) != (1, 1, 1):
+        raise ConfigError(f"cluster {config.cluster}: thread block clusters are sm90's (sm80 has none)",
+                          hint="leave cluster unset on sm80")
+    wm, wn, wk = config.warp_tile or (64, 64, tk)
+    if tm % wm or tn % wn or wm % 16 or wn % 16 or tm % 32 or tn % 32:
+        raise ConfigError(f"sm80 tile {config.tile} / warp tile {config.warp_tile} don't divide")
+    if tk % wk or wk % 16:
+        raise ConfigError(f"sm80 tile K = {tk} / warp tile K = {wk}: the warp K must divide the tile K and be a "
+                          "multiple of 16 (the K of mma.sync m16n8k16 for 16-bit operands)")
+    if (tk * a.bits // 8) % 32:
+        raise ConfigError(f"tile K = {tk}: K x element size must be a multiple of 32 bytes")
+    if (tm // wm) * (tn // wn) > 8:
+        raise ConfigError("more than 8 warps per threadblock")
+    if config.stages is not None and not 2 <= config.stages <= 8:
+        raise ConfigError(f"sm80 stages = {config.stages}: between 2 and 8")
+    if not 0 <= config.swizzle <= MAX_SWIZZLE:
+        raise ConfigError(f"swizzle = {config.swizzle}: sm80's GemmIdentityThreadblockSwizzle<N> takes bands of at "
+                          "most 8 tiles (log2: 0 to 3; get_log_tile in threadblock_swizzle.h)")
+    if config.raster != "heuristic":
+        raise ConfigError(f"raster '{config.raster}': sm80's threadblock swizzle has no raster order choice",
+                          hint="leave raster='heuristic' on sm80 (it is an sm90 tile scheduler argument)")
 
 
 def _positive_ints(value, n: int) -> bool:

@@ -132,14 +132,12 @@ def draw_plan(graph: Graph, plan: Plan, path: str | Path) -> Path:
     import networkx as nx
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in ("svg", "png"):
         raise ValueError(f"{path}: draw_plan writes .svg or .png files")
     rows = plan_rows(plan)
-    mode_of = {r.name: r.mode for r in rows}
 
     # the DAG: nodes by topological generation, inputs at the top
     g = nx.DiGraph()
@@ -156,87 +154,101 @@ def draw_plan(graph: Graph, plan: Plan, path: str | Path) -> Path:
         fig = Figure(figsize=(max(10.0, 1.5 * widest), 4.2 + 0.8 * len(layers)))
         FigureCanvasAgg(fig)
         gs = fig.add_gridspec(3, 1, height_ratios=[1.0, 1.5, 0.9 * max(len(layers), 2)], hspace=0.55)
-        cap = plan.smem_capacity
-        epi = plan.epilogue_smem_bytes
-        stage = plan.mainloop_stage_bytes
-
-        # 1. the block's shared memory
-        ax = fig.add_subplot(gs[0])
-        used = epi + plan.mainloop_stages * stage
-        ax.set_title(f"shared memory of one block: {cap} B = epilogue {epi} B + {plan.mainloop_stages} mainloop "
-                     f"stages x {stage} B + {cap - used} B unused", fontsize=10, loc="left")
-        _bar(ax, 0, epi, 0, 1, "#6baed6", f"epilogue\n{epi} B", span=cap)
-        x = epi
-        for k in range(plan.mainloop_stages):
-            _bar(ax, x, stage, 0, 1, "#e5e5e5", f"mainloop stage {k + 1}\n{stage} B", span=cap)
-            x += stage
-        if cap > x:
-            _bar(ax, x, cap - x, 0, 1, "#ffffff", f"unused {cap - x} B", hatch="//", span=cap)
-        ax.set_xlim(0, cap)
-        ax.set_ylim(0, 1.6)
-        ax.set_yticks([])
-        ax.set_xlabel("bytes", fontsize=8)
-        ax.tick_params(labelsize=7)
-
-        # 2. the epilogue's storage, byte for byte
-        ax = fig.add_subplot(gs[1])
-        cfg = plan.config
-        ax.set_title(f"epilogue storage ({plan.arch}, {plan.policy} plan, tile {'x'.join(map(str, cfg.tile))}, "
-                     f"epilogue tile {plan.epilogue_tile[0]}x{plan.epilogue_tile[1]}): "
-                     f"{epi} B; below: tensors inside another buffer", fontsize=10, loc="left")
-        span = max(epi, 1)
-        owners = sorted((r for r in rows if r.bytes > 0 and r.offset >= 0), key=lambda r: r.offset)
-        x = 0
-        for r in owners:
-            if r.offset > x:
-                _bar(ax, x, r.offset - x, 1, 1, "#f0f0f0", f"padding {r.offset - x} B", span=span)
-            _bar(ax, r.offset, r.bytes, 1, 1, COLORS.get(r.mode, "#ffffff"),
-                 f"{r.name}: {r.where}\n{r.bytes} B @ {r.offset}" + (f", {r.stages} st" if r.stages else ""), span=span)
-            x = max(x, r.offset + r.bytes)
-        if epi > x:
-            _bar(ax, x, epi - x, 1, 1, "#f0f0f0", f"barriers, alignment: {epi - x} B", span=span)
-        host_rows = {r.name: r for r in owners}
-        for r in rows:
-            if r.mode == "shared" and r.host in host_rows:
-                h = host_rows[r.host]
-                _bar(ax, h.offset, h.bytes, 0, 0.8, COLORS["shared"], f"{r.name} in {r.host}'s buffer", hatch="..",
-                     span=span)
-        if not owners:
-            ax.text(span / 2, 1.5, "no epilogue buffers in shared memory", ha="center", va="center", fontsize=9)
-        ax.set_xlim(0, span)
-        ax.set_ylim(0, 2.6)
-        ax.set_yticks([])
-        ax.tick_params(labelsize=7)
-
-        # 3. the DAG coloured by buffer mode: layers are topological generations, each layer
-        # ordered by the mean position of its inputs (fewer crossings)
-        ax = fig.add_subplot(gs[2])
-        ax.set_title(f"{graph.name}: the epilogue DAG, each tensor coloured by where it lives", fontsize=10, loc="left")
-        pos: dict[int, tuple[float, float]] = {}
-        for depth, layer in enumerate(layers):
-            def key(nid):
-                xs = [pos[p][0] for p in g.predecessors(nid) if p in pos]
-                return (sum(xs) / len(xs) if xs else 0.5, nid)
-
-            for k, nid in enumerate(sorted(layer, key=key)):
-                pos[nid] = ((k + 0.5) / len(layer), -depth)
-        where_of = {r.name: r.where for r in rows}
-        for n in graph.nodes:
-            for i in n.inputs:
-                ax.annotate("", xy=pos[ids[id(n)]], xytext=pos[ids[id(i)]],
-                            arrowprops=dict(arrowstyle="-|>", color="#555555", lw=0.8, shrinkA=16, shrinkB=16))
-        for n in graph.nodes:
-            name = getattr(n, "name", "") if isinstance(n, (Leaf, Store, Reduction)) else ""
-            mode = mode_of.get(name, "none") if name else "none"
-            label = _node_label(n) + (f"\n{where_of[name]}" if mode != "none" else "")
-            ax.text(*pos[ids[id(n)]], label, ha="center", va="center", fontsize=7, zorder=3,
-                    bbox=dict(boxstyle="round,pad=0.4", facecolor=COLORS.get(mode, "#ffffff"), edgecolor="#333333",
-                              linewidth=0.6))
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_ylim(-len(layers) + 0.5, 0.5)
-        ax.axis("off")
-        shown = [m for m in MODE_LABELS if m in set(mode_of.values()) | {"tma", "direct", "shared"}]
-        ax.legend(handles=[Patch(facecolor=COLORS[m], edgecolor="#333333", label=MODE_LABELS[m]) for m in shown],
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        _draw_block(fig.add_subplot(gs[0]), plan)
+        _draw_storage(fig.add_subplot(gs[1]), plan, rows)
+        _draw_dag(fig.add_subplot(gs[2]), graph, g, ids, layers, rows)
         fig.savefig(path, format=fmt, bbox_inches="tight", dpi=110, metadata={"Date": None} if fmt == "svg" else None)
     return path
+
+
+def _draw_block(ax, plan: Plan) -> None:
+    """Panel 1: the block's shared memory (epilogue, mainloop stages, unused)."""
+    cap = plan.smem_capacity
+    epi = plan.epilogue_smem_bytes
+    stage = plan.mainloop_stage_bytes
+    # 1. the block's shared memory
+    used = epi + plan.mainloop_stages * stage
+    ax.set_title(f"shared memory of one block: {cap} B = epilogue {epi} B + {plan.mainloop_stages} mainloop "
+                 f"stages x {stage} B + {cap - used} B unused", fontsize=10, loc="left")
+    _bar(ax, 0, epi, 0, 1, "#6baed6", f"epilogue\n{epi} B", span=cap)
+    x = epi
+    for k in range(plan.mainloop_stages):
+        _bar(ax, x, stage, 0, 1, "#e5e5e5", f"mainloop stage {k + 1}\n{stage} B", span=cap)
+        x += stage
+    if cap > x:
+        _bar(ax, x, cap - x, 0, 1, "#ffffff", f"unused {cap - x} B", hatch="//", span=cap)
+    ax.set_xlim(0, cap)
+    ax.set_ylim(0, 1.6)
+    ax.set_yticks([])
+    ax.set_xlabel("bytes", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def _draw_storage(ax, plan: Plan, rows) -> None:
+    """Panel 2: the epilogue's storage, byte for byte (tensors inside another buffer below)."""
+    epi = plan.epilogue_smem_bytes
+    # 2. the epilogue's storage, byte for byte
+    cfg = plan.config
+    ax.set_title(f"epilogue storage ({plan.arch}, {plan.policy} plan, tile {'x'.join(map(str, cfg.tile))}, "
+                 f"epilogue tile {plan.epilogue_tile[0]}x{plan.epilogue_tile[1]}): "
+                 f"{epi} B; below: tensors inside another buffer", fontsize=10, loc="left")
+    span = max(epi, 1)
+    owners = sorted((r for r in rows if r.bytes > 0 and r.offset >= 0), key=lambda r: r.offset)
+    x = 0
+    for r in owners:
+        if r.offset > x:
+            _bar(ax, x, r.offset - x, 1, 1, "#f0f0f0", f"padding {r.offset - x} B", span=span)
+        _bar(ax, r.offset, r.bytes, 1, 1, COLORS.get(r.mode, "#ffffff"),
+             f"{r.name}: {r.where}\n{r.bytes} B @ {r.offset}" + (f", {r.stages} st" if r.stages else ""), span=span)
+        x = max(x, r.offset + r.bytes)
+    if epi > x:
+        _bar(ax, x, epi - x, 1, 1, "#f0f0f0", f"barriers, alignment: {epi - x} B", span=span)
+    host_rows = {r.name: r for r in owners}
+    for r in rows:
+        if r.mode == "shared" and r.host in host_rows:
+            h = host_rows[r.host]
+            _bar(ax, h.offset, h.bytes, 0, 0.8, COLORS["shared"], f"{r.name} in {r.host}'s buffer", hatch="..",
+                 span=span)
+    if not owners:
+        ax.text(span / 2, 1.5, "no epilogue buffers in shared memory", ha="center", va="center", fontsize=9)
+    ax.set_xlim(0, span)
+    ax.set_ylim(0, 2.6)
+    ax.set_yticks([])
+    ax.tick_params(labelsize=7)
+
+
+def _draw_dag(ax, graph: Graph, g, ids: dict, layers: list, rows) -> None:
+    """Panel 3: the DAG, each tensor coloured by where it lives (``g``: its networkx view,
+    ``ids``: node id -> index, ``layers``: its topological generations)."""
+    from matplotlib.patches import Patch
+
+    mode_of = {r.name: r.mode for r in rows}
+    # 3. the DAG coloured by buffer mode: layers are topological generations, each layer
+    # ordered by the mean position of its inputs (fewer crossings)
+    ax.set_title(f"{graph.name}: the epilogue DAG, each tensor coloured by where it lives", fontsize=10, loc="left")
+    pos: dict[int, tuple[float, float]] = {}
+    for depth, layer in enumerate(layers):
+        def key(nid):
+            xs = [pos[p][0] for p in g.predecessors(nid) if p in pos]
+            return (sum(xs) / len(xs) if xs else 0.5, nid)
+
+        for k, nid in enumerate(sorted(layer, key=key)):
+            pos[nid] = ((k + 0.5) / len(layer), -depth)
+    where_of = {r.name: r.where for r in rows}
+    for n in graph.nodes:
+        for i in n.inputs:
+            ax.annotate("", xy=pos[ids[id(n)]], xytext=pos[ids[id(i)]],
+                        arrowprops=dict(arrowstyle="-|>", color="#555555", lw=0.8, shrinkA=16, shrinkB=16))
+    for n in graph.nodes:
+        name = getattr(n, "name", "") if isinstance(n, (Leaf, Store, Reduction)) else ""
+        mode = mode_of.get(name, "none") if name else "none"
+        label = _node_label(n) + (f"\n{where_of[name]}" if mode != "none" else "")
+        ax.text(*pos[ids[id(n)]], label, ha="center", va="center", fontsize=7, zorder=3,
+                bbox=dict(boxstyle="round,pad=0.4", facecolor=COLORS.get(mode, "#ffffff"), edgecolor="#333333",
+                          linewidth=0.6))
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-len(layers) + 0.5, 0.5)
+    ax.axis("off")
+    shown = [m for m in MODE_LABELS if m in set(mode_of.values()) | {"tma", "direct", "shared"}]
+    ax.legend(handles=[Patch(facecolor=COLORS[m], edgecolor="#333333", label=MODE_LABELS[m]) for m in shown],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)

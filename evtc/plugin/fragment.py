@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from evtc.errors import EvtcError, FragmentError
 from evtc.plugin.stable import stable, stable_constant
@@ -396,9 +396,6 @@ class EpilogueFragment:
             FragmentError: the first property that does not match, naming it, the value the
                 fragment allows and how to get a fragment that allows the asked one.
         """
-        from evtc import dtypes
-        from evtc.plan.config import GemmConfig, validate
-
         who = f"fragment {self.qualified_name}"
         relower = "lower the epilogue again with evtc.plugin.lower(..., {}={!r})"
 
@@ -425,16 +422,7 @@ class EpilogueFragment:
                 fail(f"epilogue tile {asked} is not the planned {self.epilogue_tile}",
                      "use the fragment's EpilogueTile, or " + relower.format("epilogue_tile", asked))
         if cluster is not None:
-            cl = _tuple3(cluster)
-            if isinstance(cl, tuple) and len(cl) == 2:
-                cl = (*cl, 1)
-            try:
-                validate(GemmConfig(tile=self.tile, cluster=cl, schedule=self.schedule), self.arch,
-                         dtypes.coerce(self.a), dtypes.coerce(self.b))
-            except EvtcError as e:
-                msg = e.message
-                fail(f"cluster {cluster!r} is not a legal sm90 cluster ({msg})",
-                     "use a cluster of 1, 2 or 4 CTAs along M and N, at most 4 in all")
+            self._check_cluster(cluster, fail)
         for arg, value, want in (("a", a, self.a), ("b", b, self.b)):
             if value is not None:
                 got = _dtype_name(value, arg, self.epilogue, who)
@@ -451,15 +439,35 @@ class EpilogueFragment:
                 where = f"its {arg.upper()} slot holds {tensor} ({want})" if tensor else f"it has no {arg.upper()} slot"
                 fail(f"{arg}={got}: {where}", f"declare Element{arg.upper()} as {element}")
         if stages is not None:
-            if isinstance(stages, bool) or not isinstance(stages, int) or stages < 2:
-                fail(f"stages={stages!r}: the TMA mainloop needs an integer >= 2", "pass stages >= 2, or None")
-            from evtc.plan.smem import round_up
+            self._check_stages(stages, fail)
 
-            used = round_up(self.smem_bytes, 128) + stages * self.mainloop_stage_bytes
-            if used > self.smem_capacity // 128 * 128:
-                fail(f"{stages} mainloop stages of {self.mainloop_stage_bytes} B do not fit beside the epilogue's "
-                     f"{self.smem_bytes} B in {self.smem_capacity} B (at most {self.mainloop_stages})",
-                     f"use at most {self.mainloop_stages} stages, or StageCountAutoCarveout")
+    def _check_cluster(self, cluster: Any, fail: Callable[[str, str], None]) -> None:
+        """:meth:`check` of ``cluster``: any cluster sm90's rules allow with this tile."""
+        from evtc import dtypes
+        from evtc.plan.config import GemmConfig, validate
+
+        cl = _tuple3(cluster)
+        if isinstance(cl, tuple) and len(cl) == 2:
+            cl = (*cl, 1)
+        try:
+            validate(GemmConfig(tile=self.tile, cluster=cl, schedule=self.schedule), self.arch,
+                     dtypes.coerce(self.a), dtypes.coerce(self.b))
+        except EvtcError as e:
+            msg = e.message
+            fail(f"cluster {cluster!r} is not a legal sm90 cluster ({msg})",
+                 "use a cluster of 1, 2 or 4 CTAs along M and N, at most 4 in all")
+
+    def _check_stages(self, stages: Any, fail: Callable[[str, str], None]) -> None:
+        """:meth:`check` of ``stages``: they fit beside the epilogue's shared memory."""
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 2:
+            fail(f"stages={stages!r}: the TMA mainloop needs an integer >= 2", "pass stages >= 2, or None")
+        from evtc.plan.smem import round_up
+
+        used = round_up(self.smem_bytes, 128) + stages * self.mainloop_stage_bytes
+        if used > self.smem_capacity // 128 * 128:
+            fail(f"{stages} mainloop stages of {self.mainloop_stage_bytes} B do not fit beside the epilogue's "
+                 f"{self.smem_bytes} B in {self.smem_capacity} B (at most {self.mainloop_stages})",
+                 f"use at most {self.mainloop_stages} stages, or StageCountAutoCarveout")
 
     # ---- serialisation ------------------------------------------------------------------------------
 

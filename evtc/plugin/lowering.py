@@ -14,6 +14,7 @@ configuration compiles (``tests/null/test_plugin.py`` compares them).
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import re
 from typing import Any, Mapping
@@ -22,17 +23,8 @@ from evtc.abi import abi_fields
 from evtc.dtypes import DType
 from evtc.emit import common
 from evtc.errors import FragmentError, api_boundary
+from evtc.ir import nodes as N
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
 from evtc.plugin.fragment import FRAGMENT_VERSION, EpilogueFragment, Parameter, Placeholder
 from evtc.plugin.stable import stable
 
@@ -121,19 +113,19 @@ def _epilogue_input(epilogue: Any) -> Any:
 
 
 def _kind(node) -> str:
-    if isinstance(node, Source):
+    if isinstance(node, N.Source):
         return "source"
-    if isinstance(node, AuxLoad):
+    if isinstance(node, N.AuxLoad):
         return "aux_load"
-    if isinstance(node, RowBroadcast):
+    if isinstance(node, N.RowBroadcast):
         return "row_broadcast"
-    if isinstance(node, ColBroadcast):
+    if isinstance(node, N.ColBroadcast):
         return "col_broadcast"
-    if isinstance(node, ScalarBroadcast):
+    if isinstance(node, N.ScalarBroadcast):
         return "device_scalar" if node.by_pointer else "scalar"
-    if isinstance(node, Store):
+    if isinstance(node, N.Store):
         return "store"
-    if isinstance(node, Reduction):
+    if isinstance(node, N.Reduction):
         return {1: "row_reduction", 0: "col_reduction", None: "scalar_reduction"}[node.dim]
     raise FragmentError(f"no fragment parameter kind for {type(node).__name__} '{getattr(node, 'name', '')}'")
 
@@ -152,7 +144,7 @@ def _parameters(graph: Graph, plan, placeholders: tuple[Placeholder, ...]) -> tu
     for p in placeholders:
         by_tensor.setdefault(p.tensor, []).append(p.name)
     out = []
-    nodes = [n for n in graph.used_inputs if not isinstance(n, Accumulator)] + list(graph.outputs)
+    nodes = [n for n in graph.used_inputs if not isinstance(n, N.Accumulator)] + list(graph.outputs)
     for n in nodes:
         kind = _kind(n)
         dt: DType = n.dtype
@@ -164,7 +156,7 @@ def _parameters(graph: Graph, plan, placeholders: tuple[Placeholder, ...]) -> tu
             align = dt.bytes
         slot = "C" if n.name == plan.c_slot else "D" if n.name == plan.d_slot else None
         mode = "value" if kind == "scalar" else modes.get(n.name, "registers")
-        red = n if isinstance(n, Reduction) else None
+        red = n if isinstance(n, N.Reduction) else None
         out.append(Parameter(
             name=n.name, kind=kind, io="output" if kind in ("store",) or red is not None else "input", dtype=dt.name,
             element=dt.cutlass, shape=_SHAPES[kind], slot=slot, mode=mode, alignment=align,
@@ -237,11 +229,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
         open("bias_relu.h", "w").write(frag.header())
         args = frag.bind({p.name: f"params.{p.name}" for p in frag.placeholders})
     """
-    from evtc.emit.core import TreeEmitter, separate, terminate
-    from evtc.emit.sm90 import (KERNEL_SCHEDULES, _share_wrapper, cxx_shape, mn_stride, mn_stride_args, node_table,
-                                uses_tile_reduction)
     from evtc.gemm import Gemm
-    from evtc.ir.printer import print_graph
     from evtc.plan.config import GemmConfig
 
     if arch != "sm90":
@@ -256,14 +244,96 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
     config = GemmConfig(tile=_as_tuple(tile), cluster=cluster, schedule=schedule, stages=stages,
                         epilogue_tile=_as_tuple(epilogue_tile))
     gemm = Gemm(source, a=a, b=b, c=c, d=d, arch=arch, config=config, plan=plan)
-    graph, p = gemm.graph, gemm.plan
-    cfg = p.config
+    return _fragment(gemm.graph, gemm.plan, arch, name, namespace)
 
+
+def _fragment(graph, p, arch: str, name: str, namespace: str) -> EpilogueFragment:
+    """The fragment of the planned epilogue ``graph`` (plan ``p``) as the C++ struct
+    ``namespace::name``: :func:`lower` after its checks."""
+    from evtc.compiler.nvcc import BASE_FLAGS, arch_flags
+    from evtc.emit.core import TreeEmitter, terminate
+    from evtc.emit.sm90 import KERNEL_SCHEDULES, _share_wrapper, cxx_shape, node_table, uses_tile_reduction
+    from evtc.ir.printer import print_graph
+
+    cfg = p.config
     em = TreeEmitter(node_table(p))
     root = em.declare(p.tree.root)
     fusion_root, root_note = _share_wrapper(p, root)
-    fusion_lines = em.arguments(p.tree.root, 0)
+    args = _initializers(em, graph, p, arch)
+    c_input, d_output, element_c, element_d, stride = (args.c_input, args.d_output, args.element_c, args.element_d,
+                                                      args.stride)
+    placeholders = args.placeholders
+    parameters = _parameters(graph, p, placeholders)
+    schedule_type = KERNEL_SCHEDULES[(cfg.schedule, False)]
+    qualified = f"{namespace}::{name}"
+    ir_text = print_graph(graph)
+    values = dict(
+        version=FRAGMENT_VERSION, namespace=namespace, name=name, epilogue=graph.name, qualified=qualified,
+        tile=cfg.tile, schedule=cfg.schedule, tile_shape=cxx_shape(*cfg.tile), cluster_shape=cxx_shape(*cfg.cluster),
+        kernel_schedule=schedule_type, epilogue_schedule=EPILOGUE_SCHEDULES[cfg.schedule],
+        element_a=p.operands[0].cutlass, element_b=p.operands[1].cutlass,
+        epilogue_tile=cxx_shape(*p.epilogue_tile), element_c=element_c, element_d=element_d,
+        c_note=(f"{c_input.name} through the C slot" if c_input is not None else "no C slot"),
+        d_note=f"{d_output.name} through the D slot", stride=stride,
+        stages_c=p.stages_c, stages_d=p.stages_d, fragment_size=p.fragment_size,
+        reuse_smem_c="true" if p.reuse_smem_c else "false", delay_tma_store="true" if p.delay_tma_store else "false",
+        # the epilogue builder's STSM atom for C (sm90_builder.inl): x4 when the subtile's N allows
+        copy_atom_c="SM90_U32x4_STSM_N" if p.epilogue_tile[1] % 16 == 0 else "SM90_U32x2_STSM_N",
+        decls=em.decls, root=fusion_root, root_note=root_note, smem_bytes=p.epilogue_smem_bytes,
+        mainloop_stages=p.mainloop_stages,
+        stages_note=(f"the kernel's StageCount<{cfg.stages}>" if cfg.stages else
+                     "what StageCountAutoCarveout<SharedStorageBytes> leaves for ElementA/B at TileShape"),
+        placeholders=placeholders,
+        fusion_body=terminate(_bind_args(args.fusion_text), ";"),
+        epilogue_body=terminate(_bind_args(args.epilogue_text), ";"),
+    )
+    declarations = common.render("plugin/fragment.h.j2", **values)
+    # row/column reductions are evtc's derived visitors (evtc/sm90_reductions.hpp)
+    evtc_headers = EVTC_HEADERS + ((REDUCTION_HEADER,) if uses_tile_reduction(p) else ())
+    link = {"-shared", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden"}
+    preamble = common.render(
+        "plugin/preamble.j2", version=FRAGMENT_VERSION, epilogue=graph.name, qualified=qualified,
+        ir_lines=ir_text.rstrip("\n").splitlines(), plan_lines=str(p).rstrip("\n").splitlines(),
+        parameters=parameters, flags=[f for f in BASE_FLAGS if f not in link] + list(arch_flags(arch)))
+    return EpilogueFragment(
+        version=FRAGMENT_VERSION, name=name, namespace=namespace, epilogue=graph.name, arch=arch, ir=ir_text,
+        tile=cfg.tile, schedule=cfg.schedule, cluster=cfg.cluster, a=p.operands[0].name, b=p.operands[1].name,
+        stages=cfg.stages, kernel_schedule=schedule_type, epilogue_schedule=EPILOGUE_SCHEDULES[cfg.schedule],
+        epilogue_tile=p.epilogue_tile, stages_c=p.stages_c, stages_d=p.stages_d, fragment_size=p.fragment_size,
+        reuse_smem_c=p.reuse_smem_c, delay_tma_store=p.delay_tma_store,
+        c_input=c_input.name if c_input is not None else None, d_output=d_output.name, element_c=element_c,
+        element_d=element_d, stride_c=stride, stride_d=stride, smem_bytes=p.epilogue_smem_bytes,
+        mainloop_stages=p.mainloop_stages, mainloop_stage_bytes=p.mainloop_stage_bytes,
+        smem_capacity=p.smem_capacity, callbacks_type=f"{qualified}::FusionCallbacks",
+        collective_epilogue_type=f"{qualified}::CollectiveEpilogue", declarations=declarations,
+        headers=CUTLASS_HEADERS + evtc_headers, evtc_headers=evtc_headers, support_headers=SUPPORT_HEADERS,
+        fusion_arguments=args.fusion_text, epilogue_arguments=args.epilogue_text, placeholders=placeholders,
+        parameters=parameters, preamble=preamble, plan=p, graph=graph,
+    )
 
+
+@dataclasses.dataclass(frozen=True)
+class _Initializers:
+    """The run-time half of a fragment: its placeholders, the C and D slots' tensors, and the
+    fusion and collective initializers with ``${name}`` placeholders."""
+
+    placeholders: tuple
+    c_input: Any
+    d_output: Any
+    element_c: str
+    element_d: str
+    stride: str
+    fusion_text: str
+    epilogue_text: str
+
+
+def _initializers(em, graph, p, arch: str) -> _Initializers:
+    """The fusion arguments ``em`` writes for plan ``p`` and the collective's arguments around
+    them, with every run-time value a placeholder (checked: each has a place)."""
+    from evtc.emit.core import separate
+    from evtc.emit.sm90 import mn_stride, mn_stride_args
+
+    fusion_lines = em.arguments(p.tree.root, 0)
     fields = abi_fields(graph, arch)
     start = next(i for i, f in enumerate(fields) if f.name == "bs_B") + 1
     placeholders = tuple(Placeholder(f.name, f.ctype, f.tensor or "", f.what) for f in fields[start:])
@@ -292,56 +362,7 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
     if used != names:  # every run-time value has a place in the initializer
         raise FragmentError(f"internal error: placeholders {sorted(names - used)} are not in the initializer",
                             hint="please report this with the epilogue's IR")
-
-    parameters = _parameters(graph, p, placeholders)
-    schedule_type = KERNEL_SCHEDULES[(cfg.schedule, False)]
-    qualified = f"{namespace}::{name}"
-    ir_text = print_graph(graph)
-    values = dict(
-        version=FRAGMENT_VERSION, namespace=namespace, name=name, epilogue=graph.name, qualified=qualified,
-        tile=cfg.tile, schedule=cfg.schedule, tile_shape=cxx_shape(*cfg.tile), cluster_shape=cxx_shape(*cfg.cluster),
-        kernel_schedule=schedule_type, epilogue_schedule=EPILOGUE_SCHEDULES[cfg.schedule],
-        element_a=p.operands[0].cutlass, element_b=p.operands[1].cutlass,
-        epilogue_tile=cxx_shape(*p.epilogue_tile), element_c=element_c, element_d=element_d,
-        c_note=(f"{c_input.name} through the C slot" if c_input is not None else "no C slot"),
-        d_note=f"{d_output.name} through the D slot", stride=stride,
-        stages_c=p.stages_c, stages_d=p.stages_d, fragment_size=p.fragment_size,
-        reuse_smem_c="true" if p.reuse_smem_c else "false", delay_tma_store="true" if p.delay_tma_store else "false",
-        # the epilogue builder's STSM atom for C (sm90_builder.inl): x4 when the subtile's N allows
-        copy_atom_c="SM90_U32x4_STSM_N" if p.epilogue_tile[1] % 16 == 0 else "SM90_U32x2_STSM_N",
-        decls=em.decls, root=fusion_root, root_note=root_note, smem_bytes=p.epilogue_smem_bytes,
-        mainloop_stages=p.mainloop_stages,
-        stages_note=(f"the kernel's StageCount<{cfg.stages}>" if cfg.stages else
-                     "what StageCountAutoCarveout<SharedStorageBytes> leaves for ElementA/B at TileShape"),
-        placeholders=placeholders,
-        fusion_body=terminate(_bind_args(fusion_text), ";"),
-        epilogue_body=terminate(_bind_args(epilogue_text), ";"),
-    )
-    declarations = common.render("plugin/fragment.h.j2", **values)
-    # row/column reductions are evtc's derived visitors (evtc/sm90_reductions.hpp)
-    evtc_headers = EVTC_HEADERS + ((REDUCTION_HEADER,) if uses_tile_reduction(p) else ())
-    from evtc.compiler.nvcc import BASE_FLAGS, arch_flags
-
-    link = {"-shared", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden"}
-    preamble = common.render(
-        "plugin/preamble.j2", version=FRAGMENT_VERSION, epilogue=graph.name, qualified=qualified,
-        ir_lines=ir_text.rstrip("\n").splitlines(), plan_lines=str(p).rstrip("\n").splitlines(),
-        parameters=parameters, flags=[f for f in BASE_FLAGS if f not in link] + list(arch_flags(arch)))
-    return EpilogueFragment(
-        version=FRAGMENT_VERSION, name=name, namespace=namespace, epilogue=graph.name, arch=arch, ir=ir_text,
-        tile=cfg.tile, schedule=cfg.schedule, cluster=cfg.cluster, a=p.operands[0].name, b=p.operands[1].name,
-        stages=cfg.stages, kernel_schedule=schedule_type, epilogue_schedule=EPILOGUE_SCHEDULES[cfg.schedule],
-        epilogue_tile=p.epilogue_tile, stages_c=p.stages_c, stages_d=p.stages_d, fragment_size=p.fragment_size,
-        reuse_smem_c=p.reuse_smem_c, delay_tma_store=p.delay_tma_store,
-        c_input=c_input.name if c_input is not None else None, d_output=d_output.name, element_c=element_c,
-        element_d=element_d, stride_c=stride, stride_d=stride, smem_bytes=p.epilogue_smem_bytes,
-        mainloop_stages=p.mainloop_stages, mainloop_stage_bytes=p.mainloop_stage_bytes,
-        smem_capacity=p.smem_capacity, callbacks_type=f"{qualified}::FusionCallbacks",
-        collective_epilogue_type=f"{qualified}::CollectiveEpilogue", declarations=declarations,
-        headers=CUTLASS_HEADERS + evtc_headers, evtc_headers=evtc_headers, support_headers=SUPPORT_HEADERS,
-        fusion_arguments=fusion_text, epilogue_arguments=epilogue_text, placeholders=placeholders,
-        parameters=parameters, preamble=preamble, plan=p, graph=graph,
-    )
+    return _Initializers(placeholders, c_input, d_output, element_c, element_d, stride, fusion_text, epilogue_text)
 
 
 def _bind_args(text: str) -> list[str]:

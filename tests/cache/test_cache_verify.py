@@ -17,7 +17,7 @@ import pytest
 
 from cache_helpers import copy_prebuilt, copying_nvcc, loaded_tag, needs_nvcc, prebuilt_library, tiny_source
 from evtc.compiler import CacheError, CacheWarning, build, lookup, verified_library_path
-from evtc.compiler import store
+from evtc.compiler import store, store_meta, store_root
 
 pytestmark = needs_nvcc
 
@@ -64,7 +64,7 @@ def test_good_entry_loads_the_right_kernel(cache, no_dlopen):
     assert loaded_tag(path) == "a"
     assert no_dlopen == [str(a.library)]
     meta = a.meta
-    assert meta["library_sha256"] == store._sha256_bytes(a.library.read_bytes())
+    assert meta["library_sha256"] == store_meta._sha256_bytes(a.library.read_bytes())
     assert meta["key"] == a.key and len(a.key) == 64
 
 
@@ -179,7 +179,7 @@ def test_private_cache_under_umask_000(cache_env):
     old = os.umask(0)
     try:
         root = store.cache_root(create=True)
-        store._ensure_dir(root, root.sub("kernels", "ab"))
+        store_root._ensure_dir(root, root.sub("kernels", "ab"))
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(cache_env).st_mode) == 0o700

@@ -60,7 +60,7 @@ def probes():
 
 @pytest.mark.parametrize("name", list(cases()))
 def test_every_buffer_is_where_the_plan_says(probes, name):
-    from evtc.plan.sm90 import SLOT_C, SLOT_D, aux_label, row_label
+    from evtc.plan.sm90_layout import SLOT_C, SLOT_D, aux_label, row_label
 
     g, layout = probes[name]
     p = g.plan

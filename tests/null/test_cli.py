@@ -394,6 +394,6 @@ def test_print_includes_resolves_every_evtc_header(tmp_path):
 
 def test_the_checked_decisions_are_the_planners():
     from evtc.plan.config import PLAN_DECISIONS
-    from evtc.plan.sm90 import FIXABLE
+    from evtc.plan.sm90_space import FIXABLE
 
     assert tuple(PLAN_DECISIONS) == ("policy", *FIXABLE)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from evtc.compiler import CacheError, CacheWarning, store
+from evtc.compiler import CacheError, CacheWarning, store, store_entries, store_root
 
 CACHE_ENV = ("EVTC_CACHE_DIR", "EVTC_SHARED_CACHE", "EVTC_CACHE_SECRET", "EVTC_NVCC", "EVTC_CONSTRUCT_MEMO")
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,8 +115,8 @@ def test_an_existing_open_folder_inside_the_cache_keeps_its_mode(cache_env):
     (cache_env / "kernels" / "ab").mkdir(parents=True)
     os.chmod(cache_env / "kernels", 0o700)
     os.chmod(cache_env / "kernels" / "ab", 0o777)
-    store._ensure_dir(root, root.sub("kernels", "ab"))
-    store._ensure_dir(root, root.sub("kernels", "ab", "c" * 64))
+    store_root._ensure_dir(root, root.sub("kernels", "ab"))
+    store_root._ensure_dir(root, root.sub("kernels", "ab", "c" * 64))
     assert stat.S_IMODE(os.stat(cache_env / "kernels" / "ab").st_mode) == 0o777
     assert stat.S_IMODE(os.stat(cache_env / "kernels" / "ab" / ("c" * 64)).st_mode) == 0o700
 
@@ -257,7 +257,7 @@ def _readers(root: store.CacheRoot, tmp_path: Path):
         return memo._read(root, key, "source") == b"payload"
 
     headers = root.sub("headers")
-    store._ensure_dir(root, headers)
+    store_root._ensure_dir(root, headers)
     fp_file = fingerprint._memo_file(headers, "/some/tree", True)
     fingerprint._write_memo(fp_file, {"format": fingerprint._FORMAT, "root": "/some/tree", "hash": "f" * 64})
 
@@ -265,7 +265,7 @@ def _readers(root: store.CacheRoot, tmp_path: Path):
         return fingerprint._read_memo(fp_file, "/some/tree") is not None
 
     tf = root.sub("torch_fast", "tag")
-    store._ensure_dir(root, tf)
+    store_root._ensure_dir(root, tf)
     for name in ("ext.so", "meta.json"):
         fd = os.open(tf / name, os.O_WRONLY | os.O_CREAT, 0o600)
         os.write(fd, b"{}")
@@ -345,7 +345,7 @@ def test_the_four_readers_call_the_one_rule(cache_env, tmp_path, monkeypatch):
         raise trust.Untrusted(f"{path}: refused by the test")
 
     monkeypatch.setattr(trust, "check_stat", refuse)
-    store._HASHED.clear()
+    store_entries._HASHED.clear()
     for name, path, reads in readers:
         before = len(calls)
         assert not reads(), f"{name} did not ask trust.check_stat"

@@ -15,7 +15,7 @@ import epilogues
 import evtc
 from evtc import bf16, dtypes, e4m3, e5m2, f16, f32, passes
 from evtc.errors import EpilogueTypeError, EvtcError, GrammarError, TraceError
-from evtc.frontend import text as text_mod
+from evtc.frontend import text_syntax
 from evtc.frontend.text import expr_functions, from_expr, parse_ir
 from evtc.frontend.trace import trace
 from evtc.ir import verify
@@ -624,8 +624,8 @@ def test_default_and_given_dtypes():
 def test_package_level_names_and_parser_cache():
     assert evtc.from_expr("D = acc") == from_expr("D = acc")
     assert evtc.parse_ir(str(REFERENCE["bias_relu"].graph)) == REFERENCE["bias_relu"].graph
-    assert text_mod._parser() is text_mod._parser()
-    assert text_mod._parser.cache_info().currsize == 1
+    assert text_syntax._parser() is text_syntax._parser()
+    assert text_syntax._parser.cache_info().currsize == 1
     funcs = expr_functions()
     for name in ("relu", "gelu_grad", "where", "multiply_add", "clamp", "to", "sum", "amax", "ne", "leaky_relu"):
         assert name in funcs
@@ -765,7 +765,7 @@ def test_ir_errors(text, message, line, col):
     _check_error(ei.value, file="<ir>", line=line, col=col, epilogue="e" if text.startswith("epilogue") else "ir")
 
 
-@pytest.mark.parametrize("start,examples", [("exprs", text_mod._EXPR_EXAMPLES), ("ir", text_mod._IR_EXAMPLES)])
+@pytest.mark.parametrize("start,examples", [("exprs", text_syntax._EXPR_EXAMPLES), ("ir", text_syntax._IR_EXAMPLES)])
 def test_every_diagnosis_example_is_diagnosed_as_itself(start, examples):
     read = from_expr if start == "exprs" else parse_ir
     for label, samples in examples.items():

@@ -8,7 +8,7 @@ import evtc
 from evtc import bf16, f16, f32
 from evtc.passes import run
 from evtc.plan import GemmConfig, make_plan as plan
-from evtc.plan.sm90 import mainloop_stage_bytes, stock_stages, swizzle_alignment
+from evtc.plan.sm90_space import mainloop_stage_bytes, stock_stages, swizzle_alignment
 from evtc.plan.smem import array_aligned, cute_tuple, struct, EMPTY
 
 
@@ -99,7 +99,7 @@ def planned_fixed(ep, **fixed):
 
 
 def test_evtc_considers_promoting_an_aux_load_into_the_empty_c_slot():
-    from evtc.plan.sm90 import PlanRequest, candidates
+    from evtc.plan.sm90_space import PlanRequest, candidates
     from evtc.plan.target import SM90
 
     @evtc.epilogue

@@ -19,7 +19,7 @@ from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.nodes import Accumulator, AuxLoad, Compute, RowBroadcast, Store
 from evtc.passes import run
 from evtc.plan import GemmConfig, make_plan as plan
-from evtc.plan.sm90 import mainloop_stage_bytes
+from evtc.plan.sm90_space import mainloop_stage_bytes
 
 
 def wide(n_in: int, n_out: int, dtypes: tuple[DType, ...] = (bf16,)) -> Graph:
