@@ -106,7 +106,7 @@ this route as a fast register-direct store from shared memory, whole rows per wa
 The second is what the route does now, for epilogues with one M x N output: a caller's
 misaligned output (16-bit or wider, any row stride, batch stride or element-aligned base, an
 sm90 member that is not swap-AB) is written in place by the *packed-store variant* of the member
-the aligned problem takes (NOTE [Stores into packed rows] in evtc/plan/sm90.py: the subtile
+the aligned problem takes (NOTE [Stores into packed rows] in evtc/plan/sm90_buffers.py: the subtile
 through shared memory as for a TMA store, then stored by the epilogue threads, 32 consecutive
 elements of a row per store instruction), so only misaligned inputs are copied. Measured on the
 H100 (2026-11-26, 4096 x 50257 x 4096 with the caller's packed tensors, time over the aligned
@@ -503,7 +503,7 @@ class StagedLauncher:
                                          align_bytes=[dt.bytes for dt in self.stores.values()])
 
     def packed_spec(self, sig, gviews: Mapping[str, TensorView]):
-        """The packed-store variant (NOTE [Stores into packed rows], evtc/plan/sm90.py) of the member
+        """The packed-store variant (NOTE [Stores into packed rows], evtc/plan/sm90_buffers.py) of the member
         the aligned problem runs on, when it can write this call's outputs in place and
         ``EVTC_PACKED_STORES`` allows it: an sm90 member that is not swap-AB, outputs of 16 bits
         or more (fp8 outputs are copied back) whose base addresses are element-aligned, and under

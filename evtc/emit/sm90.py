@@ -272,6 +272,6 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
         buffer_probes=buffer_probes(plan),
         # evtc/sm90_reductions.hpp, only where used (the other kernels' cache keys don't hash it)
         tile_reduction=uses_tile_reduction(plan),
-        # evtc/sm90_packed_store.hpp, likewise (NOTE [Stores into packed rows], evtc/plan/sm90.py)
+        # evtc/sm90_packed_store.hpp, likewise (NOTE [Stores into packed rows], evtc/plan/sm90_buffers.py)
         packed_store=any(b.mode == "packed" for b in plan.buffers),
     )

@@ -117,7 +117,7 @@ class KernelSpec:
 
     def packed_variant(self) -> KernelSpec:
         """This member's packed-store variant (``<name>_packed``, ``GemmConfig.packed_stores``:
-        NOTE [Stores into packed rows] in evtc/plan/sm90.py), built on demand."""
+        NOTE [Stores into packed rows] in evtc/plan/sm90_buffers.py), built on demand."""
         return KernelSpec(self.name + "_packed", self.config.replace(packed_stores=True), self.arch)
 
 

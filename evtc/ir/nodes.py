@@ -446,7 +446,7 @@ class Reduction(Output):
     def atomic_capable(self) -> bool:
         """A row or column max or min into f32: what the sm90 planner may reduce across tiles with
         ``red.global`` atomics instead of the workspace (NOTE [Atomic row and column max] in
-        evtc/plan/sm90.py; PTX ISA, ``red``: max/min on 32-bit integers, which order IEEE floats
+        evtc/plan/sm90_buffers.py; PTX ISA, ``red``: max/min on 32-bit integers, which order IEEE floats
         of one sign)."""
         return self.dim in (0, 1) and self.op in (ReduceOp.MAX, ReduceOp.MIN) and self.dtype.name == "f32"
 

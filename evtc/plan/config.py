@@ -413,7 +413,7 @@ def _check_types(config: GemmConfig, arch: str) -> None:
 
 #: The planner decisions a caller may fix (``evtc.Gemm(plan={...})``, ``evtc emit --plan '{...}'``)
 #: and what each takes: ``policy`` picks the planner, the others are the sm90 planner's
-#: ``FIXABLE`` decisions (evtc/plan/sm90.py).
+#: ``FIXABLE`` decisions (evtc/plan/sm90_space.py).
 PLAN_DECISIONS = {
     "policy": "'evtc' or 'cutlass'",
     "c_slot": "the name of an M x N input, or None/null for no C",

@@ -282,7 +282,7 @@ class Binder:
             16-byte aligned; False for kernels that access them register-direct one element at
             a time (sm80, sm90's unaligned variant). Default: the arch's (True on sm90).
         packed_stores: the M x N outputs go through sm90's packed stores (NOTE [Stores into
-            packed rows] in evtc/plan/sm90.py): their base address, rows and batches need only be
+            packed rows] in evtc/plan/sm90_buffers.py): their base address, rows and batches need only be
             element-aligned, whatever ``mn_tma`` says of the loads.
     """
 
