@@ -2,7 +2,8 @@
 
 Input: the Graph after passes and its :class:`~evtc.plan.sm80.Sm80Plan` (which carries the
 visitor tree, already wrapped in the visitor of the output that stores D, and the kernel
-variants). Output: the ``.cu`` text, from ``codegen_templates/sm80/gemm.cu.j2``.
+variants). Output: the ``.cu`` text, from ``codegen_templates/sm80/gemm.cu.j2`` (which
+extends ``sm80/kernel_base.cu.j2``, shared with the conv kernel).
 
 The visitor tree becomes one ``using`` per visitor (``N<k>_<kind>``), one per ``Sm80EVT``
 composition (``EVT<k>``) and one per topological region (``Topo<k>``), declared children first

@@ -1,7 +1,8 @@
 """The sm90 emitter: Graph + Plan -> a CUDA C++ source of the whole fused GEMM.
 
 Input: the Graph after passes and its sm90 :class:`~evtc.plan.model.Plan` (which carries the
-visitor tree). Output: the ``.cu`` text, from ``codegen_templates/sm90/gemm.cu.j2``.
+visitor tree). Output: the ``.cu`` text, from ``codegen_templates/sm90/gemm.cu.j2``
+(which extends ``sm90/kernel_base.cu.j2``, shared with the conv kernel).
 
 Everything the template prints is computed here from the plan; nothing is re-derived (the
 stage counts, epilogue tile, slots and per-aux TMA/direct choices are the plan's). The visitor
