@@ -75,8 +75,7 @@ from evtc.frontend.functions import (
 from evtc.frontend.trace import ColVector, DeviceScalar, Matrix, RowVector, Scalar
 from evtc.frontend.trace import SourceMatrix as Source
 from evtc.ir.graph import Graph
-
-__version__ = "0.1.0"
+from evtc._version import __version__
 
 
 def __getattr__(name: str):
