@@ -32,7 +32,7 @@ import torch
 
 import evtc
 from evtc import bf16
-from evtc.bench import time_graphs
+from evtc.testing.bench import time_graphs
 from evtc.testing import Problem, make_inputs, poisoned_outputs
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

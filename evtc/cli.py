@@ -624,7 +624,7 @@ def run(request: GemmRequest, M: int, N: int, K: int, L: int, seed: int):
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
 def bench(request: GemmRequest, M: int, N: int, K: int, L: int, iters: int):
     """Time the fused GEMM against cuBLAS's plain GEMM (median of CUDA-event timings)."""
-    from evtc.bench import bench_gemm
+    from evtc.testing.bench import bench_gemm
 
     g = request.gemm()
     _require_gpu()

@@ -1,4 +1,4 @@
-"""The GPU tests' oracle (evtc/testing.py) without a GPU: numpy arrays stand in for a kernel's
+"""The GPU tests' oracle (evtc/testing/oracle.py) without a GPU: numpy arrays stand in for a kernel's
 outputs. Correct f32 results (tests/emulate.py) and correct roundings must pass; a wrong
 ragged-tail element, an element two e4m3 ulps off, an unwritten (NaN) element, a wrong
 reduction entry and a write past the last column must each fail, with the worst element named."""
