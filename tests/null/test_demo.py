@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import evtc.demo as demo
+import evtc.cli.demo as demo
 
 
 def test_gpu_without_torch_says_torch_is_missing(monkeypatch):
