@@ -152,7 +152,7 @@ def main() -> None:
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     M, N, K = (int(x) for x in args.shape.split("x"))
-    from evtc.runtime import torch_fast
+    from evtc.torch import fast as torch_fast
 
     if not args.no_fast:
         torch_fast.build()  # NOTE [The torch fast path]: built once per machine, here before timing

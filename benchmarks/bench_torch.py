@@ -69,7 +69,7 @@ def gemms(d_model: int = D_MODEL, ffn: int = FFN) -> list:
     the same dtypes; the kernels depend only on the epilogues and dtypes): for prebuilding."""
     import torch
 
-    from evtc.torch_backend import fuse, to_aten
+    from evtc.torch.backend import fuse, to_aten
 
     made, matches = [], []
 
@@ -100,7 +100,7 @@ def main() -> None:
     import torch._dynamo
 
     from evtc.testing.bench import time_graphs, time_interleaved
-    from evtc.torch_backend import make_backend
+    from evtc.torch.backend import make_backend
 
     torch._dynamo.config.cache_size_limit = 64
     print(f"torch fast path: {common.fast_path()}", flush=True)

@@ -240,7 +240,7 @@ def _readers(root: store.CacheRoot, tmp_path: Path):
     set up with a good file."""
     from evtc.compiler import fingerprint
     from evtc.pipeline import memo
-    from evtc.runtime import torch_fast
+    from evtc.torch import fast as torch_fast
 
     entry = make_entry(root, "a")
 
