@@ -3,7 +3,7 @@
 On the GPU machine:  python benchmarks/bench_bias_relu.py --json $OUT/bias_relu.json
 
 Device times per call (median of --iters samples of back-to-back calls, CUDA events, after
-warm-up; fresh random inputs, preallocated outputs; evtc.bench.time_interleaved) at
+warm-up; fresh random inputs, preallocated outputs; evtc.testing.bench.time_interleaved) at
 (8192,8192,8192), (16384,4096,1024), (4096,4096,4096), bf16:
   * evtc: relu(alpha*acc + beta*C + bias[n]), default configuration
   * cuBLAS: the plain GEMM A @ B.T (the floor: no epilogue work at all)
@@ -40,7 +40,7 @@ def main() -> None:
     import torch
 
     import epilogues as E
-    from evtc.bench import bench_gemm, time_interleaved
+    from evtc.testing.bench import bench_gemm, time_interleaved
     from evtc.testing import Problem, make_inputs
 
     config = evtc.GemmConfig.from_json(args.config) if args.config else None

@@ -34,7 +34,7 @@ machine (each figure in a fresh process, ``--repeat`` times; ms):
 * ``construct_cold_ms``: the first ``Gemm(...)`` with an empty construct memo (an empty cache
   directory): tracing, passes, planning the primary kernel, storing the memo;
 * ``construct_warm_ms``: ``Gemm(...)`` in a fresh process with the memo the cold run left
-  (:mod:`evtc.compiler.memo`);
+  (:mod:`evtc.pipeline.memo`);
 * ``construct_off_ms``: the same with ``EVTC_CONSTRUCT_MEMO=0`` (what every construct cost
   before the memo);
 * ``choose_lookup_ms``: then ``choose(256, 256, 256)``, its kernel and source, and the kernel

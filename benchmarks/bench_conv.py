@@ -24,8 +24,8 @@ layer, three modes:
   the same run.
 
 Device times per call: median of --iters samples of back-to-back calls, CUDA events, after
-warm-up, the candidates of a layer interleaved (evtc.bench.time_interleaved); ``--graphs`` times
-each in a CUDA graph instead (evtc.bench.time_graphs: the kernels alone, no host launch path,
+warm-up, the candidates of a layer interleaved (evtc.testing.bench.time_interleaved); ``--graphs`` times
+each in a CUDA graph instead (evtc.testing.bench.time_graphs: the kernels alone, no host launch path,
 for layers of a few microseconds).
 benchmarks/explore_conv.py times every candidate kernel of the family per layer. Ratios below 1 mean
 evtc is faster. The issue's target: evtc fused at least as fast as cuDNN + eager on every layer,
@@ -166,7 +166,7 @@ def bench_layer(layer: Layer, table: dict, iters: int, compiled: dict, act: str 
     import torch.nn.functional as F
     from torch.nn.grad import conv2d_input
 
-    from evtc.bench import time_interleaved
+    from evtc.testing.bench import time_interleaved
 
     timer = timer or time_interleaved
     cl = torch.channels_last
@@ -263,13 +263,13 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(LAYERS), help="one network's layers")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (it compiles once per layer)")
     ap.add_argument("--layers", help="comma-separated layer names (default: every layer)")
-    ap.add_argument("--graphs", action="store_true", help="time each candidate in a CUDA graph (evtc.bench.time_graphs)")
+    ap.add_argument("--graphs", action="store_true", help="time each candidate in a CUDA graph (evtc.testing.bench.time_graphs)")
     ap.add_argument("--fprop-only", action="store_true", help="skip the dgrad modes")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_graphs
+    from evtc.testing.bench import time_graphs
 
     table = convs(args.arch)
     sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))

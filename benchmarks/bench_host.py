@@ -20,7 +20,7 @@ bf16 (``--shape``), default configuration:
 Host time: the GPU is kept busy (``torch.cuda._sleep``) while the host issues ``--calls`` calls
 back to back without synchronising; host us per call = the host clock's elapsed time / calls,
 the median of ``--repeats`` samples (so it is the launch path alone, never waiting for the GPU).
-Device time: CUDA events around back-to-back calls (:func:`evtc.bench.time_interleaved`).
+Device time: CUDA events around back-to-back calls (:func:`evtc.testing.bench.time_interleaved`).
 ``--profile`` adds the top functions of a cProfile of evtc's calls (where the Python time goes).
 """
 
@@ -147,12 +147,12 @@ def main() -> None:
     import torch
 
     import epilogues as E
-    from evtc.bench import time_interleaved
+    from evtc.testing.bench import time_interleaved
     from evtc.ir.nodes import ColBroadcast
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     M, N, K = (int(x) for x in args.shape.split("x"))
-    from evtc.runtime import torch_fast
+    from evtc.torch import fast as torch_fast
 
     if not args.no_fast:
         torch_fast.build()  # NOTE [The torch fast path]: built once per machine, here before timing

@@ -54,7 +54,7 @@ def main() -> None:
     import torch
 
     import bench_shapes as S
-    from evtc.bench import time_graphs, time_interleaved
+    from evtc.testing.bench import time_graphs, time_interleaved
     from evtc.compiler import build_many
     from evtc.dispatch.staging import PACKED_ENV
     from evtc.testing import Problem, check_outputs, failure_report, make_inputs, poisoned_outputs

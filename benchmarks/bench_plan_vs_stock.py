@@ -73,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_interleaved
+    from evtc.testing.bench import time_interleaved
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     table = pairs(args.differing)

@@ -69,7 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_interleaved
+    from evtc.testing.bench import time_interleaved
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     names = [args.only] if args.only else list(VARIANTS)

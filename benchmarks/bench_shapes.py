@@ -10,7 +10,7 @@ prefill, K-heavy, few-tile, vocabulary-sized N aligned and not, batched). Per pr
 family Gemm: the member its heuristic picks, or the tuned one with --tuned), cuBLAS's plain GEMM
 ``torch.matmul`` (the floor), the epilogue run eagerly after it (unfused), and torch.compile
 (default mode) of the same function; device time per call (median of back-to-back samples, CUDA
-events, evtc.bench.time_interleaved); ratios to cuBLAS, geometric means per epilogue and per
+events, evtc.testing.bench.time_interleaved); ratios to cuBLAS, geometric means per epilogue and per
 group; the member each problem ran on. Packed (contiguous) tensors for the unaligned-N problems,
 as a user has them (``--evtc-outputs``: evtc allocates their outputs, packed after the packed
 inputs: NOTE [The row layout of the outputs evtc allocates] in evtc/gemm.py); ``--staging``
@@ -116,7 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_graphs, time_interleaved
+    from evtc.testing.bench import time_graphs, time_interleaved
     from evtc.ir.nodes import ColBroadcast, RowBroadcast
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 

@@ -8,8 +8,8 @@ bias + GELU (erf) and fc2 + bias + the residual (an aux load); Inductor compiles
 here).
 
 Each mode is compiled for each size with static shapes (``dynamic=False``, one graph per size),
-then timed with :func:`evtc.bench.time_interleaved` (CUDA events around back-to-back calls, median,
-modes in alternation), and again inside CUDA graphs (:func:`evtc.bench.time_graphs`: the kernels
+then timed with :func:`evtc.testing.bench.time_interleaved` (CUDA events around back-to-back calls, median,
+modes in alternation), and again inside CUDA graphs (:func:`evtc.testing.bench.time_graphs`: the kernels
 without host launch costs, ``graph_*``), each ``--repeat`` times (default 3); a mode's time is the
 median of its repeats, and every repeat's ratio is printed and kept in the JSON.
 
@@ -69,7 +69,7 @@ def gemms(d_model: int = D_MODEL, ffn: int = FFN) -> list:
     the same dtypes; the kernels depend only on the epilogues and dtypes): for prebuilding."""
     import torch
 
-    from evtc.torch_backend import fuse, to_aten
+    from evtc.torch.backend import fuse, to_aten
 
     made, matches = [], []
 
@@ -99,8 +99,8 @@ def main() -> None:
     import torch
     import torch._dynamo
 
-    from evtc.bench import time_graphs, time_interleaved
-    from evtc.torch_backend import make_backend
+    from evtc.testing.bench import time_graphs, time_interleaved
+    from evtc.torch.backend import make_backend
 
     torch._dynamo.config.cache_size_limit = 64
     print(f"torch fast path: {common.fast_path()}", flush=True)

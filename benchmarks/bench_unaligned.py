@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_graphs, time_interleaved
+    from evtc.testing.bench import time_graphs, time_interleaved
     from evtc.compiler import build_many
     from evtc.dispatch import phase_split as ps
     from evtc.dispatch.staging import SPLIT_ENV

@@ -33,7 +33,7 @@ def fast_path() -> str:
     status line."""
     if "torch" not in sys.modules:
         return "torch not imported"
-    from evtc.runtime import torch_fast
+    from evtc.torch import fast as torch_fast
 
     try:
         torch_fast.build()

@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_interleaved
+    from evtc.testing.bench import time_interleaved
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     entries = gemms(args.epilogue)

@@ -18,7 +18,7 @@ NHWC memory (stream-K members data-parallel; swap-AB only where M <= 256),
 ``act(F.conv2d(x, w) + bias)``. Each output is first checked against cuDNN's (relative error
 below 2 %: a wrong kernel is recorded, not timed). Times are device times: each candidate
 captured in a CUDA graph (``--calls`` calls) and replayed ``--iters`` times, CUDA events around
-each replay, the candidates of a layer in alternation, median (evtc.bench.time_graphs);
+each replay, the candidates of a layer in alternation, median (evtc.testing.bench.time_graphs);
 ``--interleaved`` times back-to-back calls instead (host launch path included, as bench_conv.py).
 
 Robust: a candidate that fails to build, to run or to match is recorded with its error and the
@@ -119,7 +119,7 @@ def explore_layer(net: str, layer: BC.Layer, table: dict, candidates, args, brok
     import torch
     import torch.nn.functional as F
 
-    from evtc.bench import time_graphs, time_interleaved
+    from evtc.testing.bench import time_graphs, time_interleaved
 
     cl = torch.channels_last
     gen = torch.Generator(device="cuda")

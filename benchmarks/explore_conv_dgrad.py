@@ -13,7 +13,7 @@ On the GPU machine (the kernels are built first, in parallel):
 Per layer (bf16, channels-last, ``dx = conv2d_input(dy, w) * (F > 0)``): each member runs as a
 dgrad Conv pinned to its configuration; each output is first checked against cuDNN's (max |evtc
 - cuDNN| / max |cuDNN| below 2 %: a wrong kernel is recorded, not timed); times are device times
-in CUDA graphs (evtc.bench.time_graphs), the candidates of a layer in alternation, median; printed
+in CUDA graphs (evtc.testing.bench.time_graphs), the candidates of a layer in alternation, median; printed
 and written as time / (cuDNN + eager).
 """
 
@@ -66,7 +66,7 @@ def main() -> None:
     import torch
     from torch.nn.grad import conv2d_input
 
-    from evtc.bench import time_graphs
+    from evtc.testing.bench import time_graphs
 
     table = convs(args.strided)
     # what each member runs: the stride-2 problems an sm80 Conv's strided-dgrad kernel, else its one kernel

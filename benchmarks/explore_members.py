@@ -37,7 +37,7 @@ def main() -> None:
     import bench_shapes
     import torch
 
-    from evtc.bench import time_graphs
+    from evtc.testing.bench import time_graphs
     from evtc.family.spec import Problem as FP
     from evtc.family.spec import on_demand
     from evtc.dispatch.tune import candidates

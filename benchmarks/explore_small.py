@@ -81,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from evtc.bench import time_graphs
+    from evtc.testing.bench import time_graphs
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     every = gemms()

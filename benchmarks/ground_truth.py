@@ -17,7 +17,7 @@ The candidates are :func:`evtc.dispatch.space.candidates` over :data:`evtc.dispa
 MEMBERS` (the default family, the cluster-less variants and the members on trial), each run as a
 pinned Gemm (so what is timed is that kernel with those run-time arguments, nothing else), plus the
 family Gemm's own call (``evtc``: what a user gets today). Times are the kernels' own, in CUDA
-graphs (:func:`evtc.bench.time_graphs`: candidates alternate, median of replays), with a number of
+graphs (:func:`evtc.testing.bench.time_graphs`: candidates alternate, median of replays), with a number of
 calls per replay and of replays that keeps each candidate near a fixed budget of GPU time. A
 candidate's first call is checked against the float64 reference on a small ragged problem before
 anything is timed (``verify``).
@@ -256,7 +256,7 @@ def verify_kernels(fams, specs_by_fam, log) -> set:
 def cmd_time(args) -> None:
     import torch
 
-    from evtc.bench import time_graphs
+    from evtc.testing.bench import time_graphs
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 
     shard, nshards = (int(x) for x in args.shard.split("/"))

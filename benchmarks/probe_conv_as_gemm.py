@@ -45,7 +45,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from evtc.bench import time_graphs
+    from evtc.testing.bench import time_graphs
 
     gemms, convs = kernels()
     common.build_all(list(gemms.values()) + list(convs.values()), "probe_conv_as_gemm")

@@ -32,7 +32,7 @@ import torch
 
 import evtc
 from evtc import bf16
-from evtc.bench import time_graphs
+from evtc.testing.bench import time_graphs
 from evtc.testing import Problem, make_inputs, poisoned_outputs
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -80,7 +80,7 @@ def profile() -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from evtc.torch_backend import make_backend
+    from evtc.torch.backend import make_backend
 
     common.build_all([fc1, fc2], "profile")
     torch._dynamo.config.cache_size_limit = 64

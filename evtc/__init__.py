@@ -14,8 +14,14 @@ memory, emits a CUTLASS Epilogue Visitor Tree GEMM, builds it with nvcc and runs
     gemm = evtc.Gemm(bias_relu, a=bf16, b=bf16, c=bf16, d=bf16, arch="sm90")
     D = gemm(A, B, C=C, alpha=0.5, beta=1.5, bias=bias)
 
-The pipeline, one folder per stage: ``frontend`` (trace) -> ``passes`` -> ``plan`` -> ``emit`` ->
-``build`` -> ``runtime``. See docs/OVERVIEW.md.
+One folder per stage. The build path, ``frontend`` (trace, text) -> ``ir`` (the Graph) ->
+``passes`` -> ``lower`` (the visitor tree) -> ``plan`` -> ``emit`` (the ``.cu``) -> ``compiler``
+(nvcc, the verified kernel cache), driven by ``pipeline`` (one loop, one memo); the call path,
+``dispatch`` (a call's problem -> the kernel that runs it; the family, selection model, tuner,
+staging) -> ``runtime`` (tensor views, binding, launch). On top: ``Gemm`` and ``Conv`` (facades),
+``torch/`` (custom ops, the ``torch.compile`` backend, the call fast path), ``cli/`` (the ``evtc``
+command), ``testing/`` (the float64 oracle, timing), ``plugin/`` (epilogue fragments for other
+generators). tests/null/test_layers.py keeps the floors apart. See docs/OVERVIEW.md.
 """
 
 from evtc.dtypes import DType, bf16, e4m3, e5m2, f16, f32
@@ -75,8 +81,7 @@ from evtc.frontend.functions import (
 from evtc.frontend.trace import ColVector, DeviceScalar, Matrix, RowVector, Scalar
 from evtc.frontend.trace import SourceMatrix as Source
 from evtc.ir.graph import Graph
-
-__version__ = "0.1.0"
+from evtc._version import __version__
 
 
 def __getattr__(name: str):

@@ -175,7 +175,7 @@ class CallLayout:
     def offsets(self) -> dict[str, int]:
         """Byte offset of every field of ``evtc_call_t`` (the header's, then pointers' and
         scalars'), read back from :attr:`packer`'s format (for code that packs the struct
-        itself: evtc/runtime/torch_fast.cpp)."""
+        itself: evtc/torch/fast.cpp)."""
         names = [n for n, _ in CALL_HEADER] + list(self.pointers) + list(self.scalars)
         out, at, i = {}, 0, 0
         for code in re.findall(r"(\d*)([a-zA-Z])", self.packer.format.lstrip("<")):

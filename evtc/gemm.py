@@ -30,6 +30,7 @@ from evtc.plan import GemmConfig, default_config, get_target
 from evtc.plan.config import validate as validate_config
 from evtc.plan.model import Plan
 from evtc.runtime.launch import KernelLibrary, Launcher
+from evtc.torch.fast import FastPathHook
 
 __all__ = ["Gemm"]
 
@@ -128,7 +129,7 @@ class Gemm:
                              policy=policy, rank=plan_rank, fixed=fixed)
         self.graph = kernels.graph
         self.family = kernels.members
-        self.dispatch = Dispatcher(kernels, c=self.c, d=self.d)
+        self.dispatch = Dispatcher(kernels, c=self.c, d=self.d, fast_path=FastPathHook)
         from evtc import knobs
 
         self.dispatch.autotune = knobs.autotune.get() if autotune is None else bool(autotune)
@@ -308,7 +309,7 @@ class Gemm:
         """
         if out is None and stream is None:
             if _torch_compiling():
-                # inside torch.compile: the call is a custom op in the graph (evtc/torch_ops.py)
+                # inside torch.compile: the call is a custom op in the graph (evtc/torch/ops.py)
                 op = self._torch_op
                 if op is None:  # NOTE [The torch op is made outside torch.compile]
                     raise RuntimeError(self._no_torch_op())
@@ -335,7 +336,7 @@ class Gemm:
                 "compiling (or construct the Gemm after `import torch`)")
 
     def torch_op(self):
-        """This Gemm as a PyTorch custom op (:class:`evtc.torch_ops.TorchOp`): the same call
+        """This Gemm as a PyTorch custom op (:class:`evtc.torch.ops.TorchOp`): the same call
         without ``out=``/``stream=``, traceable by ``torch.compile(fullgraph=True)`` and
         ``torch.export`` (a fake implementation gives the outputs' shapes), usable in CUDA graphs.
         Calls inside a compiled function use it by themselves.
@@ -344,7 +345,7 @@ class Gemm:
             ArgumentError: a parameter name the op schema can't hold.
             ImportError: torch is not installed.
         """
-        from evtc.torch_ops import torch_op
+        from evtc.torch.ops import torch_op
 
         return torch_op(self)
 

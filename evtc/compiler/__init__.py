@@ -6,9 +6,10 @@ Input: a ``.cu`` text, an arch name and nvcc flags. Output: an
 Modules: :mod:`~evtc.compiler.nvcc` (the toolchain and the one nvcc command line),
 :mod:`~evtc.compiler.cache` (keys, build, lookup, build_many), :mod:`~evtc.compiler.store`
 (verified entries, list, prune), :mod:`~evtc.compiler.archive` (export, import),
-:mod:`~evtc.compiler.fingerprint` (header hashes), :mod:`~evtc.compiler.memo` (the construct
-memo: post-pass graphs, plans and sources of earlier constructs),
-:mod:`~evtc.compiler.progress` (the progress bar). See docs/compiler.md.
+:mod:`~evtc.compiler.fingerprint` (header and source hashes), :mod:`~evtc.compiler.trust`
+(the file rule), :mod:`~evtc.compiler.progress` (the progress bar). The compiler takes sources and
+flags, never IR or plan types (tests/null/test_layers.py): the construct memo, which pickles
+graphs and plans, is the pipeline's (:mod:`evtc.pipeline.memo`). See docs/compiler.md.
 """
 
 from evtc.compiler.cache import (

@@ -259,7 +259,7 @@ def _source_files(roots: dict[str, tuple[str, tuple[str, ...] | None]]) -> list[
 def sources_hash(roots: dict[str, tuple[Path | str, tuple[str, ...] | None]], memo_dir: Path | None = None) -> str:
     """SHA-256 over the contents of selected files under several folders: evtc's own Python
     sources, templates and grammar, for keys of results those files decide (the construct memo,
-    :mod:`evtc.compiler.memo`).
+    :mod:`evtc.pipeline.memo`).
 
     Kept cheap like :func:`tree_hash`: once per process, and across processes through a
     snapshot (path, mode, size, mtime, inode of every selected file; about 1 ms for evtc's 130

@@ -5,7 +5,7 @@ Input: a call's tensors and scalars (A, B, the epilogue's arguments, ``out=``) a
 :meth:`Dispatcher.route` chose for its signature: a pinned family's one kernel, a member chosen
 for the problem, or the padded staging route (with the row-phase split) for M x N rows TMA can't
 address. Calls with torch tensors on a signature the Python path has checked run through the
-torch fast path (NOTE [The torch fast path] in :mod:`evtc.runtime.torch_fast`).
+torch fast path (NOTE [The torch fast path] in :mod:`evtc.torch.fast`), which the Gemm hands in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from evtc.abi import abi_fields, ctypes_struct
 from evtc.dispatch.family import GemmFamily, kernel_key
@@ -26,7 +26,7 @@ from evtc.runtime.bind import ALIGN, Binder, batch_count, follows_packed_inputs
 from evtc.runtime.launch import Launcher, probe_call
 from evtc.runtime.tensors import contiguous_strides
 
-__all__ = ["Dispatcher", "aligned_rows", "call_problem"]
+__all__ = ["Dispatcher", "NoFastPath", "aligned_rows", "call_problem"]
 
 
 def aligned_rows(v: tensors.TensorView, eb: int) -> bool:
@@ -77,6 +77,8 @@ class Dispatcher:
     Args:
         family: the Gemm's kernels.
         c, d: the Gemm's source and output dtypes (the row-phase split's packed rows).
+        fast_path: makes the Dispatcher's side of a call fast path from the Dispatcher
+            (:class:`evtc.torch.fast.FastPathHook`, which :class:`evtc.Gemm` passes); None: none.
 
     Attributes:
         family: the :class:`~evtc.dispatch.family.GemmFamily`.
@@ -88,7 +90,8 @@ class Dispatcher:
             candidates and keeps the fastest (never while a CUDA graph is captured).
     """
 
-    def __init__(self, family: GemmFamily, *, c: DType | None, d: DType) -> None:
+    def __init__(self, family: GemmFamily, *, c: DType | None, d: DType,
+                 fast_path: Callable[[Dispatcher], Any] | None = None) -> None:
         self.family = family
         self.c, self.d = c, d
         g = self.graph = family.graph
@@ -112,7 +115,7 @@ class Dispatcher:
         self.mn_stores = tuple((o.name, o.dtype) for o in g.outputs if isinstance(o, Store))
         # rows of a multiple of this many elements are 16-byte multiples in every M x N input
         self.mn_row_quantum = max([ALIGN // math.gcd(ALIGN, eb) for _, eb in self.mn_loads] or [1])
-        self.fast = FastPathHook(self)
+        self.fast = (fast_path or NoFastPath)(self)
 
     # ---- the route ---------------------------------------------------------------------------
 
@@ -299,58 +302,17 @@ class Dispatcher:
         return got
 
 
-class FastPathHook:
-    """A Dispatcher's side of the torch fast path (NOTE [The torch fast path] in
-    :mod:`evtc.runtime.torch_fast`): hands it the calls the Python path checked and launched.
+class NoFastPath:
+    """The fast-path hook of a Dispatcher made without one: every call takes the Python path
+    (:class:`evtc.torch.fast.FastPathHook` is the one :class:`evtc.Gemm` gives)."""
 
-    Attributes:
-        call: ``call(A, B, kwargs)`` -> outputs, or None where the fast path doesn't know the
-            call (None until the extension is built and a call registered).
-    """
+    call = None
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
-        self.table = None  # the FastPath (its table of calls)
-        self.call = None
-        self.off = False
-        self.refused: set = set()  # probe keys the fast path declined: not offered again
 
     def clear(self) -> None:
-        self.refused.clear()  # another launcher may take the key now
-        if self.table is not None:
-            self.table.clear()
+        pass
 
     def register(self, launcher: Launcher, key: tuple, A: Any, B: Any, kwargs: Mapping[str, Any]) -> None:
-        """Register a call the Python path just checked and launched (torch tensors only; builds
-        the extension in the background on first use)."""
-        if self.off:
-            return
-        torch = sys.modules.get("torch")
-        if torch is None or type(A) not in (torch.Tensor, torch.nn.Parameter) or type(kwargs) is not dict:
-            return
-        table = self.table
-        if table is None:
-            from evtc.runtime import torch_fast
-
-            mod = torch_fast.module()
-            if mod is None:
-                if torch_fast.mode() == "0" or torch_fast.status().startswith("failed"):
-                    self.off = True
-                return
-            if type(launcher) is not Launcher:
-                return
-            try:
-                table = self.table = torch_fast.FastPath(mod, self.dispatcher.prober, launcher.layout)
-                self.call = table.bound
-            except Exception:  # a layout the extension can't pack: the Python path serves every call
-                self.off = True
-                return
-        if type(launcher) is not Launcher:  # a staged call copies its inputs first: the Python path's
-            return
-        if key in self.refused:  # declined before: its answer depends only on the key's signature
-            return
-        sig = launcher._signatures.get(key)
-        if sig is not None and not table.add(launcher, sig, A, B, kwargs, launcher.launch_address):
-            if len(self.refused) >= 4096:
-                self.refused.clear()
-            self.refused.add(key)
+        pass

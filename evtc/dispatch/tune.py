@@ -12,8 +12,8 @@ Candidates are the ``top`` the selection model ranks highest (NOTE [The selectio
 the model's first 4 within 2 % on 95-97 % of problems, docs/performance.md), or every candidate of
 :func:`evtc.dispatch.space.candidates` with ``top=None``. Each is timed with
 CUDA events on fresh random inputs, several sets rotated so that they don't all sit in L2, after a
-warm-up, median of many runs, inside CUDA graphs (:func:`evtc.bench.time_graphs`: the kernels'
-own time, which a back-to-back sample of a small problem hides behind the host's launch path); a candidate whose first call
+warm-up, median of many runs, inside CUDA graphs (:func:`evtc.testing.bench.time_graphs`: the
+kernels' own time, which a back-to-back sample of a small problem hides behind the host's launch path); a candidate whose first call
 takes more than ``limit_s`` on the GPU is dropped (it is never waited for forever: the tuner polls
 an event). The result is deterministic given the store: the same shapes pick the same kernels.
 """
@@ -171,7 +171,7 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
     """
     import torch
 
-    from evtc.bench import time_graphs, time_interleaved
+    from evtc.testing.bench import time_graphs, time_interleaved
     from evtc.compiler import cache
     from evtc.errors import NoDeviceError
     from evtc.testing import Problem as TestProblem

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Callable, Mapping, TypeVar
 
 from evtc.abi import abi_fields
-from evtc.compiler import cache, memo
+from evtc.compiler import cache
 from evtc.dtypes import DType
 from evtc.family.spec import KernelSpec
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.ir.printer import print_graph
+from evtc.pipeline import memo
 from evtc.plan import make_plan
 from evtc.runtime.launch import KernelLibrary
 
@@ -26,7 +27,7 @@ T = TypeVar("T")
 
 def memoized(get: Callable[[], T | None], compute: Callable[[], T], put: Callable[[T], None]) -> T:
     """The value ``get`` finds, else ``compute``'s, stored with ``put``: the one way every stage
-    reads and fills the construct memo (NOTE [The construct memo] in :mod:`evtc.compiler.memo`)."""
+    reads and fills the construct memo (NOTE [The construct memo] in :mod:`evtc.pipeline.memo`)."""
     value = get()
     if value is None:
         value = compute()

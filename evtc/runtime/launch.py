@@ -266,7 +266,7 @@ class Launcher:
         self.layout = library.call_layout
         self._pack = self.layout.packer.pack_into
         self._launch = library.lib.evtc_launch
-        #: the address of the library's ``evtc_launch`` (for evtc/runtime/torch_fast.cpp)
+        #: the address of the library's ``evtc_launch`` (for evtc/torch/fast.cpp)
         self.launch_address = ctypes.cast(self._launch, ctypes.c_void_p).value or 0 \
             if isinstance(self._launch, ctypes._CFuncPtr) else 0
         self._signatures: dict[tuple, Signature] = {}

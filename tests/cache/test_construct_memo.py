@@ -1,4 +1,4 @@
-"""The construct memo (evtc/compiler/memo.py): a repeated ``evtc.Gemm(...)`` skips the passes,
+"""The construct memo (evtc/pipeline/memo.py): a repeated ``evtc.Gemm(...)`` skips the passes,
 planner and emitter, and what it gives is byte for byte what they give; entries that are not
 what they claim are recomputed, never trusted."""
 
@@ -19,7 +19,7 @@ import evtc
 import evtc.pipeline.kernel
 import evtc.gemm
 from evtc import bf16, e4m3
-from evtc.compiler import memo
+from evtc.pipeline import memo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -166,7 +166,7 @@ def test_a_second_construct_recomputes_nothing(cache, spies):
     import copy
     import pickle
 
-    from evtc.compiler import memo
+    from evtc.pipeline import memo
     from evtc.pipeline import emit
     from evtc.lower import VisitorTree
 

@@ -37,7 +37,7 @@ def main() -> None:
     import torch
 
     import epilogues as E
-    from evtc.bench import time_interleaved
+    from evtc.testing.bench import time_interleaved
     from evtc.compiler import build_many
     from evtc.testing import Problem, make_inputs, poisoned_outputs
 

@@ -1,4 +1,4 @@
-"""torch.compile(backend="evtc") on the H100 (evtc/torch_backend.py): Linear + GELU, an MLP block
+"""torch.compile(backend="evtc") on the H100 (evtc/torch/backend.py): Linear + GELU, an MLP block
 with a residual, the LayerNorm statistics and an fp8 output with its amax, compiled with Inductor
 for the rest, each fused GEMM a real evtc kernel. Every output against the float64 reference:
 within half an ulp of its dtype, plus the f32 accumulation bound of the GEMM (K * 2**-23 *
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from evtc.torch_backend import make_backend
+from evtc.torch.backend import make_backend
 
 from torch_models import Fp8Out, LayerNormStats, MLPBlock, ulp, within_half_ulp  # noqa: E402
 

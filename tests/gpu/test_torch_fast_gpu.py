@@ -1,4 +1,4 @@
-"""The torch fast path on the GPU (NOTE [The torch fast path], evtc/runtime/torch_fast.py): after
+"""The torch fast path on the GPU (NOTE [The torch fast path], evtc/torch/fast.py): after
 a call on the Python path registers its key, later calls with torch tensors go through the C++
 extension; each is checked elementwise against the float64 reference on fresh random data, with
 the scalars changed between calls, outputs allocated over NaN-filled memory, a pinned Gemm (one
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 def fast_path_sync():
     mp = pytest.MonkeyPatch()
     mp.setenv("EVTC_TORCH_FASTPATH", "sync")
-    from evtc.runtime import torch_fast
+    from evtc.torch import fast as torch_fast
 
     torch_fast.build()
     yield

@@ -1,4 +1,4 @@
-"""Gemms as PyTorch custom ops on the H100 (evtc/torch_ops.py): a call inside
+"""Gemms as PyTorch custom ops on the H100 (evtc/torch/ops.py): a call inside
 torch.compile(fullgraph=True), the op captured in a CUDA graph and replayed with new inputs, and a
 torch.export-ed module run; every output against the float64 reference (evtc.testing's oracle),
 fresh random inputs. The kernels are the runtime tests' (benchmarks/prebuild.py group
@@ -112,7 +112,7 @@ def test_backend_fuses_an_mlp_block_on_the_gpu(tokens):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_torch
 
-    from evtc.torch_backend import make_backend
+    from evtc.torch.backend import make_backend
 
     from conftest_gpu import prebuild
 

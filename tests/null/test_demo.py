@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import evtc.demo as demo
+import evtc.cli.demo as demo
 
 
 def test_gpu_without_torch_says_torch_is_missing(monkeypatch):
@@ -112,7 +112,7 @@ def test_demo_prints_progress_while_a_build_runs(tmp_path, monkeypatch, capsys):
 def test_demo_on_a_gpu_builds_the_kernels_its_runs_choose(tmp_path, monkeypatch, capsys):
     import numpy as np
 
-    import evtc.bench
+    import evtc.testing.bench
     import evtc.testing as T
     from evtc import bf16
 
@@ -129,7 +129,7 @@ def test_demo_on_a_gpu_builds_the_kernels_its_runs_choose(tmp_path, monkeypatch,
     monkeypatch.setattr(demo, "gpu_status", lambda: (True, "FAKE GPU"))
     monkeypatch.setattr(T, "check", lambda gemm, p, seed=0: {
         "D": T.compare("D", np.array([1.0, 2.0]), np.array([1.0, 2.0]), bf16)})
-    monkeypatch.setattr(evtc.bench, "bench_gemm", lambda gemm, *shape, **kw: {
+    monkeypatch.setattr(evtc.testing.bench, "bench_gemm", lambda gemm, *shape, **kw: {
         "evtc_ms": 1.0, "cublas_ms": 1.0, "eager_ms": 2.0, "evtc_over_cublas": 1.0, "eager_over_evtc": 2.0})
     assert demo.run_demo(tmp_path, "sm90") == 0
     out = capsys.readouterr().out

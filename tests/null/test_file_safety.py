@@ -238,8 +238,9 @@ def test_a_cache_secret_that_is_a_fifo_is_refused_without_hanging(cache_env, tmp
 def _readers(root: store.CacheRoot, tmp_path: Path):
     """(name, the file it reads, the folders the rule covers, read() -> accepted?) of each reader,
     set up with a good file."""
-    from evtc.compiler import fingerprint, memo
-    from evtc.runtime import torch_fast
+    from evtc.compiler import fingerprint
+    from evtc.pipeline import memo
+    from evtc.torch import fast as torch_fast
 
     entry = make_entry(root, "a")
 

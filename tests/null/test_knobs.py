@@ -51,7 +51,7 @@ def test_a_value_that_is_neither_on_nor_off_names_the_variable(monkeypatch):
 
 def test_the_fast_path_switch_follows_the_rule(monkeypatch):
     """EVTC_TORCH_FASTPATH=no left the fast path on (issue 35): no is off, like everywhere."""
-    from evtc.runtime import torch_fast
+    from evtc.torch import fast as torch_fast
 
     for raw, want in (("no", "0"), ("off", "0"), ("0", "0"), ("yes", "1"), ("1", "1"), ("sync", "sync")):
         monkeypatch.setenv("EVTC_TORCH_FASTPATH", raw)

@@ -1,4 +1,4 @@
-"""The GPU tests' oracle (evtc/testing.py) without a GPU: numpy arrays stand in for a kernel's
+"""The GPU tests' oracle (evtc/testing/oracle.py) without a GPU: numpy arrays stand in for a kernel's
 outputs. Correct f32 results (tests/emulate.py) and correct roundings must pass; a wrong
 ragged-tail element, an element two e4m3 ulps off, an unwritten (NaN) element, a wrong
 reduction entry and a write past the last column must each fail, with the worst element named."""
@@ -366,7 +366,7 @@ def test_writes_past_the_last_column_fail():
 def test_results_unpack_as_the_old_pairs_and_report_as_json():
     s = _setup(_reference("row_stats"), d=bf16)
     res = _verify(s)
-    for name, (err, tol) in res.items():  # how evtc.cli and evtc.demo read them
+    for name, (err, tol) in res.items():  # how evtc.cli and evtc.cli.demo read them
         assert err <= tol
     got = {k: v.copy() for k, v in s[4].items()}
     got["D"][0, 0, 0] = np.nan

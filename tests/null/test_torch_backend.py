@@ -1,4 +1,4 @@
-"""torch.compile(backend="evtc") without a GPU (evtc/torch_backend.py): which FX patterns fuse,
+"""torch.compile(backend="evtc") without a GPU (evtc/torch/backend.py): which FX patterns fuse,
 how many, and that the compiled model computes what eager does, within one rounding of the
 float64 value. The fused op's CPU kernel here is evtc's float64 interpreter rounded to the output
 dtypes (registered for each Gemm the backend makes), so the numbers check the rewrite: the
@@ -12,7 +12,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from evtc.ir.interpret import interpret
-from evtc.torch_backend import make_backend
+from evtc.torch.backend import make_backend
 
 from torch_models import Fp8Out, LayerNormStats, LinearGelu, MLPBlock, ulp, within_half_ulp  # noqa: E402
 
@@ -249,7 +249,7 @@ def test_a_symbolic_graph_without_matches_compiles_once():
     """A symbolic graph that fuses nothing at Dynamo's example sizes is compiled as it is, once
     for every shape: no per-shape specialization (under Inductor, whose symbolic compilation
     needs Dynamo's shape environment, current only while the backend runs)."""
-    from evtc import torch_backend as TB
+    from evtc.torch import backend as TB
 
     class Plain(nn.Module):
         def forward(self, x):

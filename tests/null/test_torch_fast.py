@@ -1,4 +1,4 @@
-"""The torch fast path (evtc/runtime/torch_fast.py, NOTE [The torch fast path]) without a GPU.
+"""The torch fast path (evtc/torch/fast.py, NOTE [The torch fast path]) without a GPU.
 
 The extension is built against the installed torch (about 20 s, once per cache directory) and
 run in its test mode, which accepts CPU tensors: a key is registered from a call the Python
@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 import evtc  # noqa: E402
 from evtc import f16  # noqa: E402
 from evtc.abi import abi_fields  # noqa: E402
-from evtc.runtime import torch_fast  # noqa: E402
 from evtc.runtime.launch import Launcher  # noqa: E402
+from evtc.torch import fast as torch_fast  # noqa: E402
 
 from test_runtime_launch import Fake, FakeLibrary, lin, stats  # noqa: E402
 

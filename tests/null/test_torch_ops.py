@@ -1,4 +1,4 @@
-"""Gemms as PyTorch custom ops (evtc/torch_ops.py) without a GPU: the schema and name, the fake
+"""Gemms as PyTorch custom ops (evtc/torch/ops.py) without a GPU: the schema and name, the fake
 implementation's shapes and dtypes, a Gemm call inside torch.compile(fullgraph=True) (one op in
 the graph, no break) and torch.export. The op's CUDA implementation is the Gemm itself (GPU
 tests: tests/gpu/test_torch_gpu.py); here a CPU kernel computed by evtc's float64 interpreter is

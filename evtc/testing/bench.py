@@ -1,5 +1,5 @@
-"""Timing helpers for benchmarks (GPU only): CUDA events, warm-up, median of many runs, fresh
-random inputs, preallocated outputs.
+"""Timing helpers for benchmarks and the tuner (GPU only): CUDA events, warm-up, median of many
+runs, fresh random inputs, preallocated outputs.
 
 Input: a built :class:`evtc.Gemm` and a problem size. Output: a dict of medians (ms) and ratios.
 """
@@ -21,6 +21,8 @@ from evtc.ir.nodes import (
     RowBroadcast,
     Store,
 )
+
+__all__ = ["bench_gemm", "launch_overhead_us", "time_graphs", "time_interleaved", "torch_eval"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], iters: int = 50, warmup_ms: float = 300.0,

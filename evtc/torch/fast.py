@@ -7,13 +7,15 @@ was 8.6 us and the rest Python: reading shape, strides, dtype, device and pointe
 tensor (about 1 us each), the two per-signature lookups, ``torch.empty_strided`` for D (4-6 us
 through torch's argument parser), packing, ctypes. No rearrangement of that Python reaches
 torch.mm, whose own allocation and checks run in C++. So calls with torch tensors on a key the
-Python path has already checked and prepared go through ``torch_fast.cpp``: it reads the
+Python path has already checked and prepared go through ``fast.cpp``: it reads the
 tensors through ATen, looks the key up, repeats the cached per-call checks (scalars' types and
 limits, pointer alignment, overlap spans), allocates the outputs with the caching allocator,
 packs ``evtc_call_t`` and calls the kernel library's ``evtc_launch`` directly. Whatever it does
 not recognise or whatever fails returns None and the call takes the Python path, which raises
 the right error or prepares and registers the key: the extension never decides a check the
 Python path did not make first (tests/null/test_torch_fast.py compares the two byte for byte).
+A Gemm's :class:`~evtc.dispatch.dispatcher.Dispatcher` reaches it through :class:`FastPathHook`,
+which :class:`evtc.Gemm` hands it (the dispatcher imports nothing of torch).
 
 The extension is compiled with the host C++ compiler against the installed torch (torch's
 headers and libraries, no CUDA toolkit), about 20-40 s, once per (torch, Python, source)
@@ -21,7 +23,7 @@ triple, into the kernel cache (``<cache>/torch_fast/<tag>/``), atomically, with 
 recorded and checked before every load. A process that finds it missing builds it in a
 background thread (calls take the Python path meanwhile) unless ``EVTC_TORCH_FASTPATH`` says
 otherwise: ``0`` disables the fast path, ``sync`` builds it in the foreground on first use,
-``1`` (default) in the background. ``evtc.runtime.torch_fast.build()`` builds it now (prebuild
+``1`` (default) in the background. ``evtc.torch.fast.build()`` builds it now (prebuild
 scripts call it).
 """
 
@@ -41,14 +43,17 @@ import sysconfig
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from evtc import knobs
+from evtc.runtime.launch import Launcher
+
+__all__ = ["FastPath", "FastPathHook", "build", "mode", "module", "status"]
 
 log = logging.getLogger("evtc")
 
-FAST_ABI = 1  # torch_fast.cpp's kFastAbi
-SOURCE = Path(__file__).with_name("torch_fast.cpp")
+FAST_ABI = 1  # fast.cpp's kFastAbi
+SOURCE = Path(__file__).with_name("fast.cpp")
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"module": None, "failed": None, "thread": None}
@@ -81,7 +86,7 @@ def _module_name() -> str:
 
 
 def _compile(folder: Path) -> None:
-    """Compile torch_fast.cpp into ``folder/ext.so`` (atomically) and record its SHA-256."""
+    """Compile fast.cpp into ``folder/ext.so`` (atomically) and record its SHA-256."""
     import torch
     from torch.utils import cpp_extension
 
@@ -251,7 +256,7 @@ class FastPath:
         from evtc.abi import CALL_HEADER
 
         if tuple(n for n, _ in CALL_HEADER) != ("handle", "workspace", "workspace_bytes", "stream"):
-            raise RuntimeError("evtc_call_t's header changed: update torch_fast.cpp")
+            raise RuntimeError("evtc_call_t's header changed: update fast.cpp")
         self.mod = mod
         self.binder = binder
         self.layout = layout
@@ -293,3 +298,58 @@ class FastPath:
         spans = [(i, j, lo_i, hi_i, lo_j, hi_j) for i, j, lo_i, hi_i, lo_j, hi_j, _ in sig.spans]
         return self.mod.add(self.table, A, B, kwargs, launch_address, sig.handle, sig.workspace, sig.device,
                             bool(b.swap), list(sig.checks), spans, allocs)
+
+
+class FastPathHook:
+    """A Dispatcher's side of the torch fast path (NOTE [The torch fast path] in
+    the module docstring): hands it the calls the Python path checked and launched.
+
+    Attributes:
+        call: ``call(A, B, kwargs)`` -> outputs, or None where the fast path doesn't know the
+            call (None until the extension is built and a call registered).
+    """
+
+    def __init__(self, dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.table = None  # the FastPath (its table of calls)
+        self.call = None
+        self.off = False
+        self.refused: set = set()  # probe keys the fast path declined: not offered again
+
+    def clear(self) -> None:
+        self.refused.clear()  # another launcher may take the key now
+        if self.table is not None:
+            self.table.clear()
+
+    def register(self, launcher: Launcher, key: tuple, A: Any, B: Any, kwargs: Mapping[str, Any]) -> None:
+        """Register a call the Python path just checked and launched (torch tensors only; builds
+        the extension in the background on first use)."""
+        if self.off:
+            return
+        torch = sys.modules.get("torch")
+        if torch is None or type(A) not in (torch.Tensor, torch.nn.Parameter) or type(kwargs) is not dict:
+            return
+        table = self.table
+        if table is None:
+            mod = module()
+            if mod is None:
+                if mode() == "0" or status().startswith("failed"):
+                    self.off = True
+                return
+            if type(launcher) is not Launcher:
+                return
+            try:
+                table = self.table = FastPath(mod, self.dispatcher.prober, launcher.layout)
+                self.call = table.bound
+            except Exception:  # a layout the extension can't pack: the Python path serves every call
+                self.off = True
+                return
+        if type(launcher) is not Launcher:  # a staged call copies its inputs first: the Python path's
+            return
+        if key in self.refused:  # declined before: its answer depends only on the key's signature
+            return
+        sig = launcher._signatures.get(key)
+        if sig is not None and not table.add(launcher, sig, A, B, kwargs, launcher.launch_address):
+            if len(self.refused) >= 4096:
+                self.refused.clear()
+            self.refused.add(key)

@@ -1,10 +1,10 @@
 """A ``torch.compile`` backend that fuses GEMMs with the pointwise work and reductions after them.
 
 Input: the FX graph Dynamo captured and its example inputs. Output: a callable: the graph's ATen
-form with each match replaced by one evtc Gemm's custom op (:mod:`evtc.torch_ops`), compiled by
+form with each match replaced by one evtc Gemm's custom op (:mod:`evtc.torch.ops`), compiled by
 Inductor.
 
-    torch.compile(model, backend="evtc")      # registered on import of evtc.torch_backend and
+    torch.compile(model, backend="evtc")      # registered on import of evtc.torch.backend and
                                               # through the torch_dynamo_backends entry point
 
 How (:func:`to_aten`, then :func:`fuse`):

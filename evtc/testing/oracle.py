@@ -1,13 +1,13 @@
-"""The correctness oracle of the GPU tests, ``evtc run`` and ``evtc demo``: a kernel's outputs
-checked element by element against the float64 reference.
+"""The oracle's host half: a kernel's outputs checked element by element against the float64
+reference, within per-element error bounds.
 
-Input: a :class:`evtc.Gemm` (or a Graph), a problem size and a seed. Output: fresh random inputs
-(never zeros), NaN-poisoned outputs, and per output an :class:`OutputCheck`: how many elements
-lie outside their bound, the worst one (index, got, expected, ulps) and a summary.
+Input: an epilogue's Graph, its outputs and inputs as host arrays, the exact accumulator and its
+error bound. Output: per output an :class:`OutputCheck`: how many elements lie outside their
+bound, the worst one (index, got, expected, ulps) and a summary.
 
-The host half (:func:`reference_and_bounds`, :func:`compare`, :func:`verify`) needs only numpy, so the
-oracle is tested without a GPU (``tests/null/test_oracle.py``); the device half
-(:func:`make_inputs`, :func:`poisoned_outputs`, :func:`check`) uses torch.
+It needs only numpy, so the oracle is tested without a GPU (``tests/null/test_oracle.py``); the
+device half (:mod:`evtc.testing.inputs`: random inputs, NaN-poisoned outputs;
+:mod:`evtc.testing.checks`: run a Gemm and check it) uses torch.
 
 NOTE [The error bound]
 ----------------------
@@ -93,9 +93,8 @@ from evtc.ir.nodes import (
 
 __all__ = [
     "ACC_SAFETY", "F32_ERROR", "FP8_PROMOTION_INTERVAL", "LAMBDA", "LIPSCHITZ", "U_FP8_MMA", "ULPS", "OutputCheck",
-    "Problem", "accumulator_error", "check", "check_outputs", "chosen_kernel", "compare", "failure_report",
-    "fast_accumulation", "make_inputs", "padded_empty", "padding_of", "poisoned_outputs", "random_tensor",
-    "reference", "reference_and_bounds", "relative_error", "to_numpy", "tolerance", "ulp", "verify",
+    "accumulator_error", "compare", "failure_report", "fast_accumulation", "reference", "reference_and_bounds",
+    "relative_error", "to_numpy", "tolerance", "ulp", "verify",
 ]
 
 #: ulps of the output dtype granted on top of the propagated bound (NOTE [The error bound]).
@@ -127,16 +126,6 @@ def ulp(x, dtype: DType) -> np.ndarray:
     e = np.where(a == 0, _MIN_EXP[dtype.name], e)
     u = np.ldexp(1.0, e - dtype.mantissa_bits)
     return np.where(np.isfinite(a), u, np.inf)
-
-
-@dataclasses.dataclass
-class Problem:
-    """A GEMM problem: A is (L, M, K), B is (L, N, K), outputs (L, M, N)."""
-
-    M: int
-    N: int
-    K: int
-    L: int = 1
 
 
 # ---- the accumulator -------------------------------------------------------------------------------
@@ -290,6 +279,35 @@ def _reduce_axis(node: Reduction):
     return node.axis.numpy_axis
 
 
+def _compute(node: Compute, args: list, aerr: list) -> tuple[Any, Any]:
+    """A compute node's float64 value and the bound of its error, from its arguments' values and
+    bounds: the propagated input errors plus the op's own f32 rounding (:data:`F32_ERROR`)."""
+    if node.op == "convert":
+        r = dtypes.round_to(args[0], node.dtype)
+        lo = dtypes.round_to(args[0] - aerr[0], node.dtype)
+        hi = dtypes.round_to(args[0] + aerr[0], node.dtype)
+        return r, np.maximum(_abs(hi - r), _abs(r - lo))
+    if node.op not in F32_ERROR:
+        raise KeyError(f"op '{node.op}' has no row in evtc.testing.F32_ERROR (the error of its "
+                       "f32 implementation): add one")
+    r = np.asarray(ops.get(node.op).numpy(*args), dtype=np.float64)
+    return r, _propagate(node.op, args, aerr, r) + F32_ERROR[node.op](args, r)
+
+
+def _reduce(node: Reduction, v: np.ndarray, e: np.ndarray, mn: tuple[int, ...]) -> tuple[Any, Any]:
+    """A reduction's float64 result (before its rounding) and its bound, from its (L, M, N) value
+    ``v`` and bound ``e`` (NOTE [The error bound]: a sum adds the probabilistic rounding bound, a
+    max or min nothing)."""
+    axis = _reduce_axis(node)
+    if node.op is ReduceOp.SUM:
+        n = math.prod(mn[a] for a in (axis if isinstance(axis, tuple) else (axis,)))
+        total = np.sum(v, axis=axis)
+        norm2 = np.sqrt(np.square(v).sum(axis=axis))
+        return total, e.sum(axis=axis) + LAMBDA * _U * math.sqrt(n) * (_abs(total) + 4 * norm2)
+    total = (np.max if node.op is ReduceOp.MAX else np.min)(v, axis=axis)
+    return total, e.max(axis=axis)
+
+
 def reference_and_bounds(graph: Graph, acc: np.ndarray, acc_error,
                          inputs: Mapping[str, object]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The float64 reference of every output and, per element, a bound ``E`` on |kernel value -
@@ -337,35 +355,14 @@ def reference_and_bounds(graph: Graph, acc: np.ndarray, acc_error,
                 vals[id(node)] = np.float64(node.value)
                 errs[id(node)] = abs(float(np.float32(node.value)) - node.value)  # emitted as f32
             elif isinstance(node, Compute):
-                args = [vals[id(a)] for a in node.args]
-                aerr = [errs[id(a)] for a in node.args]
-                if node.op == "convert":
-                    r = dtypes.round_to(args[0], node.dtype)
-                    lo = dtypes.round_to(args[0] - aerr[0], node.dtype)
-                    hi = dtypes.round_to(args[0] + aerr[0], node.dtype)
-                    e = np.maximum(_abs(hi - r), _abs(r - lo))
-                else:
-                    if node.op not in F32_ERROR:
-                        raise KeyError(f"op '{node.op}' has no row in evtc.testing.F32_ERROR (the error of its "
-                                       "f32 implementation): add one")
-                    r = np.asarray(ops.get(node.op).numpy(*args), dtype=np.float64)
-                    e = _propagate(node.op, args, aerr, r) + F32_ERROR[node.op](args, r)
-                vals[id(node)], errs[id(node)] = r, e
+                vals[id(node)], errs[id(node)] = _compute(node, [vals[id(a)] for a in node.args],
+                                                          [errs[id(a)] for a in node.args])
             elif isinstance(node, Store):
                 ref[node.name] = dtypes.round_to(np.array(np.broadcast_to(vals[id(node.value)], mn)), node.dtype)
                 out[node.name] = np.array(np.broadcast_to(errs[id(node.value)], mn))
             elif isinstance(node, Reduction):
-                v = np.broadcast_to(vals[id(node.value)], mn)
-                e = np.broadcast_to(errs[id(node.value)], mn)
-                axis = _reduce_axis(node)
-                if node.op is ReduceOp.SUM:
-                    n = math.prod(mn[a] for a in (axis if isinstance(axis, tuple) else (axis,)))
-                    total = np.sum(v, axis=axis)
-                    norm2 = np.sqrt(np.square(v).sum(axis=axis))
-                    out[node.name] = e.sum(axis=axis) + LAMBDA * _U * math.sqrt(n) * (_abs(total) + 4 * norm2)
-                else:
-                    total = (np.max if node.op is ReduceOp.MAX else np.min)(v, axis=axis)
-                    out[node.name] = e.max(axis=axis)
+                total, out[node.name] = _reduce(node, np.broadcast_to(vals[id(node.value)], mn),
+                                                np.broadcast_to(errs[id(node.value)], mn), mn)
                 ref[node.name] = dtypes.round_to(total, node.dtype)
             else:  # pragma: no cover - every node kind is handled above
                 raise TypeError(type(node).__name__)
@@ -561,102 +558,6 @@ def failure_report(results: Mapping[str, OutputCheck], what: str = "", graph: Gr
     return "\n".join(lines)
 
 
-# ---- device side (torch) -------------------------------------------------------------------------
-
-def _torch():
-    import torch  # noqa: PLC0415 - only the GPU paths need it
-
-    return torch
-
-
-def padded_empty(torch, shape, dtype, device, fill=float("nan")):
-    """A tensor of ``shape`` whose rows start on 16-byte boundaries (as TMA needs); the padding
-    after the last column is filled too (NaN by default: see :func:`padding_of`)."""
-    per = max(1, 16 // dtype.bytes)
-    last = shape[-1]
-    padded = (last + per - 1) // per * per
-    t = torch.empty(tuple(shape[:-1]) + (padded,), dtype=getattr(torch, dtype.torch), device=device)
-    if dtype.is_fp8 and fill != fill:
-        t.view(torch.uint8).fill_(0x7F)  # 0x7F is NaN in both e4m3 and e5m2
-    else:
-        t.fill_(fill)
-    return t[..., :last]
-
-
-def padding_of(x):
-    """The row padding after the last column of a tensor from :func:`padded_empty` (None when it
-    has none), as a float64 numpy array."""
-    if x.dim() < 2 or x.stride(-1) != 1 or x.stride(-2) <= x.shape[-1]:
-        return None
-    full = x.as_strided(tuple(x.shape[:-1]) + (x.stride(-2),), x.stride())
-    return to_numpy(full[..., x.shape[-1]:])
-
-
-def random_tensor(torch, shape, dtype: DType, device, gen, scale=1.0, positive=False):
-    """N(0, scale^2) values of ``dtype`` (fp8 clamped to its range) in a padded tensor."""
-    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
-    if positive:
-        x = x.abs() + 0.5
-    if dtype.is_fp8:
-        x = x.clamp(-dtype.max, dtype.max)
-    out = padded_empty(torch, shape, dtype, device, fill=0.0)
-    out.copy_(x.to(getattr(torch, dtype.torch)))
-    return out
-
-
-def make_inputs(graph: Graph, a: DType, b: DType, p: Problem, *, device="cuda", seed=0, batched=None) -> dict[str, Any]:
-    """Fresh random A, B and epilogue inputs for ``graph`` (torch tensors on ``device``).
-
-    Values are N(0, 1) scaled so ``acc`` is O(1) (A and B scaled by K^-1/4) and zero-mean (the
-    accumulator's error model assumes it); scalars are drawn from [0.5, 1.5]; inputs of
-    ``log``/``sqrt``-style ops are not special-cased, so epilogues using them should take
-    ``abs`` first or the tests choose their own data.
-    """
-    torch = _torch()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    batched = p.L > 1 if batched is None else batched
-    lead = (p.L,) if batched else ()
-    s = p.K ** -0.25
-    out: dict[str, Any] = {
-        "A": random_tensor(torch, lead + (p.M, p.K), a, device, gen, s),
-        "B": random_tensor(torch, lead + (p.N, p.K), b, device, gen, s),
-    }
-    rng = np.random.default_rng(seed)
-    for leaf in graph.inputs:
-        n = leaf.name
-        if isinstance(leaf, Accumulator):
-            continue
-        if isinstance(leaf, (Source, AuxLoad)):
-            out[n] = random_tensor(torch, lead + (p.M, p.N), leaf.dtype, device, gen)
-        elif isinstance(leaf, RowBroadcast):
-            out[n] = random_tensor(torch, lead + (p.N,), leaf.dtype, device, gen).contiguous()
-        elif isinstance(leaf, ColBroadcast):
-            out[n] = random_tensor(torch, lead + (p.M,), leaf.dtype, device, gen).contiguous()
-        elif isinstance(leaf, ScalarBroadcast):
-            v = float(rng.uniform(0.5, 1.5))
-            out[n] = torch.full(lead or (), v, dtype=getattr(torch, leaf.dtype.torch), device=device) if leaf.by_pointer else v
-    return out
-
-
-def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -> dict[str, Any]:
-    """Every output preallocated and filled with NaN, row padding included (so unwritten
-    elements, and writes past the last column, fail the check)."""
-    torch = _torch()
-    batched = p.L > 1 if batched is None else batched
-    lead = (p.L,) if batched else ()
-    out = {}
-    for o in graph.outputs:
-        if isinstance(o, Store):
-            out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
-        elif isinstance(o, Reduction):
-            ext = o.axis.shape(p.M, p.N)
-            shape = lead + ext
-            t = padded_empty(torch, shape or (1,), o.dtype, device)
-            out[o.name] = t if shape else t[0]
-    return out
-
-
 def to_numpy(x) -> np.ndarray:
     """A torch tensor (any device, fp8 included), number or array as a float64 numpy array."""
     if isinstance(x, (int, float)):
@@ -700,65 +601,3 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
         return float("inf")
     den = np.linalg.norm(ref)
     return float(np.linalg.norm(out - ref) / (den if den > 0 else 1.0))
-
-
-def check_outputs(gemm, inputs: Mapping[str, Any], outputs: Mapping[str, Any], *, padding: bool = True
-                  ) -> dict[str, OutputCheck]:
-    """Check outputs the caller ran ``gemm`` to (torch tensors) against the reference of
-    ``inputs`` (``make_inputs``'s dict: A, B and the epilogue's inputs).
-
-    Returns:
-        Output name -> :class:`OutputCheck`.
-    """
-    graph = gemm.graph
-    acc, sq = _exact_accumulator(inputs["A"], inputs["B"])
-    K = int(inputs["A"].shape[-1])
-    vals = {k: to_numpy(v) for k, v in inputs.items() if k not in ("A", "B")}
-    got = {k: to_numpy(v) for k, v in outputs.items()}
-    pads = {k: p for k, v in outputs.items() if padding and hasattr(v, "stride") and (p := padding_of(v)) is not None}
-    acc_err = accumulator_error(sq, K, gemm.a, fast_accum=fast_accumulation(gemm))
-    return verify(graph, got, acc, acc_err, vals, padding=pads)
-
-
-def chosen_kernel(gemm, p: Problem, *, device: str | None = None):
-    """The kernel (:class:`evtc.gemm.Kernel`, maybe not built) of the member :meth:`Gemm.choose
-    <evtc.gemm.Gemm.choose>` picks for a call on :func:`make_inputs` data with
-    :func:`poisoned_outputs` (as :func:`check` and :func:`evtc.bench.bench_gemm` call): their rows
-    are padded to 16 bytes, so only an M x N output whose N ends mid-vector makes the call
-    unaligned (it then takes the unaligned member, or the padded staging route: NOTE [Padded
-    staging for unaligned rows]).
-
-    Args:
-        gemm: the family (or pinned) Gemm.
-        p: the problem.
-        device: the GPU's name, for the tuner's stored choices (None: the heuristic's).
-    """
-    aligned_mn = all(p.N % max(1, 16 // o.dtype.bytes) == 0 for o in gemm.graph.outputs if isinstance(o, Store))
-    return gemm.kernel(gemm.choose(p.M, p.N, p.K, p.L, aligned_mn=aligned_mn, device=device))
-
-
-def check(gemm, p: Problem, *, seed=0, device="cuda", batched=None) -> dict[str, OutputCheck]:
-    """Run ``gemm`` on fresh random data with NaN-poisoned outputs and compare every element
-    with the reference (NOTE [The error bound]).
-
-    Returns:
-        Output name -> :class:`OutputCheck` (``.ok``; ``.describe()`` names the worst element).
-        Each also unpacks as ``(excess, 1.0)`` for callers of the old ``(error, bound)`` form.
-    """
-    from evtc.errors import MisalignedError
-
-    graph = gemm.graph
-    ins = make_inputs(graph, gemm.a, gemm.b, p, device=device, seed=seed, batched=batched)
-    outs = poisoned_outputs(graph, p, device=device, batched=batched)
-    kwargs = {k: v for k, v in ins.items() if k not in ("A", "B")}
-    try:
-        gemm(ins["A"], ins["B"], out=outs, **kwargs)
-    except MisalignedError:
-        # a kernel that stores whole 16-byte vectors refuses outputs whose rows end mid-vector
-        # (NOTE [Ragged N and TMA stores]): let it allocate them (no poison, no padding check)
-        got = gemm(ins["A"], ins["B"], **kwargs)
-        outs = got if isinstance(got, dict) else {graph.outputs[0].name: got}
-        _torch().cuda.synchronize()
-        return check_outputs(gemm, ins, outs, padding=False)  # evtc's own padding is not poisoned
-    _torch().cuda.synchronize()
-    return check_outputs(gemm, ins, outs)

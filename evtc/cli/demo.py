@@ -223,7 +223,7 @@ def run_demo(out_dir: Path, arch: str = "sm90") -> int:
         for r in errs.values():
             good &= r.ok
             print(f"    M,N,K,L = {shape}: {r.summary()}")
-    from evtc.bench import bench_gemm
+    from evtc.testing.bench import bench_gemm
 
     r = bench_gemm(gemm, *BENCH, iters=20, eager_fn=ep.fn)
     print(f"    8192^3: evtc {r['evtc_ms']:.3f} ms, cuBLAS plain GEMM {r['cublas_ms']:.3f} ms "

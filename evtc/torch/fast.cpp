@@ -1,4 +1,4 @@
-// evtc's call fast path for torch tensors: NOTE [The torch fast path] in evtc/runtime/torch_fast.py.
+// evtc's call fast path for torch tensors: NOTE [The torch fast path] in evtc/torch/fast.py.
 //
 // A table per Gemm maps a call's key (A's Python type; every tensor argument's sizes, strides,
 // dtype and device) to a recipe that evtc's Python launch path checked and prepared once (the
@@ -31,7 +31,7 @@ namespace py = pybind11;
 
 namespace {
 
-// Bump with any change to the recipe tuple or the call's semantics (checked by torch_fast.py).
+// Bump with any change to the recipe tuple or the call's semantics (checked by fast.py).
 constexpr int kFastAbi = 1;
 constexpr int kMaxDims = 6;
 constexpr size_t kMaxCallBytes = 4096;
@@ -486,7 +486,7 @@ PyMethodDef call_def = {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<v
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "evtc's call fast path for torch tensors (evtc/runtime/torch_fast.py)";
+  m.doc() = "evtc's call fast path for torch tensors (evtc/torch/fast.py)";
   m.attr("FAST_ABI") = kFastAbi;
   m.attr("TORCH_VERSION") = EVTC_TORCH_VERSION;
   m.def("new_table", &new_table);

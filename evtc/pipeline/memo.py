@@ -245,7 +245,7 @@ def _common(root) -> list[str]:
     Raises:
         OSError: evtc's sources can't be read.
     """
-    from evtc import __version__
+    from evtc._version import __version__
 
     return [f"evtc-construct-memo {SCHEMA}", __version__, f"{sys.version.split()[0]} -O{sys.flags.optimize}",
             _evtc_sources(root), deps_text()]

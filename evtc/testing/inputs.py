@@ -1,0 +1,135 @@
+"""The oracle's device half: fresh random inputs and NaN-poisoned outputs for a GEMM problem.
+
+Input: an epilogue's Graph, the operand dtypes and a :class:`Problem` (M, N, K, L). Output: torch
+tensors on a device: A, B and every epilogue input, random and never zeros (:func:`make_inputs`);
+every output preallocated and NaN-filled, row padding included (:func:`poisoned_outputs`), so an
+unwritten element or a write past the last column fails :mod:`evtc.testing.oracle`'s check.
+torch is imported only when a tensor is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from evtc.dtypes import DType
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import (
+    Accumulator,
+    AuxLoad,
+    ColBroadcast,
+    Reduction,
+    RowBroadcast,
+    ScalarBroadcast,
+    Source,
+    Store,
+)
+from evtc.testing.oracle import to_numpy
+
+__all__ = ["Problem", "make_inputs", "padded_empty", "padding_of", "poisoned_outputs", "random_tensor"]
+
+
+@dataclasses.dataclass
+class Problem:
+    """A GEMM problem: A is (L, M, K), B is (L, N, K), outputs (L, M, N)."""
+
+    M: int
+    N: int
+    K: int
+    L: int = 1
+
+
+def _torch():
+    import torch  # noqa: PLC0415 - only the GPU paths need it
+
+    return torch
+
+
+def padded_empty(torch, shape, dtype, device, fill=float("nan")):
+    """A tensor of ``shape`` whose rows start on 16-byte boundaries (as TMA needs); the padding
+    after the last column is filled too (NaN by default: see :func:`padding_of`)."""
+    per = max(1, 16 // dtype.bytes)
+    last = shape[-1]
+    padded = (last + per - 1) // per * per
+    t = torch.empty(tuple(shape[:-1]) + (padded,), dtype=getattr(torch, dtype.torch), device=device)
+    if dtype.is_fp8 and fill != fill:
+        t.view(torch.uint8).fill_(0x7F)  # 0x7F is NaN in both e4m3 and e5m2
+    else:
+        t.fill_(fill)
+    return t[..., :last]
+
+
+def padding_of(x):
+    """The row padding after the last column of a tensor from :func:`padded_empty` (None when it
+    has none), as a float64 numpy array."""
+    if x.dim() < 2 or x.stride(-1) != 1 or x.stride(-2) <= x.shape[-1]:
+        return None
+    full = x.as_strided(tuple(x.shape[:-1]) + (x.stride(-2),), x.stride())
+    return to_numpy(full[..., x.shape[-1]:])
+
+
+def random_tensor(torch, shape, dtype: DType, device, gen, scale=1.0, positive=False):
+    """N(0, scale^2) values of ``dtype`` (fp8 clamped to its range) in a padded tensor."""
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
+    if positive:
+        x = x.abs() + 0.5
+    if dtype.is_fp8:
+        x = x.clamp(-dtype.max, dtype.max)
+    out = padded_empty(torch, shape, dtype, device, fill=0.0)
+    out.copy_(x.to(getattr(torch, dtype.torch)))
+    return out
+
+
+def make_inputs(graph: Graph, a: DType, b: DType, p: Problem, *, device="cuda", seed=0, batched=None) -> dict[str, Any]:
+    """Fresh random A, B and epilogue inputs for ``graph`` (torch tensors on ``device``).
+
+    Values are N(0, 1) scaled so ``acc`` is O(1) (A and B scaled by K^-1/4) and zero-mean (the
+    accumulator's error model assumes it); scalars are drawn from [0.5, 1.5]; inputs of
+    ``log``/``sqrt``-style ops are not special-cased, so epilogues using them should take
+    ``abs`` first or the tests choose their own data.
+    """
+    torch = _torch()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    batched = p.L > 1 if batched is None else batched
+    lead = (p.L,) if batched else ()
+    s = p.K ** -0.25
+    out: dict[str, Any] = {
+        "A": random_tensor(torch, lead + (p.M, p.K), a, device, gen, s),
+        "B": random_tensor(torch, lead + (p.N, p.K), b, device, gen, s),
+    }
+    rng = np.random.default_rng(seed)
+    for leaf in graph.inputs:
+        n = leaf.name
+        if isinstance(leaf, Accumulator):
+            continue
+        if isinstance(leaf, (Source, AuxLoad)):
+            out[n] = random_tensor(torch, lead + (p.M, p.N), leaf.dtype, device, gen)
+        elif isinstance(leaf, RowBroadcast):
+            out[n] = random_tensor(torch, lead + (p.N,), leaf.dtype, device, gen).contiguous()
+        elif isinstance(leaf, ColBroadcast):
+            out[n] = random_tensor(torch, lead + (p.M,), leaf.dtype, device, gen).contiguous()
+        elif isinstance(leaf, ScalarBroadcast):
+            v = float(rng.uniform(0.5, 1.5))
+            out[n] = torch.full(lead or (), v, dtype=getattr(torch, leaf.dtype.torch), device=device) if leaf.by_pointer else v
+    return out
+
+
+def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -> dict[str, Any]:
+    """Every output preallocated and filled with NaN, row padding included (so unwritten
+    elements, and writes past the last column, fail the check)."""
+    torch = _torch()
+    batched = p.L > 1 if batched is None else batched
+    lead = (p.L,) if batched else ()
+    out = {}
+    for o in graph.outputs:
+        if isinstance(o, Store):
+            out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
+        elif isinstance(o, Reduction):
+            ext = o.axis.shape(p.M, p.N)
+            shape = lead + ext
+            t = padded_empty(torch, shape or (1,), o.dtype, device)
+            out[o.name] = t if shape else t[0]
+    return out
