@@ -50,25 +50,9 @@ from evtc.abi import AbiField, abi_fields
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (
-    AuxLoad,
-    ColBroadcast,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
+from evtc.ir.nodes import Leaf, RowBroadcast, Store
 from evtc.runtime import tensors
-from evtc.runtime.bind import (
-    ALIGN,
-    INT32_MAX,
-    Alloc,
-    Binder,
-    Fill,
-    Operand,
-    Signature,
-    _span,
-)
+from evtc.runtime.bind import ALIGN, INT32_MAX, Binder, Extents, Operands, Signature
 from evtc.runtime.tensors import TensorView, contiguous_strides
 
 __all__ = [
@@ -77,6 +61,7 @@ __all__ = [
     "LAYOUTS",
     "OPERANDS",
     "ConvBinder",
+    "ConvExtents",
     "ConvGeometry",
     "ConvSpec",
     "check_arch_limits",
@@ -407,6 +392,14 @@ def from_nhwc(shape: tuple[int, ...], strides: tuple[int, ...], layout: str) -> 
     return shape, strides
 
 
+def layout_hint(layout: str) -> str:
+    """How to pass a tensor in ``layout`` whose memory is not the packed order it needs."""
+    if layout == "nhwc":
+        return ("pass a .contiguous() NHWC tensor; a torch tensor of logical shape N x C x H x W in "
+                "channels_last memory needs Conv(..., layout='nchw')")
+    return "pass x.contiguous(memory_format=torch.channels_last) (channels_last_3d for 3-D)"
+
+
 def is_packed(v: TensorView) -> bool:
     """Row-major packed in the view's order, ignoring the strides of extent-1 dimensions."""
     return all(s == 1 or st == ps for s, st, ps in zip(v.shape, v.strides, contiguous_strides(v.shape)))
@@ -439,6 +432,14 @@ def as_rows(v: TensorView, rows: int, cols: int, col_dims: int = 1) -> TensorVie
 # ---- the binder ------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class ConvExtents(Extents):
+    """:class:`~evtc.runtime.bind.Extents` of a convolution's implicit GEMM, with the output's
+    NHWC (KRSC) shape, which its M x N tensors may take instead of (M, N)."""
+
+    out_nhwc: tuple[int, ...] = ()
+
+
 class ConvBinder(Binder):
     """Checks the arguments of one Conv call shape family (one :class:`ConvSpec`) and builds
     their :class:`~evtc.runtime.bind.Signature` (NOTE [Implicit GEMM of a convolution]).
@@ -455,10 +456,18 @@ class ConvBinder(Binder):
         persistent: the kernel is the persistent cooperative one (C a multiple of the tile's K).
     """
 
+    # the implicit GEMM has no batch L and its M x N tensors are packed rows (the channels are
+    # 16-byte multiples); a given output's ragged N (NOTE [Ragged N and TMA stores]) was never a
+    # conv rule: only an e4m3 output of channels not a multiple of 16, in rows padded by the caller,
+    # gets past the row-stride check
+    batch_dims = False
+    pad_rows = False
+    refuse_ragged_stores = False
+
     def __init__(self, graph: Graph, a: DType, b: DType, Args: type[ctypes.Structure], *, kind: str, dims: int,
                  layout: str, spec: ConvSpec, arch: str, strided_dgrad: bool = False,
                  tile: tuple[int, int, int] | None = None, persistent: bool = False) -> None:
-        super().__init__(graph, a, b, Args, arch="sm80")
+        super().__init__(graph, a, b, Args, arch="sm80", mn_tma=True)
         self.persistent = persistent
         self.arch = arch
         self.fields = conv_abi_fields(graph)
@@ -470,14 +479,8 @@ class ConvBinder(Binder):
         self.tile = tile
         self.names_ab = OPERANDS[kind][:2]
 
-    def _nhwc(self, obj: Any, name: str, epilogue: str) -> TensorView:
-        return to_nhwc(tensors.view(obj, name, epilogue), self.layout)
-
-    def _layout_hint(self, v: TensorView) -> str:
-        if self.layout == "nhwc":
-            return ("pass a .contiguous() NHWC tensor; a torch tensor of logical shape N x C x H x W in "
-                    "channels_last memory needs Conv(..., layout='nchw')")
-        return "pass x.contiguous(memory_format=torch.channels_last) (channels_last_3d for 3-D)"
+    def _nhwc(self, obj: Any, name: str) -> TensorView:
+        return to_nhwc(tensors.view(obj, name, self.graph.name), self.layout)
 
     def signature(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None) -> tuple[Signature, list[int]]:
         """Check a call and build its Signature (see :meth:`Binder.signature`; the operands are the
@@ -486,177 +489,102 @@ class ConvBinder(Binder):
         Raises:
             ArgumentError: the first problem, naming the argument.
         """
-        g = self.graph
-        ename = g.name
-        unknown = sorted(set(kwargs) - set(self.names))
-        if unknown:
-            raise self.error(f"unexpected argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
-                             hint=f"'{ename}' takes {', '.join(self.names) or 'no arguments besides the operands'}")
-        missing = [n for n in self.names if n not in kwargs]
-        if missing:
-            raise self.error(f"missing argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
-                             hint=f"'{ename}' takes {', '.join(self.names)}")
+        self.check_names(kwargs, "the operands")
         an, bn = self.names_ab
-        on = OPERANDS[self.kind][2]
-        va = self._nhwc(A, an, ename)
-        vb = self._nhwc(B, bn, ename)
-        if va.device < 0:
-            raise self.error(f"argument '{an}' is in host memory", hint="move the operands to a CUDA device")
-        dev = va.device
+        va, vb = self._nhwc(A, an), self._nhwc(B, bn)
+        dev = self.device_of(va, an, "move the operands to a CUDA device")
         given = self._given_outputs(out)
-        stores = [o for o in g.outputs if isinstance(o, Store)]
+        geo = self.geometry(va, vb, given, dev)
+        M, N, K = geo.gemm
+        x = ConvExtents(M, N, K, 1, False, dev, va.framework, "empty" if M == 0 or N == 0 else "launch",
+                        geo.shape(geo.output))
+        values: dict[str, int] = {"M": M, "N": N, "K": K, "L": 1, **geo.values(),
+                                  "ld_A": 0, "bs_A": 0, "ld_B": 0, "bs_B": 0}
+        ops = Operands(x.launches)
+        ops.add(va, an, "p_A", self.a, output=False, mask=ALIGN - 1, mn=False, inplace=False)
+        ops.add(vb, bn, "p_B", self.b, output=False, mask=ALIGN - 1, mn=False, inplace=False)
+        self.bind_inputs(kwargs, x, ops, values)
+        allocs, fills = self.bind_outputs(given, x, ops, values)
+        sig, ptrs = self.finish(x, ops, values, allocs, fills)
+        sig.geometry = geo  # type: ignore[attr-defined]
+        return sig, ptrs
+
+    def geometry(self, va: TensorView, vb: TensorView, given: Mapping[str, Any], dev: int) -> ConvGeometry:
+        """The call's geometry (from the operands and a given output), with the operands checked
+        and the kernel's limits.
+
+        Raises:
+            ArgumentError: the first problem, naming the argument or the problem's field.
+        """
         out_shape = None
-        for o in stores:
-            if o.name in given:
-                ov = self._nhwc(given[o.name], f"out['{o.name}']", ename)
+        for o in self.graph.outputs:
+            if isinstance(o, Store) and o.name in given:
+                ov = self._nhwc(given[o.name], f"out['{o.name}']")
                 if len(ov.shape) == self.dims + 2:
                     out_shape = tuple(ov.shape)
                     break
-        geo = geometry(self.kind, self.dims, tuple(va.shape), tuple(vb.shape), self.spec, out_shape, ename)
-        M, N, K = geo.gemm
-        for name, v, tensor in ((an, va, an), (bn, vb, bn)):
-            dt = self.a if name == an else self.b
-            self._check(dataclasses.replace(v, shape=v.shape), name, dt, [geo.shape(tensor)], dev, False)
+        geo = geometry(self.kind, self.dims, tuple(va.shape), tuple(vb.shape), self.spec, out_shape, self.graph.name)
+        for name, v, dt in ((self.names_ab[0], va, self.a), (self.names_ab[1], vb, self.b)):
+            self._check(v, name, dt, [geo.shape(name)], dev, False)
             if any(s == 0 for s in v.shape):
                 continue
             if not is_packed(v):
                 raise self.error(f"argument '{name}' is not packed {'NHWC' if self.layout == 'nhwc' else 'channels-last'} "
                                  f"(shape {tuple(v.shape)}, strides {tuple(v.strides)} in NHWC order)",
-                                 hint=self._layout_hint(v))
+                                 hint=layout_hint(self.layout))
             if v.ptr % ALIGN:
                 raise self.error(f"argument '{name}' starts at an address that is not 16-byte aligned",
                                  hint="pass a fresh allocation, not an offset view")
+        M, N, K = geo.gemm
         if K == 0 and M * N > 0:
             raise self.error("the convolution has no reduction extent (C, K or N is 0: the implicit GEMM's K = 0)",
                              hint="a convolution over zero channels has no accumulator; skip the call")
-        empty = M == 0 or N == 0
-        if not empty:
-            check_arch_limits(geo, self.arch, self.a, strided_dgrad=self.strided_dgrad, tile=self.tile, epilogue=ename,
-                              persistent=self.persistent)
+        if M and N:
+            check_arch_limits(geo, self.arch, self.a, strided_dgrad=self.strided_dgrad, tile=self.tile,
+                              epilogue=self.graph.name, persistent=self.persistent)
+        return geo
 
-        values: dict[str, int] = {"M": M, "N": N, "K": K, "L": 1, **geo.values(),
-                                  "ld_A": 0, "bs_A": 0, "ld_B": 0, "bs_B": 0}
-        ops: list[Operand] = []
-        ptrs: list[int] = []
+    # ---- the binder core's hooks: M x N tensors are the output's shape or the (M, N) matrix --------
 
-        def add(v: TensorView | None, name: str, field: str, dtype: DType, *, output: bool, mask: int,
-                rows: tuple | None, inplace: bool) -> None:
-            if v is None:
-                ops.append(Operand(name, field, True, False, mask, False, (0, 0), None, (), inplace))
-                ptrs.append(0)
-                return
-            has = all(s > 0 for s in v.shape)
-            ops.append(Operand(name, field, output, True, mask, has and (not empty or output),
-                               _span(v.shape, v.strides, dtype.bytes), rows,
-                               (tuple(v.shape), tuple(v.strides), v.dtype_name), inplace))
-            ptrs.append(v.ptr)
+    def matrix(self, obj: Any, name: str, x: ConvExtents, *, output: bool) -> TensorView:  # type: ignore[override]
+        """The (M, N) view of an M x N tensor given shaped like the output (in the Conv's layout)
+        or as the implicit GEMM's (M, N) matrix.
 
-        add(va, an, "p_A", self.a, output=False, mask=ALIGN - 1, rows=None, inplace=False)
-        add(vb, bn, "p_B", self.b, output=False, mask=ALIGN - 1, rows=None, inplace=False)
-        out_nhwc = geo.shape(on)
-
-        def matrix(obj: Any, name: str, dtype: DType, output: bool) -> TensorView:
-            v = tensors.view(obj, name, ename, writable=output)
-            nv = to_nhwc(v, self.layout)
-            if len(v.shape) == 2:
-                mv = v
-            elif tuple(nv.shape) == out_nhwc:
-                mv = (as_rows(nv, M, N, self.dims + 1 if self.kind == "wgrad" else 1) if M * N else
-                      dataclasses.replace(nv, shape=(M, N), strides=(N, 1)))
-                if mv is None:
-                    raise self.error(f"argument '{name}' (shape {tuple(v.shape)}, strides {tuple(v.strides)}) is not M "
-                                     f"rows of {N} contiguous elements with one row stride",
-                                     hint=self._layout_hint(v))
-            else:
-                want = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), self.layout)[0]
-                raise self.error(f"argument '{name}' has shape {tuple(v.shape)}, expected the output's {want} or "
-                                 f"the implicit GEMM's ({M}, {N})")
-            self._check(mv, name, dtype, [(M, N)], dev, True, tma=self.arch == "sm90", output=output)
+        Raises:
+            ArgumentError: another shape, or rows that are not M rows of one stride.
+        """
+        M, N = x.M, x.N
+        v = tensors.view(obj, name, self.graph.name, writable=output)
+        if len(v.shape) == 2:
+            return v
+        nv = to_nhwc(v, self.layout)
+        out_nhwc = x.out_nhwc
+        if tuple(nv.shape) == out_nhwc:
+            mv = (as_rows(nv, M, N, self.dims + 1 if self.kind == "wgrad" else 1) if M * N else
+                  dataclasses.replace(nv, shape=(M, N), strides=(N, 1)))
+            if mv is None:
+                raise self.error(f"argument '{name}' (shape {tuple(v.shape)}, strides {tuple(v.strides)}) is not M "
+                                 f"rows of {N} contiguous elements with one row stride", hint=layout_hint(self.layout))
             return mv
+        want = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), self.layout)[0]
+        raise self.error(f"argument '{name}' has shape {tuple(v.shape)}, expected the output's {want} or "
+                         f"the implicit GEMM's ({M}, {N})")
 
-        scalars = {}
-        for nm in self.tensor_names + self.scalar_names:
-            leaf = self.leaves[nm]
-            x = kwargs[nm]
-            if isinstance(leaf, ScalarBroadcast) and not leaf.by_pointer:
-                scalars[nm] = self.scalar_value(nm, x)
-                continue
-            eb = leaf.dtype.bytes
-            if isinstance(leaf, (Source, AuxLoad)):
-                mv = matrix(x, nm, leaf.dtype, False)
-                values[f"ld_{nm}"] = mv.strides[0] if M > 1 else N
-                values[f"bs_{nm}"] = 0
-                add(mv, nm, f"p_{nm}", leaf.dtype, output=False, mask=ALIGN - 1,
-                    rows=(values[f"ld_{nm}"] * eb, N * eb, 0, 1) if M * N else None, inplace=True)
-                continue
-            v = tensors.view(x, nm, ename)
-            if isinstance(leaf, (RowBroadcast, ColBroadcast)):
-                ext = N if isinstance(leaf, RowBroadcast) else M
-                self._check(v, nm, leaf.dtype, [(ext,)], dev, False)
-                # sm80's VisitorRowBroadcast loads whole vectors of the epilogue's access width
-                mask = (ALIGN - 1) if (self.arch == "sm80" and isinstance(leaf, RowBroadcast)) else eb - 1
-                if v.ptr & mask and ext:
-                    raise self.error(f"argument '{nm}' starts at an address that is not {mask + 1}-byte aligned",
-                                     hint="pass a fresh allocation, not an offset view")
-                values[f"bs_{nm}"] = 0
-                add(v, nm, f"p_{nm}", leaf.dtype, output=False, mask=mask, rows=None, inplace=False)
-            else:  # device scalar
-                self._check(v, nm, leaf.dtype, [(), (1,)], dev, False)
-                values[f"bs_{nm}"] = 0
-                add(v, nm, f"p_{nm}", leaf.dtype, output=False, mask=eb - 1, rows=None, inplace=False)
+    def allocation(self, out: Store, x: ConvExtents) -> tuple[tuple[int, ...], tuple[int, ...]]:  # type: ignore[override]
+        """The output's packed NHWC (or channels-last) shape and strides.
 
-        allocs: list[Alloc] = []
-        fills: list[Fill] = []
-        for o in g.outputs:
-            nm = o.name
-            eb = o.dtype.bytes
-            label = f"out['{nm}']"
-            index = len(ops)
-            if isinstance(o, Store):
-                if nm in given:
-                    mv = matrix(given[nm], label, o.dtype, True)
-                    ld = mv.strides[0] if M > 1 else N
-                    add(mv, label, f"p_{nm}", o.dtype, output=True, mask=ALIGN - 1,
-                        rows=(ld * eb, N * eb, 0, 1) if M * N else None, inplace=True)
-                else:
-                    if (N * eb) % ALIGN and M > 1 and not empty:
-                        raise self.error(f"output '{nm}' would have rows of {N} x {eb} bytes: its packed "
-                                         f"{'NHWC' if self.layout == 'nhwc' else 'channels-last'} rows must be "
-                                         "multiples of 16 bytes", hint="use a wider dtype for it, or pad the channels")
-                    shape, strides = from_nhwc(out_nhwc, contiguous_strides(out_nhwc), self.layout)
-                    allocs.append(Alloc(nm, shape, strides, o.dtype, index))
-                    add(None, label, f"p_{nm}", o.dtype, output=True, mask=0, rows=None, inplace=False)
-                    ld = N
-                values[f"ld_{nm}"] = ld
-                values[f"bs_{nm}"] = 0
-                continue
-            ext = {1: (M,), 0: (N,), None: ()}[o.dim]
-            if nm in given:
-                v = tensors.view(given[nm], label, ename, writable=True)
-                self._check(v, label, o.dtype, [ext], dev, False, output=True)
-                add(v, label, f"p_{nm}", o.dtype, output=True, mask=eb - 1, rows=None, inplace=False)
-            else:
-                allocs.append(Alloc(nm, ext, (1,) if ext else (), o.dtype, index))
-                add(None, label, f"p_{nm}", o.dtype, output=True, mask=0, rows=None, inplace=False)
-            values[f"bs_{nm}"] = 0
-            count = math.prod(ext)
-            if empty and count > 0:
-                fills.append(Fill(index, count, 1, count, o.dtype, o.op.identity))
-                if nm in given:
-                    ops[index] = dataclasses.replace(ops[index], needed=True)
+        Raises:
+            ArgumentError: rows that are not 16-byte multiples.
+        """
+        eb = out.dtype.bytes
+        if (x.N * eb) % ALIGN and x.M > 1 and x.launches:
+            raise self.error(f"output '{out.name}' would have rows of {x.N} x {eb} bytes: its packed "
+                             f"{'NHWC' if self.layout == 'nhwc' else 'channels-last'} rows must be "
+                             "multiples of 16 bytes", hint="use a wider dtype for it, or pad the channels")
+        return from_nhwc(x.out_nhwc, contiguous_strides(x.out_nhwc), self.layout)
 
-        checks = tuple((i, op.mask) for i, op in enumerate(ops) if op.given and op.needed)
-        overlaps = []
-        for i, oi in enumerate(ops):
-            if not (oi.output and oi.given and oi.needed):
-                continue
-            for j, oj in enumerate(ops):
-                if j == i or not (oj.given and oj.needed) or (oj.output and j < i):
-                    continue
-                exact_ok = (not oj.output and oi.inplace and oj.inplace and oi.layout == oj.layout)
-                overlaps.append((i, j, exact_ok))
-        sig = Signature(M, N, K, 1, False, dev, va.framework, "empty" if empty else "launch", tuple(ops), values,
-                        checks, tuple(overlaps), tuple(allocs), tuple(fills), 0)
-        sig.geometry = geo  # type: ignore[attr-defined]
-        self.check_pointers(sig, ptrs)
-        return sig, ptrs
+    def vector_mask(self, leaf: Leaf) -> int:
+        """sm80's ``VisitorRowBroadcast`` loads whole vectors of the epilogue's access width."""
+        if self.arch == "sm80" and isinstance(leaf, RowBroadcast):
+            return ALIGN - 1
+        return leaf.dtype.bytes - 1
