@@ -33,7 +33,7 @@ from evtc.errors import ArgumentError
 from evtc.ir.nodes import AuxLoad, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN
-from evtc.runtime.conv_bind import as_rows, from_nhwc, to_nhwc
+from evtc.runtime.conv_problem import as_rows, from_nhwc, to_nhwc
 from evtc.runtime.tensors import TensorView, contiguous_strides
 
 if TYPE_CHECKING:
