@@ -7,9 +7,9 @@ import pytest
 
 import evtc
 from evtc import bf16, f16, f32
+from evtc.dispatch import conv_gemm
 from evtc.family import conv as CF
 from evtc.plan.conv import conv_config
-from evtc.runtime import conv_gemm
 from evtc.runtime.conv_problem import to_nhwc
 from evtc.runtime.tensors import TensorView, view
 from fakecuda import FakeCuda
@@ -179,14 +179,14 @@ def test_conv_calls_route_by_problem(monkeypatch):
         return {"D": outs["D"], **fake_red}
 
     run = Recorder(gemm_run)
-    monkeypatch.setattr(gemm, "run", run)
+    monkeypatch.setattr(gemm.dispatch, "run", run)  # the route runs the Gemm's dispatch
     launched = []
 
-    def launcher(self, spec):
-        launched.append((self.member, spec))
+    def launcher(kernel, spec):
+        launched.append((kernel.member, spec))
         return lambda *a: "conv kernel"
 
-    monkeypatch.setattr(type(conv._kernels[("sm90", False)]), "launcher", launcher)
+    monkeypatch.setattr(conv.dispatch.family, "launcher", launcher)
     x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
     got = conv(x, w, out={"D": D}, scale=FakeCuda((128,), typestr="<f4"))
     assert len(run.calls) == 1 and not launched
