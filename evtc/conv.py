@@ -20,7 +20,8 @@ Construction wires the build path (:class:`evtc.pipeline.Pipeline`; each kernel 
 :class:`evtc.pipeline.conv.ConvKernel`) to the conv family (:class:`evtc.dispatch.conv.ConvFamily`:
 an sm90 fprop or dgrad Conv picks a member per problem, NOTE [The sm90 conv family]); a call asks
 the dispatch stage (:class:`evtc.dispatch.conv.ConvDispatcher`), which sends fprop's 1x1 problems
-to a Gemm (:mod:`evtc.dispatch.conv_gemm`) and the rest to a conv kernel.
+to a Gemm (:mod:`evtc.dispatch.conv_gemm`) and the rest to a conv kernel, every argument checked
+before a kernel is built.
 
 Example::
 
@@ -245,6 +246,9 @@ class Conv:
             The output alone when it is the only one, else a dict name -> tensor. M x N outputs
             have the output's shape (y, dx or dw, in the Conv's layout); reductions are (M,),
             (N,) or () (NOTE [Implicit GEMM of a convolution] in :mod:`evtc.runtime.conv_problem`).
+
+        A kernel the cache lacks is built first, after every argument is checked (NOTE [Checks
+        before builds]).
 
         Raises:
             ArgumentError: a bad argument or problem, named (problem limits: anchor

@@ -10,7 +10,9 @@ strided-dgrad kernel, or the family member the heuristic picks for the implicit 
 :class:`ConvFamily` holds the members and one :class:`~evtc.pipeline.conv.ConvKernel` per
 (arch, strided, member), chooses one per problem and makes a
 :class:`~evtc.runtime.launch.Launcher` per kernel and problem; :class:`ConvDispatcher` runs a
-call.
+call. NOTE [Checks before builds] (:mod:`evtc.dispatch.dispatcher`) holds for a Conv too: a
+kernel that is not built yet checks the call with its binder (the graph's ABI, no library)
+before nvcc runs, so a bad call is refused in milliseconds, naming the argument.
 """
 
 from __future__ import annotations
@@ -257,16 +259,23 @@ class ConvFamily:
                           strided_dgrad=kernel.strided, tile=kernel.config.tile,
                           persistent=is_persistent(kernel.config))
 
-    def launcher(self, kernel: ConvKernel, spec: ConvSpec) -> Launcher:
+    def launcher(self, kernel: ConvKernel, spec: ConvSpec, call: tuple | None = None) -> Launcher:
         """The launcher of ``kernel`` for problem ``spec`` (building the kernel on first use).
 
+        Args:
+            call: ``(a, b, kwargs, out)`` of the call that asks: checked by the kernel's binder
+                before a build starts (NOTE [Checks before builds]).
+
         Raises:
+            ArgumentError: ``call`` is malformed (named), before any build.
             BuildError: nvcc failed.
         """
         got = kernel.launchers.get(spec)
         if got is None:
             with kernel.lock:
                 if kernel.library is None:
+                    if call is not None:  # NOTE [Checks before builds]
+                        self.binder(kernel, spec).signature(*call)
                     kernel.build()
                 library = kernel.library
                 assert library is not None
@@ -329,7 +338,7 @@ class ConvDispatcher:
         """Run a call (see :meth:`evtc.Conv.__call__`).
 
         Raises:
-            ArgumentError: a bad argument or problem, named.
+            ArgumentError: a bad argument or problem, named, before any build.
             LaunchError: CUDA reported an error.
         """
         spec = self.spec(problem)
@@ -340,7 +349,7 @@ class ConvDispatcher:
             if got is not NOT_ROUTED:
                 return got
         kernel = self.family.route(spec, a, b)
-        return self.family.launcher(kernel, spec)(a, b, kwargs, out, stream)
+        return self.family.launcher(kernel, spec, (a, b, kwargs, out))(a, b, kwargs, out, stream)
 
     def kernel_for(self, a_shape: Sequence[int], b_shape: Sequence[int], problem: ConvProblem | None = None):
         """The kernel a call with packed, aligned operands of these NHWC (KRSC) shapes runs on, and

@@ -52,8 +52,8 @@ from evtc.errors import ArgumentError
 from evtc.runtime.bind import ALIGN, INT32_MAX
 from evtc.runtime.tensors import TensorView, contiguous_strides
 
-__all__ = ["LAYOUTS", "ConvGeometry", "ConvProblem", "ConvSpec", "as_rows", "check_arch_limits", "from_nhwc",
-           "geometry", "is_packed", "layout_hint", "output_extent", "to_nhwc"]
+__all__ = ["LAYOUTS", "ConvGeometry", "ConvProblem", "ConvSpec", "as_rows", "check_arch_limits", "filters_giving",
+           "from_nhwc", "geometry", "is_packed", "layout_hint", "output_extent", "to_nhwc"]
 
 #: the orders a Conv takes and returns its tensors in (NOTE [Implicit GEMM of a convolution])
 LAYOUTS = ("nhwc", "nchw")
@@ -109,6 +109,8 @@ class ConvProblem:
                            f"{'D, H, W' if dims == 3 else 'H, W'})")
             if any(v < lo for v in t):
                 raise fail(f"{name} = {t}: each must be at least {lo}")
+            if any(v > INT32_MAX for v in t):
+                raise fail(f"{name} = {t}: each must be below 2^31 (the conv kernels' int32 problem fields)")
             return t
 
         if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups != 1:
@@ -310,10 +312,11 @@ def _wgrad_extents(dy: tuple[int, ...], x: tuple[int, ...], spec: ConvSpec, out_
     else:
         flt_list = []
         for i, o, p, s, d in zip(act, out, spec.padding, spec.stride, spec.dilation):
-            fits = [f for f in range(1, (i + 2 * p - 1) // d + 2) if output_extent(i, f, p, s, d) == o]
+            fits = filters_giving(i, o, p, s, d)
             if len(fits) != 1:
+                taps = list(fits) if len(fits) <= 16 else f"{fits.start} to {fits.stop - 1}"
                 raise _problem_error(
-                    f"wgrad can't tell the filter's size from x and dy: filters of {fits or 'no'} taps give "
+                    f"wgrad can't tell the filter's size from x and dy: filters of {taps or 'no'} taps give "
                     f"{o} outputs from {i} inputs (stride {s}, padding {p}, dilation {d})", epilogue,
                     hint="pass ConvProblem(filter_size=...) or out=dw")
             flt_list.append(fits[0])
@@ -329,6 +332,16 @@ def _given_output(out_shape: tuple[int, ...], name: str, operands: str, lead: tu
         raise ArgumentError(f"output '{name}' has shape {tuple(out_shape)}; {operands} give {lead[0]} = {lead[1]}, "
                             f"C = {c}", epilogue=epilogue)
     return tuple(out_shape[1:-1])
+
+
+def filters_giving(i: int, o: int, p: int, s: int, d: int) -> range:
+    """The filter extents f >= 1 that fit the padded input (``d*(f-1) < i + 2p``) and give ``o``
+    outputs from ``i`` inputs (:func:`output_extent`), in increasing order: solved, not searched,
+    so a huge padding costs nothing."""
+    x = i + 2 * p - 1 - (o - 1) * s  # output_extent == o  <=>  0 <= x - d*(f-1) <= s - 1
+    lo = max(1, -(-(x - s + 1) // d) + 1)
+    hi = min((i + 2 * p - 1) // d + 1, x // d + 1)
+    return range(lo, max(lo, hi + 1))
 
 
 # ---- what each kernel can run -----------------------------------------------------------------------
@@ -357,6 +370,9 @@ def check_arch_limits(g: ConvGeometry, arch: str, a: DType, *, strided_dgrad: bo
     if max(m, n, k) > INT32_MAX:
         raise _problem_error(f"the implicit GEMM (M, N, K) = {(m, n, k)} has an extent beyond int32", epilogue,
                              hint="split the batch")
+    big = [f"{f} = {v}" for f, v in g.values().items() if v > INT32_MAX]
+    if big:
+        raise _problem_error(f"{', '.join(big)}: beyond int32, the type of the conv kernels' problem fields", epilogue)
     if arch == "sm90":
         _sm90_limits(g, strided_dgrad, tile, epilogue, persistent)
     else:

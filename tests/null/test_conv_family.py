@@ -182,7 +182,7 @@ def test_conv_calls_route_by_problem(monkeypatch):
     monkeypatch.setattr(gemm.dispatch, "run", run)  # the route runs the Gemm's dispatch
     launched = []
 
-    def launcher(kernel, spec):
+    def launcher(kernel, spec, call=None):
         launched.append((kernel.member, spec))
         return lambda *a: "conv kernel"
 
