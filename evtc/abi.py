@@ -15,7 +15,8 @@ Two structs:
   it with one ``struct.Struct.pack_into`` into a preallocated buffer (:class:`CallLayout`).
 
 Layout: problem size, (sm90) the tile scheduler's run-time arguments, A, B, then every input
-the epilogue uses (signature order), then every output (return order). Field names carry a
+the epilogue uses (signature order), then every output (return order). A convolution's struct
+(:func:`conv_abi_fields`) puts its extents after the problem size and has no scheduler fields. Field names carry a
 prefix by what they hold, so no user name can collide with another field or a C keyword:
 ``p_`` pointer, ``ld_`` leading dimension (elements between rows), ``bs_`` batch stride
 (elements between batches; 0 broadcasts one tensor to every batch), ``s_`` a by-value scalar.
@@ -40,6 +41,9 @@ from evtc.ir.nodes import (
     Store,
 )
 
+__all__ = ["ABI_VERSION", "CONV_FIELDS", "CONV_KINDS", "CONV_OPERANDS", "AbiField", "CallLayout", "abi_fields",
+           "call_fields", "conv_abi_fields", "ctypes_struct", "struct_format"]
+
 ABI_VERSION = 3
 
 CTYPES = {
@@ -59,8 +63,8 @@ class AbiField:
         name: C identifier.
         ctype: C type (``int32_t``, ``int64_t``, ``float``, ``const void*``, ``void*``).
         tensor: the operand it belongs to (``A``, ``B``, an input or output name), or None.
-        what: ``ptr``, ``ld``, ``batch_stride``, ``value``, ``dim`` or ``scheduler`` (a tile
-            scheduler argument).
+        what: ``ptr``, ``ld``, ``batch_stride``, ``value``, ``dim``, ``scheduler`` (a tile
+            scheduler argument) or ``conv`` (a convolution's extent, :data:`CONV_FIELDS`).
     """
 
     name: str
@@ -108,6 +112,36 @@ def abi_fields(graph: Graph, arch: str) -> tuple[AbiField, ...]:
         elif isinstance(out, Reduction):
             f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
     return tuple(f)
+
+
+# ---- convolutions ------------------------------------------------------------------------------------
+
+#: (A, B, output) of each kind of convolution, by their names in messages and comments: the
+#: GEMM's A and B operands (CUTLASS's ``ConvProblemShape::set_shape_stride_ABC``: fprop x, w -> y;
+#: dgrad dy, w -> dx; wgrad dy, x -> dw)
+CONV_OPERANDS = {"fprop": ("x", "w", "y"), "dgrad": ("dy", "w", "dx"), "wgrad": ("dy", "x", "dw")}
+CONV_KINDS = tuple(CONV_OPERANDS)
+
+#: The convolution's fields of ``evtc_args_t`` (after M, N, K, L): the activation's extents
+#: (n, d, h, w, c), the filter's (k, t, r, s), the output's (z, p, q), symmetric padding,
+#: traversal stride and dilation per spatial dimension (2-D problems: d = t = z = 1, pad_d = 0,
+#: stride_d = dilation_d = 1).
+CONV_FIELDS = ("conv_n", "conv_d", "conv_h", "conv_w", "conv_c", "conv_k", "conv_t", "conv_r", "conv_s",
+               "conv_z", "conv_p", "conv_q", "pad_d", "pad_h", "pad_w", "stride_d", "stride_h", "stride_w",
+               "dilation_d", "dilation_h", "dilation_w")
+
+
+def conv_abi_fields(graph: Graph) -> tuple[AbiField, ...]:
+    """The fields of a convolution kernel's ``evtc_args_t``: the GEMM's (:func:`abi_fields`
+    without the sm90 tile-scheduler arguments: the conv kernels take none) with
+    :data:`CONV_FIELDS` after M, N, K, L. ``ld_A``/``bs_A``/``ld_B``/``bs_B`` are unused (0): the
+    operands are packed and described by the conv fields."""
+    base = abi_fields(graph, "sm80")
+    conv = tuple(AbiField(n, "int32_t", None, "conv") for n in CONV_FIELDS)
+    return base[:4] + conv + base[4:]
+
+
+# ---- the Python mirrors --------------------------------------------------------------------------------
 
 
 def ctypes_struct(fields: tuple[AbiField, ...]) -> type[ctypes.Structure]:

@@ -2,7 +2,7 @@
 convolution (CUTLASS 2.x mainloop, evtc's visitor-epilogue kernel).
 
 Input: the Graph after passes, its :class:`~evtc.plan.sm80.Sm80Plan` (from
-:func:`evtc.conv.plan_conv`: one kernel variant with 16-byte accesses), the kind and spatial
+:func:`evtc.plan.conv.plan_conv`: one kernel variant with 16-byte accesses), the kind and spatial
 dimensions, and for strided dgrad the coordinate arithmetic of its loads and stores. Output:
 the ``.cu`` text, from ``codegen_templates/sm80/conv.cu.j2``.
 
@@ -19,15 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evtc.abi import ABI_VERSION
+from evtc.abi import ABI_VERSION, conv_abi_fields
 from evtc.emit import common
-from evtc.emit.conv_sm90 import (
-    CONV_OPERATORS,
-    MAPPING,
-    MAPPING_3D,
-    OUTPUT_LAYOUT,
-    _operand_comment,
-)
+from evtc.emit.conv_sm90 import conv_words
 from evtc.emit.core import NodeTable, TreeEmitter
 from evtc.emit.sm80 import _c_gemm_shape, node_table, reduction_init
 from evtc.ir.graph import Graph
@@ -35,7 +29,6 @@ from evtc.ir.nodes import Reduction
 from evtc.ir.printer import print_graph
 from evtc.lower import Role, Visitor
 from evtc.plan.sm80 import EPILOGUE_STAGES, Sm80Plan
-from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
 __all__ = ["DEFAULT_KERNELS", "emit_conv_sm80"]
 
@@ -73,7 +66,7 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
 
     Args:
         graph: the epilogue after passes.
-        plan: its Sm80Plan (one variant), from :func:`evtc.conv.plan_conv`.
+        plan: its Sm80Plan (one variant), from :func:`evtc.plan.conv.plan_conv`.
         kind: ``fprop``, ``dgrad`` or ``wgrad``.
         dims: 2 or 3.
         strided_dgrad: the kernel of dgrad with stride > 1.
@@ -98,37 +91,19 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
     cfg = plan.config
     a, b = plan.operands
     fields = conv_abi_fields(graph)
-    info = {
-        "abi_version": ABI_VERSION,
-        "name": name or graph.name,
-        "arch": "sm80",
-        "conv": {"kind": kind, "dims": dims, "strided_dgrad": strided_dgrad,
-                 "fast_divmod": list(fast_divmod) if remap else None},
-        "plan": plan.to_json(),
-        "abi": [f.to_json() for f in fields],
-        "ir": print_graph(graph),
-    }
+    conv = {"kind": kind, "dims": dims, "strided_dgrad": strided_dgrad, "fast_divmod": list(fast_divmod) if remap else None}
+    info = {"abi_version": ABI_VERSION, "name": name or graph.name, "arch": "sm80", "conv": conv,
+            "plan": plan.to_json(), "abi": [f.to_json() for f in fields], "ir": print_graph(graph)}
     reductions = [reduction_init(plan, o) for o in graph.outputs if isinstance(o, Reduction)]
     header, default = DEFAULT_KERNELS[(dims, kind)]
-    an, bn, _ = OPERANDS[kind]
-    kernel_type = ("evtc::conv::ImplicitGemmConvolutionStridedDgradWithVisitor<typename DefaultKernel::Mma, Epilogue, "
-                   "ThreadblockSwizzle>" if remap else
-                   "evtc::conv::ImplicitGemmConvolutionWithVisitor<typename DefaultKernel::Mma, Epilogue, "
-                   "ThreadblockSwizzle, kConvOp, ConvProblemSize>")
-    swizzle = ("cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>" if remap else
-               f"cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<{plan.swizzle_width}>")
     return common.render(
         "sm80/conv.cu.j2",
         name=name or graph.name,
         kind=kind,
         dims=dims,
         strided_dgrad=strided_dgrad,
-        mapping=(MAPPING if dims == 2 else MAPPING_3D)[kind],
-        output_layout=OUTPUT_LAYOUT[kind][dims - 2],
-        operand_a=_operand_comment(an, dims),
-        operand_b=_operand_comment(bn, dims),
-        conv_operator=CONV_OPERATORS[kind],
-        layout_tag="cutlass::layout::TensorNHWC" if dims == 2 else "cutlass::layout::TensorNDHWC",
+        **conv_words(kind, dims),
+        **_kernel_types(plan, remap),
         problem_size_type="cutlass::conv::Conv2dProblemSize" if dims == 2 else "cutlass::conv::Conv3dProblemSize",
         default_header=header,
         default_kernel=default,
@@ -136,7 +111,6 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
         stride_support=stride_support,
         # the 2-D default kernels take the operands' access widths; the 3-D ones fix 16 bytes
         alignment_args=", kAlignmentAB, kAlignmentAB" if dims == 2 else "",
-        kernel_type=kernel_type,
         strided_geometry=remap,
         ir_lines=print_graph(graph).rstrip("\n").splitlines(),
         plan_lines=str(plan).rstrip("\n").splitlines(),
@@ -147,7 +121,6 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
         warp_shape=_c_gemm_shape(plan.warp_tile),
         instruction_shape=_c_gemm_shape(plan.instruction_shape),
         epilogue_stages=EPILOGUE_STAGES,
-        swizzle=swizzle,
         stages=variant.stages,
         alignment_ab=variant.alignment_ab,
         epilogue_access=variant.epilogue_access,
@@ -162,6 +135,17 @@ def emit_conv_sm80(graph: Graph, plan: Sm80Plan, *, kind: str, dims: int, stride
         abi_version=ABI_VERSION,
         info_json=common.c_string(common.json_compact(info)),
     )
+
+
+def _kernel_types(plan: Sm80Plan, remap: bool) -> dict[str, str]:
+    """The kernel and threadblock swizzle types: the strided-dgrad ones (``remap``) or the plain."""
+    if remap:
+        return {"kernel_type": "evtc::conv::ImplicitGemmConvolutionStridedDgradWithVisitor<typename DefaultKernel::Mma, "
+                               "Epilogue, ThreadblockSwizzle>",
+                "swizzle": "cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>"}
+    return {"kernel_type": "evtc::conv::ImplicitGemmConvolutionWithVisitor<typename DefaultKernel::Mma, Epilogue, "
+                           "ThreadblockSwizzle, kConvOp, ConvProblemSize>",
+            "swizzle": f"cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<{plan.swizzle_width}>"}
 
 
 def strided_dgrad_table(plan: Sm80Plan, table: NodeTable, fast_divmod: tuple[bool, bool]) -> NodeTable:

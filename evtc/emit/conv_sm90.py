@@ -2,7 +2,7 @@
 convolution (CUTLASS 3.x ``ConvUniversal``).
 
 Input: the Graph after passes, its sm90 :class:`~evtc.plan.model.Plan` (from
-:func:`evtc.conv.plan_conv`: the GEMM planner with the conv kernel's one-warpgroup epilogue),
+:func:`evtc.plan.conv.plan_conv`: the GEMM planner with the conv kernel's one-warpgroup epilogue),
 the kind (fprop, dgrad, wgrad) and spatial dimensions. Output: the ``.cu`` text, from
 ``codegen_templates/sm90/conv.cu.j2``.
 
@@ -16,15 +16,15 @@ kernel (``ConvUniversal``), the problem shape and the workspace handling differ.
 
 from __future__ import annotations
 
+from evtc.abi import CONV_OPERANDS, conv_abi_fields
 from evtc.emit import common
 from evtc.emit.sm90 import collective_epilogue_args, cxx_shape, mn_stride_args
-from evtc.family.conv import kernel_kind
 from evtc.ir.graph import Graph
 from evtc.plan.config import DECOMPOSITIONS
+from evtc.plan.conv import kernel_kind
 from evtc.plan.model import Plan
-from evtc.runtime.conv_bind import OPERANDS, conv_abi_fields
 
-__all__ = ["CONV_OPERATORS", "MAPPING", "OUTPUT_LAYOUT", "emit_conv_sm90"]
+__all__ = ["CONV_OPERATORS", "MAPPING", "OUTPUT_LAYOUT", "conv_words", "emit_conv_sm90"]
 
 CONV_OPERATORS = {"fprop": "cutlass::conv::Operator::kFprop", "dgrad": "cutlass::conv::Operator::kDgrad",
                   "wgrad": "cutlass::conv::Operator::kWgrad"}
@@ -41,13 +41,23 @@ def _operand_comment(name: str, dims: int) -> str:
     return f"{name}, {OPERAND_LAYOUT[name][dims - 2]}"
 
 
+def conv_words(kind: str, dims: int) -> dict[str, str]:
+    """The template values that name a convolution, the same on both archs: its implicit GEMM in
+    words, the output's and operands' layouts, CUTLASS's operator and layout tag."""
+    an, bn, _ = CONV_OPERANDS[kind]
+    return {"mapping": (MAPPING if dims == 2 else MAPPING_3D)[kind], "output_layout": OUTPUT_LAYOUT[kind][dims - 2],
+            "operand_a": _operand_comment(an, dims), "operand_b": _operand_comment(bn, dims),
+            "conv_operator": CONV_OPERATORS[kind],
+            "layout_tag": "cutlass::layout::TensorNHWC" if dims == 2 else "cutlass::layout::TensorNDHWC"}
+
+
 def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_smem_bound: int,
                    name: str | None = None) -> str:
     """The ``.cu`` source of a fused sm90 convolution.
 
     Args:
         graph: the epilogue after passes.
-        plan: its sm90 plan (with the visitor tree), from :func:`evtc.conv.plan_conv`.
+        plan: its sm90 plan (with the visitor tree), from :func:`evtc.plan.conv.plan_conv`.
         kind: ``fprop``, ``dgrad`` or ``wgrad``.
         dims: 2 or 3.
         kernel_smem_bound: the planner's bound of ``sizeof(ConvKernel::SharedStorage)`` (bytes),
@@ -64,7 +74,6 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
     cfg = plan.config
     kernel = kernel_kind(cfg)  # nonpersistent, persistent, streamk or pingpong
     d_output = graph.output(plan.d_slot)
-    an, bn, _ = OPERANDS[kind]
     return common.render(
         "sm90/conv.cu.j2",
         **collective_epilogue_args(graph, plan, name=name, fields=conv_abi_fields(graph),
@@ -77,12 +86,7 @@ def emit_conv_sm90(graph: Graph, plan: Plan, *, kind: str, dims: int, kernel_sme
         split_k=cfg.split_k,
         decomposition=cfg.decomposition,
         decomposition_index=DECOMPOSITIONS.index(cfg.decomposition),
-        mapping=(MAPPING if dims == 2 else MAPPING_3D)[kind],
-        output_layout=OUTPUT_LAYOUT[kind][dims - 2],
-        operand_a=_operand_comment(an, dims),
-        operand_b=_operand_comment(bn, dims),
-        conv_operator=CONV_OPERATORS[kind],
-        layout_tag="cutlass::layout::TensorNHWC" if dims == 2 else "cutlass::layout::TensorNDHWC",
+        **conv_words(kind, dims),
         element_d=d_output.dtype.cutlass,
         tile_shape=cxx_shape(*cfg.tile),
         mainloop_tile_shape=(f"cute::Shape<cute::_{cfg.tile[0]}, cute::Shape<cute::_{cfg.tile[1]}>, "

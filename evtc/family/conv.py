@@ -18,7 +18,7 @@ unit-stride dgrad, the channels K runs over a multiple of the tile's K). So a fa
 * the CTA tile of the non-persistent kernel: M of 64 or 128 (one consumer warpgroup: WGMMA's M = 64 per instruction; the
   non-persistent kernel has no ``setmaxnreg``, so every thread keeps at most 255 registers and
   the tile's ``TM*TN/128`` f32 accumulators per thread are capped at 128: 128x128, 64x256,
-  128x64, 64x128; 128x256 would need 256 and spill) (evtc.conv.conv_config). Measured with
+  128x64, 64x128; 128x256 would need 256 and spill) (evtc.plan.conv.conv_config). Measured with
   cuobjdump ``--dump-resource-usage`` (nvcc 13.0): the 128x128 kernel of bench_conv's
   ``bias_silu`` takes 179 registers a thread and no stack;
 * the kernel: the persistent cooperative one (two consumer warpgroups, tiles of 128 or 256 rows)
@@ -40,7 +40,7 @@ unit-stride dgrad, the channels K runs over a multiple of the tile's K). So a fa
 
 Not a candidate: two CTAs per SM (one CTA's epilogue under the other's mainloop, what ping-pong
 does inside one CTA). With 4 stages a 128x64 or 64x128 CTA takes about 97 KiB of shared memory
-(``evtc.conv.sm90_kernel_smem``), so two would fit an SM's 228 KiB, but the registers don't: the
+(``evtc.plan.conv.sm90_kernel_smem``), so two would fit an SM's 228 KiB, but the registers don't: the
 64x128 kernel of ``dgelu_bgrad`` (tests/compile) takes 182 registers a thread (cuobjdump
 ``--dump-resource-usage``, nvcc 13.0), and two CTAs of 256 threads need at most 128
 (65536 a SM). The kernel's ``__launch_bounds__`` asks for one CTA per SM
@@ -113,7 +113,7 @@ epilogue (C, aux loads and stores, D) is the output's packed NHWC rows, the same
 the implicit GEMM's epilogue sees. Row broadcasts (per output channel), column broadcasts (per
 pixel), row, column and scalar reductions are therefore the same vectors either way. A Conv
 routes such problems to a :class:`evtc.Gemm` of the same epilogue and dtypes
-(:mod:`evtc.runtime.conv_gemm`), whose persistent cooperative, ping-pong and stream-K kernels and
+(:mod:`evtc.dispatch.conv_gemm`), whose persistent cooperative, ping-pong and stream-K kernels and
 heuristic the conv kernel lacks. dgrad 1x1 with stride 1 is a GEMM too, with B = w viewed as
 (N = C, K = K), which is N-major: evtc's Gemm takes B as N x K row-major (K-major) only, so
 dgrad stays on the conv kernel.
@@ -127,11 +127,12 @@ from collections.abc import Mapping, Sequence
 
 from evtc.dtypes import DType
 from evtc.plan.config import GemmConfig
+from evtc.plan.conv import PERSISTENT_SCHEDULE, PERSISTENT_SCHEDULES, is_persistent, kernel_kind
 from evtc.plan.target import SM90
 
-__all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "PERSISTENT_SCHEDULES",
-           "LONG_K_EFFICIENCY", "LONG_K_MEMBERS", "LONG_K_RATIO", "ConvMember", "choose", "is_persistent", "kernel_kind", "long_k",
-           "member_configs", "modeled_time", "pointwise_problem", "tiles"]
+__all__ = ["CANDIDATES", "DGRAD_FAMILY", "EFFICIENCY", "FAMILIES", "FAMILY", "MARGIN", "PERSISTENT_SCHEDULE",
+           "PERSISTENT_SCHEDULES", "LONG_K_EFFICIENCY", "LONG_K_MEMBERS", "LONG_K_RATIO", "ConvMember", "choose",
+           "is_persistent", "kernel_kind", "long_k", "member_configs", "modeled_time", "pointwise_problem", "tiles"]
 
 #: name -> (the conv config's fields over the default, CTAs one SM holds); the tile's K is the
 #: operand's 128 bytes (64 for 16-bit), filled in by :func:`member_configs`
@@ -199,14 +200,6 @@ CANDIDATES: dict[str, tuple[dict, int]] = {
     "coop128_c2x1": ({"schedule": "cooperative", "scheduler": "persistent", "tile": (128, 128), "cluster": (2, 1, 1)}, 1),
     "m64_c2x1": ({"tile": (64, 128), "cluster": (2, 1, 1)}, 1),
 }
-#: the schedule of the sm90 conv kernels on CUTLASS's persistent cooperative GEMM kernel (NOTE
-#: [Persistent conv kernels] in codegen_templates/include/evtc/sm90_conv.hpp): fprop and
-#: unit-stride dgrad; the non-persistent conv kernel has the GemmConfig default
-PERSISTENT_SCHEDULE = "cooperative"
-#: the schedules of CUTLASS's persistent GEMM kernels a conv runs on: the cooperative one (two
-#: consumer warpgroups on one tile) and the ping-pong one (one consumer warpgroup a tile, the two
-#: alternating: one's epilogue under the other's mainloop; persistent tile scheduler only)
-PERSISTENT_SCHEDULES = ("cooperative", "pingpong")
 #: the members a long-K problem chooses between, and only it (NOTE [Long-K conv layers: the
 #: filter multicast]): clusters along M, whose CTAs share one TMA load of each filter tile; each
 #: with its efficiency on long-K problems (in :data:`EFFICIENCY`'s unit): the unclustered tile's
@@ -292,23 +285,6 @@ def member_configs(a: DType, names: Sequence[str] | None = None) -> dict[str, Co
 def tiles(M: int, N: int, tile: Sequence[int]) -> int:
     """CTA tiles of an M x N output."""
     return math.ceil(M / tile[0]) * math.ceil(N / tile[1])
-
-
-def is_persistent(config: GemmConfig) -> bool:
-    """Whether a conv config runs on one of CUTLASS's persistent GEMM kernels (NOTE [Persistent
-    conv kernels]) rather than its non-persistent conv kernel."""
-    return config.schedule in PERSISTENT_SCHEDULES
-
-
-def kernel_kind(config: GemmConfig) -> str:
-    """``nonpersistent`` (CUTLASS's conv kernel), ``persistent`` or ``streamk`` (the persistent
-    cooperative GEMM kernel over that tile scheduler) or ``pingpong`` (the persistent ping-pong
-    GEMM kernel): NOTE [Persistent conv kernels]."""
-    if not is_persistent(config):
-        return "nonpersistent"
-    if config.schedule == "pingpong":
-        return "pingpong"
-    return "streamk" if config.scheduler == "streamk" else "persistent"
 
 
 def modeled_time(config: GemmConfig, ctas_per_sm: int, M: int, N: int, K: int, sm_count: int,

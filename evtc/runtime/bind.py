@@ -57,14 +57,14 @@ import numbers
 from typing import Any, Mapping
 
 from evtc.abi import AbiField, abi_fields, call_fields
-from evtc.dtypes import DType, f32
+from evtc.dtypes import DType
 from evtc.errors import ArgumentError, MisalignedError
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import (
     Accumulator,
     AuxLoad,
     ColBroadcast,
-    Reduction,
+    Leaf,
     RowBroadcast,
     ScalarBroadcast,
     Source,
@@ -137,8 +137,9 @@ class Fill:
 
 
 @dataclasses.dataclass
-class Signature:
-    """A checked call, minus the pointers' and scalars' values.
+class Extents:
+    """A call's problem, as the binder core fills the struct from it (a convolution's: its
+    implicit GEMM, L = 1).
 
     Attributes:
         M, N, K, L: problem size (K as the user gave it).
@@ -147,6 +148,28 @@ class Signature:
         framework: A's framework (outputs are allocated with it).
         mode: ``launch``, ``empty`` (M, N or L = 0: nothing to compute) or ``k0`` (K = 0: the
             epilogue of a zero accumulator).
+    """
+
+    M: int
+    N: int
+    K: int
+    L: int
+    batched: bool
+    device: int
+    framework: str
+    mode: str
+
+    @property
+    def launches(self) -> bool:
+        return self.mode != "empty"
+
+
+@dataclasses.dataclass
+class Signature(Extents):
+    """A checked call, minus the pointers' and scalars' values: its :class:`Extents` (problem
+    size, device, framework, mode), then
+
+    Attributes:
         operands: the pointers of ``evtc_call_t``, in order.
         values: every non-pointer, non-scalar field of ``evtc_args_t`` (name -> value).
         checks: (index, mask) of each pointer to check per call (non-null, aligned).
@@ -158,14 +181,6 @@ class Signature:
             (set by :mod:`evtc.runtime.launch`).
     """
 
-    M: int
-    N: int
-    K: int
-    L: int
-    batched: bool
-    device: int
-    framework: str
-    mode: str
     operands: tuple[Operand, ...]
     values: dict[str, int]
     checks: tuple[tuple[int, int], ...]
@@ -261,6 +276,64 @@ def _disjoint(pa: int, a: Operand, pb: int, b: Operand) -> bool:
 
 def _quoted(name: str) -> str:
     return name if name.startswith("out[") else f"'{name}'"
+
+
+class Operands:
+    """The pointers of ``evtc_call_t`` as a signature collects them, in order: an
+    :class:`Operand` and this call's pointer each (0 for an output evtc allocates).
+
+    Args:
+        launches: the call runs the kernel (not an empty problem): inputs with elements are
+            dereferenced.
+    """
+
+    def __init__(self, launches: bool) -> None:
+        self.ops: list[Operand] = []
+        self.ptrs: list[int] = []
+        self.launches = launches
+
+    def add(self, v: TensorView, name: str, field: str, dtype: DType, *, output: bool, mask: int, mn: bool,
+            inplace: bool) -> None:
+        """A given tensor; ``mn``: an M x N tensor (its rows, for the side-by-side overlap test)."""
+        eb = dtype.bytes
+        has = all(s > 0 for s in v.shape)
+        rows = None
+        if mn and has:
+            bs = v.strides[0] * eb if len(v.shape) == 3 else 0
+            lcount = v.shape[0] if len(v.shape) == 3 else 1
+            rows = ((v.strides[-2] if v.shape[-2] > 1 else v.shape[-1]) * eb, v.shape[-1] * eb, bs, lcount)
+        self.ops.append(Operand(name, field, output, True, mask, has and (self.launches or output),
+                                _span(v.shape, v.strides, eb), rows, (tuple(v.shape), tuple(v.strides), v.dtype_name),
+                                inplace))
+        self.ptrs.append(v.ptr)
+
+    def allocated(self, name: str, field: str) -> None:
+        """An output evtc allocates (its pointer is filled in at launch)."""
+        self.ops.append(Operand(name, field, True, False, 0, False, (0, 0), None, (), False))
+        self.ptrs.append(0)
+
+    def need(self, index: int) -> None:
+        """The given output at ``index`` is written even though the call doesn't launch (a fill)."""
+        self.ops[index] = dataclasses.replace(self.ops[index], needed=True)
+
+    def checks(self) -> tuple[tuple[int, int], ...]:
+        """(index, mask) of each pointer to check per call: the given tensors that are dereferenced."""
+        return tuple((i, op.mask) for i, op in enumerate(self.ops) if op.given and op.needed)
+
+    def overlaps(self) -> tuple[tuple[int, int, bool], ...]:
+        """(i, j, exact_ok) of each pair to test for overlap per call: every given output against
+        every other given tensor (each pair of outputs once); ``exact_ok``: an output may be
+        exactly an M x N input."""
+        out = []
+        for i, oi in enumerate(self.ops):
+            if not (oi.output and oi.given and oi.needed):
+                continue
+            for j, oj in enumerate(self.ops):
+                if j == i or not (oj.given and oj.needed) or (oj.output and j < i):
+                    continue
+                exact_ok = (not oj.output and oi.inplace and oj.inplace and oi.layout == oj.layout)
+                out.append((i, j, exact_ok))
+        return tuple(out)
 
 
 class Binder:
@@ -403,19 +476,40 @@ class Binder:
             ArgumentError: the first problem, naming the argument.
         """
         g = self.graph
-        unknown = sorted(set(kwargs) - set(self.names))
-        if unknown:
-            raise self.error(f"unexpected argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
-                             hint=f"'{g.name}' takes {', '.join(self.names) or 'no arguments besides A and B'}")
-        missing = [n for n in self.names if n not in kwargs]
-        if missing:
-            raise self.error(f"missing argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
-                             hint=f"'{g.name}' takes {', '.join(self.names)}")
+        self.check_names(kwargs, "A and B")
         va = tensors.view(A, "A", g.name)
         vb = tensors.view(B, "B", g.name)
-        if va.device < 0:
-            raise self.error("argument 'A' is in host memory", hint="move A and B to a CUDA device")
-        dev = va.device
+        x = self._gemm_extents(va, vb)
+        M, N, K, L = x.M, x.N, x.K, x.L
+        values: dict[str, int] = {"M": M, "N": N, "K": K, "L": L, **self.scheduler}
+        ops = Operands(x.launches)
+        tma = self.arch == "sm90"
+        # A and B (replaced by a zero scratch when K = 0)
+        for op, v in (("A", va), ("B", vb)):
+            eb = v.dtype.bytes
+            per = ALIGN // eb
+            values[f"ld_{op}"] = v.strides[-2] if v.shape[-2] > 1 else _round_up(max(K, 1), per)
+            values[f"bs_{op}"] = v.strides[0] if len(v.shape) == 3 and v.shape[0] > 1 else 0
+            ops.add(v, op, f"p_{op}", v.dtype, output=False, mask=(ALIGN - 1) if tma else eb - 1, mn=False,
+                    inplace=False)
+        kpad = 0
+        if x.mode == "k0":
+            kpad = ALIGN // self.a.bytes
+            values.update(K=kpad, ld_A=kpad, ld_B=kpad, bs_A=0, bs_B=0)
+            for i in (0, 1):
+                ops.ops[i] = dataclasses.replace(ops.ops[i], needed=False, span=(0, 0))
+        self.bind_inputs(kwargs, x, ops, values)
+        allocs, fills = self.bind_outputs(self._given_outputs(out), x, ops, values)
+        if self.swap:  # the kernel's problem is the transposed one: N x M, A' = B, B' = A
+            values["M"], values["N"] = values["N"], values["M"]
+            for f in ("ld", "bs"):
+                values[f"{f}_A"], values[f"{f}_B"] = values[f"{f}_B"], values[f"{f}_A"]
+        return self.finish(x, ops, values, allocs, fills, kpad)
+
+    def _gemm_extents(self, va: TensorView, vb: TensorView) -> Extents:
+        """The problem of A and B, with A and B checked (and the register-direct accesses' N)."""
+        g = self.graph
+        dev = self.device_of(va, "A", "move A and B to a CUDA device")
         if len(va.shape) not in (2, 3) or len(vb.shape) not in (2, 3):
             raise self.error(f"A and B must be 2-D or 3-D, got A {tuple(va.shape)} and B {tuple(vb.shape)}")
         M, K = va.shape[-2:]
@@ -440,146 +534,188 @@ class Binder:
                     raise self.error(
                         f"N = {N} is not a multiple of {ALIGN // dt.bytes}, which the register-direct access of "
                         f"'{name}' needs", hint="pad N, or build with plan='cutlass' (TMA for every aux tensor)")
-        batched = len(va.shape) == 3 or len(vb.shape) == 3
         tma = self.arch == "sm90"
         # sm90's mainloop reads A and B with TMA (16-byte aligned rows); sm80's kernel variants take
         # any alignment (NOTE [Ragged shapes on sm80])
         self._check(va, "A", self.a, [(M, K), (L, M, K)] if La == L else [(M, K)], dev, True, tma=tma, align16=tma)
         self._check(vb, "B", self.b, [(N, K), (L, N, K)] if Lb == L else [(N, K)], dev, True, tma=tma, align16=tma)
+        return Extents(M, N, K, L, len(va.shape) == 3 or len(vb.shape) == 3, dev, va.framework, mode)
 
-        values: dict[str, int] = {"M": M, "N": N, "K": K, "L": L, **self.scheduler}
-        ops: list[Operand] = []
-        ptrs: list[int] = []
-        launches = mode != "empty"
+    # ---- the binder core: what a GEMM's and a convolution's signatures share ---------------------
 
-        def add(v: TensorView | None, name: str, field: str, dtype: DType, *, output: bool, mask: int,
-                mxn: bool, inplace: bool) -> None:
-            eb = dtype.bytes
-            if v is None:  # an output evtc allocates
-                ops.append(Operand(name, field, True, False, mask, False, (0, 0), None, (), inplace))
-                ptrs.append(0)
-                return
-            has = all(s > 0 for s in v.shape)
-            rows = None
-            if mxn and has:
-                bs = v.strides[0] * eb if len(v.shape) == 3 else 0
-                lcount = v.shape[0] if len(v.shape) == 3 else 1
-                rows = ((v.strides[-2] if v.shape[-2] > 1 else v.shape[-1]) * eb, v.shape[-1] * eb, bs, lcount)
-            ops.append(Operand(name, field, output, True, mask, has and (launches or output), _span(v.shape, v.strides, eb),
-                               rows, (tuple(v.shape), tuple(v.strides), v.dtype_name), inplace))
-            ptrs.append(v.ptr)
+    #: inputs and outputs may carry the batch L ((L, M, N) matrices, (L, n) vectors); a
+    #: convolution's have none
+    batch_dims = True
+    #: rows of M x N tensors evtc allocates (and of one-row tensors) are padded to 16 bytes
+    pad_rows = True
+    #: a given M x N output whose rows don't end on a 16-byte vector is refused (NOTE [Ragged N
+    #: and TMA stores])
+    refuse_ragged_stores = True
 
-        # A and B (replaced by a zero scratch when K = 0)
-        for op, v in (("A", va), ("B", vb)):
-            eb = v.dtype.bytes
-            per = ALIGN // eb
-            values[f"ld_{op}"] = v.strides[-2] if v.shape[-2] > 1 else _round_up(max(K, 1), per)
-            values[f"bs_{op}"] = v.strides[0] if len(v.shape) == 3 and v.shape[0] > 1 else 0
-            add(v, op, f"p_{op}", v.dtype, output=False, mask=(ALIGN - 1) if tma else eb - 1, mxn=False, inplace=False)
-        kpad = 0
-        if mode == "k0":
-            kpad = ALIGN // self.a.bytes
-            values.update(K=kpad, ld_A=kpad, ld_B=kpad, bs_A=0, bs_B=0)
-            for i in (0, 1):
-                ops[i] = dataclasses.replace(ops[i], needed=False, span=(0, 0))
+    def check_names(self, kwargs: Mapping[str, Any], operands: str) -> None:
+        """Every epilogue argument is passed, and nothing else.
 
-        scalars = {}
+        Raises:
+            ArgumentError: the unexpected or missing names.
+        """
+        g = self.graph
+        unknown = sorted(set(kwargs) - set(self.names))
+        if unknown:
+            raise self.error(f"unexpected argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+                             hint=f"'{g.name}' takes {', '.join(self.names) or f'no arguments besides {operands}'}")
+        missing = [n for n in self.names if n not in kwargs]
+        if missing:
+            raise self.error(f"missing argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
+                             hint=f"'{g.name}' takes {', '.join(self.names)}")
+
+    def device_of(self, v: TensorView, name: str, hint: str) -> int:
+        """The CUDA ordinal of the first operand ``v``, which every tensor of the call shares.
+
+        Raises:
+            ArgumentError: ``v`` is in host memory.
+        """
+        if v.device < 0:
+            raise self.error(f"argument '{name}' is in host memory", hint=hint)
+        return v.device
+
+    def matrix(self, obj: Any, name: str, x: Extents, *, output: bool) -> TensorView:
+        """The view of an M x N tensor (an input, or a given output) as (M, N) or (L, M, N), before
+        :meth:`_check` (a convolution's binder reads the output's shape)."""
+        return tensors.view(obj, name, self.graph.name, writable=output)
+
+    def allocation(self, out: Store, x: Extents) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shape and strides (elements) of an M x N output evtc allocates: rows padded to 16 bytes."""
+        padded = _round_up(x.N, ALIGN // out.dtype.bytes)
+        if x.batched:
+            return (x.L, x.M, x.N), (x.M * padded, padded, 1)
+        return (x.M, x.N), (padded, 1)
+
+    def vector_mask(self, leaf: Leaf) -> int:
+        """The alignment mask of a vector's or device scalar's base address: its element's."""
+        return leaf.dtype.bytes - 1
+
+    def row_pitch(self, N: int, eb: int) -> int:
+        """The row stride (elements) of an M x N tensor of one row, and of those evtc allocates."""
+        return _round_up(N, ALIGN // eb) if self.pad_rows else N
+
+    def bind_inputs(self, kwargs: Mapping[str, Any], x: Extents, ops: Operands, values: dict[str, int]) -> None:
+        """Check the epilogue's tensors and scalars and add their pointers and strides, in the
+        ABI's order.
+
+        Raises:
+            ArgumentError: the first problem, naming the argument.
+        """
+        tma = self.arch == "sm90"
+        lead = ((x.L,),) if self.batch_dims else ()
         for n in self.tensor_names + self.scalar_names:
             leaf = self.leaves[n]
-            x = kwargs[n]
+            obj = kwargs[n]
             if isinstance(leaf, ScalarBroadcast) and not leaf.by_pointer:
-                scalars[n] = self.scalar_value(n, x)
+                self.scalar_value(n, obj)
                 continue
-            v = tensors.view(x, n, g.name)
             eb = leaf.dtype.bytes
             if isinstance(leaf, (Source, AuxLoad)):
-                self._check(v, n, leaf.dtype, [(M, N), (L, M, N)], dev, True, tma=tma, align16=self.mn_tma)
-                values[f"ld_{n}"] = v.strides[-2] if M > 1 else _round_up(N, ALIGN // eb)
-                values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 3 and L > 1 else 0
-                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=(ALIGN - 1) if self.mn_tma else eb - 1, mxn=True,
-                    inplace=True)
-            elif isinstance(leaf, (RowBroadcast, ColBroadcast)):
-                ext = N if isinstance(leaf, RowBroadcast) else M
-                self._check(v, n, leaf.dtype, [(ext,), (L, ext)], dev, False)
-                values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 2 and L > 1 else 0
-                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=eb - 1, mxn=False, inplace=False)
+                v = self.matrix(obj, n, x, output=False)
+                self._check(v, n, leaf.dtype, [(x.M, x.N)] + [(*t, x.M, x.N) for t in lead], x.device, True,
+                            tma=tma, align16=self.mn_tma)
+                values[f"ld_{n}"] = v.strides[-2] if x.M > 1 else self.row_pitch(x.N, eb)
+                values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 3 and x.L > 1 else 0
+                ops.add(v, n, f"p_{n}", leaf.dtype, output=False, mask=(ALIGN - 1) if self.mn_tma else eb - 1, mn=True,
+                        inplace=True)
+                continue
+            v = tensors.view(obj, n, self.graph.name)
+            mask = self.vector_mask(leaf)
+            if isinstance(leaf, (RowBroadcast, ColBroadcast)):
+                ext = x.N if isinstance(leaf, RowBroadcast) else x.M
+                self._check(v, n, leaf.dtype, [(ext,)] + [(*t, ext) for t in lead], x.device, False)
+                if mask > eb - 1 and v.ptr & mask and ext:  # wider than an element (sm80 conv's vectors)
+                    raise self.error(f"argument '{n}' starts at an address that is not {mask + 1}-byte aligned",
+                                     hint="pass a fresh allocation, not an offset view")
+                values[f"bs_{n}"] = v.strides[0] if len(v.shape) == 2 and x.L > 1 else 0
             else:  # device scalar
-                self._check(v, n, leaf.dtype, [(), (1,), (L,)], dev, False)
-                values[f"bs_{n}"] = v.strides[0] if v.shape == (L,) and L > 1 else 0
-                add(v, n, f"p_{n}", leaf.dtype, output=False, mask=eb - 1, mxn=False, inplace=False)
+                self._check(v, n, leaf.dtype, [(), (1,)] + list(lead), x.device, False)
+                values[f"bs_{n}"] = v.strides[0] if v.shape == (x.L,) and x.L > 1 else 0
+            ops.add(v, n, f"p_{n}", leaf.dtype, output=False, mask=mask, mn=False, inplace=False)
 
-        given = self._given_outputs(out)
+    def bind_outputs(self, given: Mapping[str, Any], x: Extents, ops: Operands,
+                     values: dict[str, int]) -> tuple[list[Alloc], list[Fill]]:
+        """Check the given outputs and plan the others: their pointers and strides, the outputs to
+        allocate and, for an empty problem, the reductions to fill with their identity.
+
+        Raises:
+            ArgumentError: the first problem, naming the output.
+        """
         allocs: list[Alloc] = []
         fills: list[Fill] = []
-        for o in g.outputs:
+        for o in self.graph.outputs:
             n = o.name
-            eb = o.dtype.bytes
-            label = f"out['{n}']"
+            index = len(ops.ops)
             if isinstance(o, Store):
-                shape = (L, M, N) if batched else (M, N)
-                padded = _round_up(N, ALIGN // eb)
-                strides = (M * padded, padded, 1) if batched else (padded, 1)
-            else:
-                ext = o.axis.shape(M, N)
-                shape = ((L,) + ext) if batched else ext
-                strides = (ext[0], 1) if (batched and ext) else ((1,) if batched or ext else ())
-            index = len(ops)
+                self._bind_store(o, given.get(n), x, ops, values, allocs)
+                continue
+            label = f"out['{n}']"
+            ext = o.axis.shape(x.M, x.N)
+            shape = ((x.L,) + ext) if x.batched else ext
+            strides = (ext[0], 1) if (x.batched and ext) else ((1,) if x.batched or ext else ())
             if n in given:
-                v = tensors.view(given[n], label, g.name, writable=True)
-                store_tma = self.mn_tma and not self.packed_stores
-                self._check(v, label, o.dtype, [shape], dev, isinstance(o, Store), tma=tma, output=True,
-                            align16=store_tma if isinstance(o, Store) else self.mn_tma)
-                if isinstance(o, Store) and store_tma and N % (ALIGN // eb) and M and L:
-                    # NOTE [Ragged N and TMA stores]: the TMA store (and the 16-byte register-direct
-                    # store) writes the last 16-byte vector of each row whole, measured on the H100:
-                    # with N = 1031 bf16 it writes column 1031 too. CUTLASS's can_implement refuses
-                    # such an N; in evtc's own allocations that element is row padding, in a
-                    # caller's tensor it may be someone's data.
-                    raise MisalignedError(
-                        f"output {label} has N = {N} columns, not a multiple of {ALIGN // eb} ({eb}-byte elements): "
-                        f"this kernel stores whole 16-byte vectors and would also write the {(-N) % (ALIGN // eb)} "
-                        "element(s) after each row",
-                        epilogue=g.name,
-                        hint="let evtc allocate the output, or use a family Gemm (no config) or "
-                             "GemmConfig(unaligned=True), which store element by element")
-                add(v, label, f"p_{n}", o.dtype, output=True,
-                    mask=(ALIGN - 1) if isinstance(o, Store) and store_tma else eb - 1,
-                    mxn=isinstance(o, Store), inplace=isinstance(o, Store))
+                v = tensors.view(given[n], label, self.graph.name, writable=True)
+                self._check(v, label, o.dtype, [shape], x.device, False, tma=self.arch == "sm90", output=True,
+                            align16=self.mn_tma)
+                ops.add(v, label, f"p_{n}", o.dtype, output=True, mask=o.dtype.bytes - 1, mn=False, inplace=False)
                 shape, strides = tuple(v.shape), tuple(v.strides)
             else:
                 allocs.append(Alloc(n, shape, strides, o.dtype, index))
-                add(None, label, f"p_{n}", o.dtype, output=True, mask=0, mxn=False, inplace=False)
-            if isinstance(o, Store):
-                values[f"ld_{n}"] = strides[-2] if M > 1 else _round_up(N, ALIGN // eb)
-                values[f"bs_{n}"] = strides[0] if len(shape) == 3 and L > 1 else 0
-            else:
-                values[f"bs_{n}"] = strides[0] if batched and shape and L > 1 else 0
-                count = math.prod(shape[1:] if batched else shape)
-                if mode == "empty" and L > 0 and count > 0:
-                    fills.append(Fill(index, count, L if batched else 1, strides[0] if batched and len(shape) > 1 else count,
-                                      o.dtype, o.op.identity))
-                    if n in given:
-                        ops[index] = dataclasses.replace(ops[index], needed=True)
+                ops.allocated(label, f"p_{n}")
+            values[f"bs_{n}"] = strides[0] if x.batched and shape and x.L > 1 else 0
+            count = math.prod(shape[1:] if x.batched else shape)
+            if x.mode == "empty" and x.L > 0 and count > 0:
+                fills.append(Fill(index, count, x.L if x.batched else 1,
+                                  strides[0] if x.batched and len(shape) > 1 else count, o.dtype, o.op.identity))
+                if n in given:
+                    ops.need(index)
+        return allocs, fills
 
-        checks = tuple((i, op.mask) for i, op in enumerate(ops) if op.given and op.needed)
-        overlaps = []
-        for i, oi in enumerate(ops):
-            if not (oi.output and oi.given and oi.needed):
-                continue
-            for j, oj in enumerate(ops):
-                if j == i or not (oj.given and oj.needed) or (oj.output and j < i):
-                    continue
-                exact_ok = (not oj.output and oi.inplace and oj.inplace and oi.layout == oj.layout)
-                overlaps.append((i, j, exact_ok))
-        if self.swap:  # the kernel's problem is the transposed one: N x M, A' = B, B' = A
-            values["M"], values["N"] = values["N"], values["M"]
-            for f in ("ld", "bs"):
-                values[f"{f}_A"], values[f"{f}_B"] = values[f"{f}_B"], values[f"{f}_A"]
-        sig = Signature(M, N, K, L, batched, dev, va.framework, mode, tuple(ops), values, checks, tuple(overlaps),
-                        tuple(allocs), tuple(fills), kpad)
-        # the pointer-dependent checks, on this call's pointers
-        self.check_pointers(sig, ptrs)
-        return sig, ptrs
+    def _bind_store(self, o: Store, obj: Any, x: Extents, ops: Operands, values: dict[str, int],
+                    allocs: list[Alloc]) -> None:
+        """An M x N output: the given tensor checked, or its allocation planned."""
+        n, eb = o.name, o.dtype.bytes
+        label = f"out['{n}']"
+        if obj is not None:
+            v = self.matrix(obj, label, x, output=True)
+            store_tma = self.mn_tma and not self.packed_stores
+            self._check(v, label, o.dtype, [(x.L, x.M, x.N) if x.batched else (x.M, x.N)], x.device, True,
+                        tma=self.arch == "sm90", output=True, align16=store_tma)
+            if self.refuse_ragged_stores and store_tma and x.N % (ALIGN // eb) and x.M and x.L:
+                # NOTE [Ragged N and TMA stores]: the TMA store (and the 16-byte register-direct
+                # store) writes the last 16-byte vector of each row whole, measured on the H100:
+                # with N = 1031 bf16 it writes column 1031 too. CUTLASS's can_implement refuses
+                # such an N; in evtc's own allocations that element is row padding, in a
+                # caller's tensor it may be someone's data.
+                raise MisalignedError(
+                    f"output {label} has N = {x.N} columns, not a multiple of {ALIGN // eb} ({eb}-byte elements): "
+                    f"this kernel stores whole 16-byte vectors and would also write the {(-x.N) % (ALIGN // eb)} "
+                    "element(s) after each row",
+                    epilogue=self.graph.name,
+                    hint="let evtc allocate the output, or use a family Gemm (no config) or "
+                         "GemmConfig(unaligned=True), which store element by element")
+            ops.add(v, label, f"p_{n}", o.dtype, output=True, mask=(ALIGN - 1) if store_tma else eb - 1, mn=True,
+                    inplace=True)
+            shape, strides = tuple(v.shape), tuple(v.strides)
+            values[f"ld_{n}"] = strides[-2] if x.M > 1 else self.row_pitch(x.N, eb)
+        else:
+            shape, strides = self.allocation(o, x)
+            allocs.append(Alloc(n, shape, strides, o.dtype, len(ops.ops)))
+            ops.allocated(label, f"p_{n}")
+            values[f"ld_{n}"] = self.row_pitch(x.N, eb)
+        values[f"bs_{n}"] = strides[0] if len(shape) == 3 and x.L > 1 else 0
+
+    def finish(self, x: Extents, ops: Operands, values: dict[str, int], allocs: list[Alloc], fills: list[Fill],
+               kpad: int = 0) -> tuple[Signature, list[int]]:
+        """The :class:`Signature` of a bound call, its pointer checks run on this call's pointers."""
+        sig = Signature(x.M, x.N, x.K, x.L, x.batched, x.device, x.framework, x.mode, tuple(ops.ops), values,
+                        ops.checks(), ops.overlaps(), tuple(allocs), tuple(fills), kpad)
+        self.check_pointers(sig, ops.ptrs)
+        return sig, ops.ptrs
 
     def _given_outputs(self, out: Any) -> dict[str, Any]:
         g = self.graph

@@ -352,7 +352,7 @@ def exact_accumulator(kind: str, a, b, geo):
 
 def operand_shapes(kind: str, case: Case) -> tuple[tuple, tuple, object]:
     """NHWC shapes of the two operands of ``kind`` and the geometry."""
-    from evtc.runtime.conv_bind import geometry
+    from evtc.runtime.conv_problem import geometry
 
     x = (case.n, *case.act, case.c)
     w = (case.k, *case.flt, case.c)

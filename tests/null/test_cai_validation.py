@@ -11,11 +11,11 @@ import pytest
 
 import evtc
 from evtc import f16, f32
-from evtc.abi import abi_fields, ctypes_struct
+from evtc.abi import abi_fields, conv_abi_fields, ctypes_struct
 from evtc.errors import ArgumentError
 from evtc.runtime import tensors
 from evtc.runtime.bind import Binder
-from evtc.runtime.conv_bind import ConvBinder, conv_abi_fields
+from evtc.runtime.conv_bind import ConvBinder
 from fakecuda import FakeCuda
 from test_runtime_launch import Fake, launcher, lin_args
 from test_runtime_launch import lin as lin32

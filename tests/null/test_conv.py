@@ -10,16 +10,10 @@ import pytest
 
 import evtc
 from evtc import bf16, f16, f32
-from evtc.abi import ctypes_struct
-from evtc.conv import ConvPlan, conv_config, sm90_kernel_smem
-from evtc.runtime.conv_bind import (
-    CONV_FIELDS,
-    ConvBinder,
-    check_arch_limits,
-    conv_abi_fields,
-    geometry,
-    output_extent,
-)
+from evtc.abi import CONV_FIELDS, conv_abi_fields, ctypes_struct
+from evtc.plan.conv import ConvPlan, conv_config, sm90_kernel_smem
+from evtc.runtime.conv_bind import ConvBinder
+from evtc.runtime.conv_problem import check_arch_limits, geometry, output_extent
 from fakecuda import FakeCuda
 
 

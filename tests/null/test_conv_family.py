@@ -7,10 +7,10 @@ import pytest
 
 import evtc
 from evtc import bf16, f16, f32
-from evtc.conv import conv_config
+from evtc.dispatch import conv_gemm
 from evtc.family import conv as CF
-from evtc.runtime import conv_gemm
-from evtc.runtime.conv_bind import to_nhwc
+from evtc.plan.conv import conv_config
+from evtc.runtime.conv_problem import to_nhwc
 from evtc.runtime.tensors import TensorView, view
 from fakecuda import FakeCuda
 
@@ -179,14 +179,14 @@ def test_conv_calls_route_by_problem(monkeypatch):
         return {"D": outs["D"], **fake_red}
 
     run = Recorder(gemm_run)
-    monkeypatch.setattr(gemm, "run", run)
+    monkeypatch.setattr(gemm.dispatch, "run", run)  # the route runs the Gemm's dispatch
     launched = []
 
-    def launcher(self, spec):
-        launched.append((self.member, spec))
+    def launcher(kernel, spec, call=None):
+        launched.append((kernel.member, spec))
         return lambda *a: "conv kernel"
 
-    monkeypatch.setattr(type(conv._kernels[("sm90", False)]), "launcher", launcher)
+    monkeypatch.setattr(conv.dispatch.family, "launcher", launcher)
     x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
     got = conv(x, w, out={"D": D}, scale=FakeCuda((128,), typestr="<f4"))
     assert len(run.calls) == 1 and not launched
@@ -474,7 +474,8 @@ def test_the_gemm_sees_the_conv_kernels_problem():
     stride, and the same reduction outputs (shapes, identities for an empty call) as the conv
     kernel's binder of the same call."""
     from evtc.abi import ctypes_struct
-    from evtc.runtime.conv_bind import ConvBinder, conv_abi_fields
+    from evtc.abi import conv_abi_fields
+    from evtc.runtime.conv_bind import ConvBinder
 
     conv = evtc.Conv(stats, kind="fprop", a=f16, d=f16, arch="sm90")
     x, w, D = packed((2, 8, 8, 16)), packed((32, 1, 1, 16)), packed((2, 8, 8, 32))
@@ -532,7 +533,7 @@ def test_stream_k_decomposition_is_fixed_in_the_source():
 def test_unit_stride_dgrad_runs_on_the_persistent_kernel_when_pinned():
     """dgrad pinned to the persistent kernel: the GEMM's K is dy's channels x filter taps, so the
     channel rule is on K (dy's channels); wgrad is refused (its B is the im2col operand)."""
-    from evtc.runtime.conv_bind import check_arch_limits, geometry
+    from evtc.runtime.conv_problem import check_arch_limits, geometry
 
     conv = evtc.Conv(bias_silu, kind="dgrad", a=bf16, d=bf16, arch="sm90",
                      config={"schedule": "cooperative", "tile": (128, 160, 64)})
@@ -551,7 +552,7 @@ def test_unit_stride_dgrad_runs_on_the_persistent_kernel_when_pinned():
 def test_the_strided_dgrad_kernel_takes_its_measured_tile_unless_configured():
     """NOTE [The strided-dgrad kernel's tile]: 128x128 of 128-byte K, 3 stages, on either arch's
     Conv, unless an sm80 Conv was given a configuration (then that one)."""
-    from evtc.conv import strided_dgrad_fields
+    from evtc.plan.conv import strided_dgrad_fields
 
     for arch in ("sm90", "sm80"):
         for config in (None, {}):
