@@ -6,8 +6,8 @@ under eager PyTorch, torch.compile (default, and max-autotune with ``--autotune`
 
 Per block and token count: each mode compiled with static shapes, its output compared with
 eager's (max relative error), the evtc backend's fused-match count, the compile time, then the
-time per call back to back (:func:`evtc.bench.time_interleaved`) and in CUDA graphs
-(:func:`evtc.bench.time_graphs`), modes in alternation; ratios to torch.compile default. The
+time per call back to back (:func:`evtc.testing.bench.time_interleaved`) and in CUDA graphs
+(:func:`evtc.testing.bench.time_graphs`), modes in alternation; ratios to torch.compile default. The
 evtc backend builds the kernels its matches need the first time a shape is compiled (minutes
 each, once per machine: the kernel cache); run once to build, again to time.
 """
@@ -36,8 +36,8 @@ def main() -> None:
     sys.path.insert(0, str(common.ROOT / "tests"))
     import torch_zoo as Z
 
-    from evtc.bench import time_graphs, time_interleaved
-    from evtc.torch_backend import make_backend
+    from evtc.testing.bench import time_graphs, time_interleaved
+    from evtc.torch.backend import make_backend
 
     names = args.blocks.split(",") if args.blocks else list(Z.ZOO)
     rows = []

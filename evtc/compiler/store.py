@@ -18,7 +18,7 @@ Layout of a cache directory ``<root>``::
     <root>/locks/<key>.lock                        one build of a key at a time
     <root>/tmp/, <root>/quarantine/                staging; refused entries moved aside
     <root>/headers/                                header-tree hashes (evtc.compiler.fingerprint)
-    <root>/construct/                              the construct memo (evtc.compiler.memo)
+    <root>/construct/                              the construct memo (evtc.pipeline.memo)
 
 ``<key>`` is the SHA-256 of the *key material* (source, flags, header contents; see
 :mod:`evtc.compiler.cache`), which needs no compiler to compute, so a machine without nvcc finds
@@ -66,7 +66,7 @@ from evtc.compiler.store_entries import (ENTRY_FILES, KEY_RE, TOOLCHAIN_RE, Entr
 from evtc.compiler.store_meta import (CACHE_FORMAT, MAX_META_BYTES, EntryRejected, canonical_json, check_meta,
                                       check_meta_shape, make_meta)
 from evtc.compiler.store_prune import EntryInfo, PruneSummary, list_entries, prune
-from evtc.compiler.store_root import _configured  # noqa: F401  (evtc.compiler.memo reads it)
+from evtc.compiler.store_root import _configured  # noqa: F401  (evtc.pipeline.memo reads it)
 from evtc.compiler.store_root import CacheRoot, CacheWarning, cache_dir, cache_root
 
 __all__ = [

@@ -146,7 +146,7 @@ def check_meta(meta: dict, key: str, toolchain_id: str, secret: bytes | None = N
 def make_meta(root: CacheRoot, *, key: str, material: dict, toolchain: dict, library: bytes, name: str, arch: str,
               command: list[str], seconds: float, built_on: str | None = None, created: float | None = None) -> dict:
     """The ``meta.json`` of a new entry (signed when ``EVTC_CACHE_SECRET`` is set)."""
-    from evtc import __version__ as evtc_version  # type: ignore[attr-defined]
+    from evtc._version import __version__ as evtc_version
 
     meta = {
         "format": CACHE_FORMAT,

@@ -174,7 +174,7 @@ def _other_paths(root: CacheRoot, now: float, *, everything: bool, older_than_s:
         if tmp.is_dir():
             others += [p for p in sorted(tmp.iterdir()) if everything or now - p.lstat().st_mtime > 3600]
     if older_than_s is not None and not everything and root.sub("construct").is_dir():
-        # construct-memo entries (evtc.compiler.memo) not read or written for that long
+        # construct-memo entries (evtc.pipeline.memo) not read or written for that long
         others += [p for p in sorted(root.sub("construct").rglob("*"))
                    if p.is_file() and now - p.lstat().st_mtime > older_than_s]
     if everything:

@@ -4,7 +4,7 @@ Input: a ``call_function`` node of an ATen fx graph (with ``meta["val"]``) and t
 values of its arguments. Output: its builder value, through its row of :data:`ATEN`
 (:class:`Lowering`), or why the table can't lower it (:func:`unsupported_reason`), located at
 the user's line. :mod:`evtc.frontend.torch_import` (functions written with torch ops) and
-:mod:`evtc.torch_backend` (regions of a ``torch.compile`` graph) drive it.
+:mod:`evtc.torch.backend` (regions of a ``torch.compile`` graph) drive it.
 """
 
 from __future__ import annotations
@@ -227,6 +227,8 @@ _row("aten.pow.Tensor_Scalar aten.pow.Tensor_Tensor",
 _row("aten.pow.Scalar", lambda L, a, loc: L.b.power(a["self"], a["exponent"], loc), doc="pow(c, x)")
 _row("aten.where.self", _call("where", "condition", "self", "other"), doc="where(cond, a, b)")
 _row("aten._to_copy.default", _to_copy, doc="convert(x) : dtype (x.to(dtype), .half(), .bfloat16())")
+_row("prims.convert_element_type.default", lambda L, a, loc: L.b.convert(a["a"], a["dtype"], loc),
+     doc="convert(x) : dtype (the casts of Inductor's decompositions, in graphs after AOTAutograd)")
 _row("aten.clone.default aten.alias.default aten.detach.default aten.lift_fresh_copy.default "
      "aten._local_scalar_dense.default", _identity, doc="x (no node)")
 _row("aten.scalar_tensor.default", _constant, doc="the constant")

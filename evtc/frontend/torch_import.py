@@ -2,7 +2,7 @@
 
 Input: a Python function written with torch ops (``torch.relu``, ``F.gelu``, ``torch.where``,
 ``x.amax(dim=1)``, ``.to(torch.float8_e4m3fn)``...) whose parameters carry evtc's annotations;
-or, for the ``torch.compile`` backend (:mod:`evtc.torch_backend`), a region of an ATen FX graph.
+or, for the ``torch.compile`` backend (:mod:`evtc.torch.backend`), a region of an ATen FX graph.
 Output: :class:`evtc.ir.graph.Graph`, built by the one IR builder
 (:mod:`evtc.frontend.builder`), so an epilogue written with torch ops and the same epilogue
 written with ``evtc.*`` give the same graph, and the same IR text.

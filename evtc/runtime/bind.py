@@ -220,7 +220,7 @@ def follows_packed_inputs(N: int, mn: list[tuple[tuple[int, ...], tuple[int, ...
         C order; a dimension of extent 1 may have any stride) and at least one has more than one
         row and rows TMA can't address (``N * bytes`` not a multiple of 16). Only shapes and
         strides decide it, never addresses, so the torch op's fake implementation
-        (:mod:`evtc.torch_ops`) gives the strides the real call returns.
+        (:mod:`evtc.torch.ops`) gives the strides the real call returns.
     """
     found = False
     for shape, strides, eb in mn:

@@ -413,7 +413,9 @@ def _b_operand(add, b):
                  (name == "aten.transpose.int" and {int(d) % rank for d in b.args[1:3]} == {rank - 2, rank - 1}))
         if swaps and vs is not None and vs.is_contiguous():
             return src
-    t = add(aten.transpose.int, (b, -2, -1))
+    rank = _val(b).dim() if _val(b) is not None else 2
+    # (permute, not transpose: after AOTAutograd's decompositions Inductor lowers permute only)
+    t = add(aten.permute.default, (b, list(range(rank - 2)) + [rank - 1, rank - 2]))
     return add(aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
 
 

@@ -1,6 +1,6 @@
 """Backward epilogues (evtc/frontend/vjp.py): every derivative rule and the backward epilogue of
 epilogues users write, against torch.autograd in float64 on fresh random data (the forward run
-eagerly with torch ops, evtc.bench.torch_eval; the backward by evtc's float64 interpreter)."""
+eagerly with torch ops, evtc.testing.bench.torch_eval; the backward by evtc's float64 interpreter)."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import evtc  # noqa: E402
 from evtc import f32  # noqa: E402
-from evtc.bench import torch_eval  # noqa: E402
+from evtc.testing.bench import torch_eval  # noqa: E402
 from evtc.errors import EvtcError, UnsupportedOpError  # noqa: E402
 from evtc.frontend.vjp import ACC_FWD, RULES, backward  # noqa: E402
 from evtc.ir.interpret import interpret  # noqa: E402
