@@ -99,7 +99,7 @@ def breakdown(g, A, B, kw: dict) -> dict:
     C++ launch. Steps that launch (the allocation, evtc_launch) run on a busy GPU."""
     import torch
 
-    from evtc import gemm as gemm_mod
+    from evtc.torch import fast as torch_fast_mod
     from evtc.runtime import launch as L
     from evtc.runtime import tensors as T
 
@@ -110,7 +110,7 @@ def breakdown(g, A, B, kw: dict) -> dict:
     d_shape, d_stride = tuple(sig.allocs[0].shape), tuple(sig.allocs[0].strides)
     steps = {
         "python call with these kwargs (no-op)": lambda: (lambda A, B, **k: None)(A, B, **kw),
-        "torch.compiler.is_compiling()": gemm_mod._torch_compiling,
+        "torch.compiler.is_compiling()": torch_fast_mod.torch_compiling,
         "probe one tensor (_torch_probe)": lambda: T._torch_probe(A),
         "probe_call (every tensor)": lambda: L.probe_call(g.dispatch.prober, A, B, kw, None),
         "hash of the call key": lambda: hash(key),

@@ -1,14 +1,10 @@
 """``evtc.Gemm``: the facade over the build path and the call path of one GEMM epilogue.
 
-Input: an epilogue (``@evtc.epilogue`` function, a Graph, or a textual expression), operand and
-output dtypes, an arch and optional configuration. Output: a callable GEMM.
-
-Construction wires the build path (:class:`evtc.pipeline.Pipeline`: trace, passes, and the primary
-kernel's plan, so errors in the epilogue surface at construction, located at the user's line) to
-a kernel family (:class:`evtc.dispatch.family.GemmFamily`); a call asks the dispatch stage
-(:class:`evtc.dispatch.dispatcher.Dispatcher`), which picks a member per problem (the tuner's
-stored choice, else the heuristic), builds it on demand and launches it. A pinned
-:class:`~evtc.plan.config.GemmConfig` is a family of one.
+Input: an epilogue, operand and output dtypes, an arch, optional configuration. Output: a callable
+GEMM. Construction wires the build path (:class:`evtc.pipeline.Pipeline`: trace, passes, the
+primary kernel's plan: epilogue errors surface here, at the user's line) to a kernel family
+(:class:`evtc.dispatch.family.GemmFamily`); a call asks the dispatch stage
+(:class:`evtc.dispatch.dispatcher.Dispatcher`). A pinned configuration is a family of one.
 """
 
 from __future__ import annotations
@@ -17,48 +13,22 @@ import json
 import sys
 from typing import Any, Mapping
 
-from evtc import dtypes
+from evtc import dtypes, knobs
 from evtc.compiler import cache
 from evtc.dispatch.dispatcher import Dispatcher
 from evtc.dispatch.family import GemmFamily, KernelSpec
 from evtc.dtypes import DType
-from evtc.errors import ArgumentError, ConfigError, api_boundary
+from evtc.errors import api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.pipeline import Kernel, Pipeline
 from evtc.plan import GemmConfig, default_config, get_target
+from evtc.plan.config import check_mainloop_dtypes
 from evtc.plan.config import validate as validate_config
-from evtc.plan.model import Plan
 from evtc.runtime.launch import KernelLibrary, Launcher
-from evtc.torch.fast import FastPathHook
+from evtc.torch.fast import FastPathHook, torch_compiling
 
 __all__ = ["Gemm"]
-
-_is_compiling = None  # torch.compiler.is_compiling, once torch is imported
-
-
-def _torch_compiling() -> bool:
-    """Whether torch.compile (Dynamo) is tracing this call (torch only if already imported)."""
-    global _is_compiling
-    if _is_compiling is None:
-        torch = sys.modules.get("torch")
-        compiler = getattr(torch, "compiler", None) if torch is not None else None
-        if compiler is None or not hasattr(compiler, "is_compiling"):
-            return False
-        _is_compiling = compiler.is_compiling
-    return bool(_is_compiling())
-
-
-def _check_dtypes(arch: str, a: DType, b: DType) -> None:
-    for name, dt in (("a", a), ("b", b)):
-        if dt not in dtypes.MAINLOOP_DTYPES[arch]:
-            allowed = ", ".join(x.name for x in dtypes.MAINLOOP_DTYPES[arch])
-            raise ConfigError(f"{name}={dt.name} is not a {arch} mainloop dtype ({allowed})",
-                              hint=(f"{arch}'s fp8 mainloop takes e4m3" if arch == "sm90" else "fp8 GEMMs need sm90")
-                              if dt.is_fp8 else None)
-    if a.bits != b.bits:
-        raise ConfigError(f"A is {a.name} and B is {b.name}: mixed-width mainloops are not supported")
-
 
 class Gemm:
     """A GEMM ``D = epilogue(A @ B.T, ...)`` for one arch and set of dtypes: a family of kernels,
@@ -115,7 +85,7 @@ class Gemm:
         self.c = dtypes.coerce(c) if c is not None else None
         self.arch = arch
         self.target = get_target(arch)
-        _check_dtypes(arch, self.a, self.b)
+        check_mainloop_dtypes(arch, self.a, self.b)
         if isinstance(config, Mapping):
             config = GemmConfig.from_json(dict(config))
         pinned = config is not None
@@ -130,45 +100,22 @@ class Gemm:
         self.graph = kernels.graph
         self.family = kernels.members
         self.dispatch = Dispatcher(kernels, c=self.c, d=self.d, fast_path=FastPathHook)
-        from evtc import knobs
-
         self.dispatch.autotune = knobs.autotune.get() if autotune is None else bool(autotune)
         self._fast = self.dispatch.fast
         self._torch_op = self._torch_op_error = None
-        if "torch" in sys.modules:
-            # NOTE [The torch op is made outside torch.compile]: Dynamo can't trace the making of
-            # a torch.library op (a lock, the registration), so a call it traces must find the op
-            # made already: made here when torch is imported (about 1.5 ms), else by torch_op().
-            try:
-                self.torch_op()
-            except ArgumentError as e:  # a parameter name the schema can't hold: said when compiled
-                self._torch_op_error = e
+        if "torch" in sys.modules:  # NOTE [The torch op is made outside torch.compile]
+            from evtc.torch.ops import attach
+
+            attach(self)
 
     # ---- the primary kernel (what a family of one is) ----------------------------------------------
 
-    @property
-    def _primary(self) -> Kernel:
-        return self.dispatch.family.primary
-
-    @property
-    def plan(self) -> Plan:
-        return self._primary.plan
-
-    @property
-    def config(self) -> GemmConfig:
-        return self._primary.config
-
-    @property
-    def source(self) -> str:
-        return self._primary.source
-
-    @property
-    def kernel_graph(self) -> Graph:
-        return self._primary.graph
-
-    @property
-    def artifact(self) -> cache.Artifact | None:
-        return self._primary.artifact
+    _primary = property(lambda self: self.dispatch.family.primary, doc="the primary kernel (a Kernel)")
+    plan = property(lambda self: self._primary.plan, doc="the primary kernel's Plan")
+    config = property(lambda self: self._primary.config, doc="the primary kernel's GemmConfig")
+    source = property(lambda self: self._primary.source, doc="the primary kernel's .cu text")
+    kernel_graph = property(lambda self: self._primary.graph, doc="the primary kernel's Graph (swap-AB: transposed)")
+    artifact = property(lambda self: self._primary.artifact, doc="the primary kernel's cache Artifact, once built")
 
     @property
     def library(self) -> KernelLibrary:
@@ -205,7 +152,7 @@ class Gemm:
                sm_count: int | None = None, device: str | None = None) -> KernelSpec:
         """The family member (with its run-time arguments) a problem runs on: the tuner's stored
         choice for its shape bucket on ``device`` if there is one, else the heuristic's
-        (:func:`evtc.family.spec.choose`)."""
+        (:mod:`evtc.dispatch.select`)."""
         return self.dispatch.family.choose(M, N, K, L, aligned_mn=aligned_mn, aligned_k=aligned_k,
                                            sm_count=sm_count, device=device)
 
@@ -215,20 +162,14 @@ class Gemm:
         return self.dispatch.family.launcher(spec)
 
     @api_boundary
-    def tune(self, shapes, *, iters: int = 30, limit_s: float = 2.0, store: bool = True, verbose: bool = False):
-        """Time the family's kernels on ``shapes`` ((M, N, K) or (M, N, K, L)) on the current GPU
-        and store the fastest per shape bucket, for this and later processes (see
-        :mod:`evtc.dispatch.tune`).
-
-        Returns:
-            One dict per shape: the winner, every candidate's median ms, the heuristic's pick.
-
-        Raises:
-            NoDeviceError: no CUDA GPU.
-        """
+    def tune(self, shapes, *, iters: int = 30, limit_s: float = 2.0, store: bool = True, verbose: bool = False,
+             top: int | None = 4):
+        """Time the selection model's first ``top`` candidates (None: all) of each of ``shapes``
+        ((M, N, K) or (M, N, K, L)) on the current GPU and keep the fastest per shape bucket for
+        this and later processes (:func:`evtc.dispatch.tune.tune`: its returns and raises)."""
         from evtc.dispatch.tune import tune
 
-        return tune(self.dispatch, shapes, iters=iters, limit_s=limit_s, store=store, verbose=verbose)
+        return tune(self.dispatch, shapes, iters=iters, limit_s=limit_s, store=store, verbose=verbose, top=top)
 
     @api_boundary
     def build(self, timeout: float | None = None, *, executor=None, family: bool = True) -> cache.Artifact:
@@ -282,37 +223,30 @@ class Gemm:
 
         Returns:
             The output ``D`` when it is the only output; otherwise a dict name -> tensor in the
-            order the epilogue returned them. Reductions are (L, M) / (L, N) / (L,) (without
-            L for unbatched problems). M x N outputs evtc allocates (those not passed in ``out=``)
-            have rows padded to 16 bytes: a strided (.., M, N) view whose row stride is N rounded
-            up to a multiple of 16 bytes (N = 50257 bf16: 50264) and whose batch stride is M
-            times that; ``.contiguous()`` gives packed rows (a copy). After M x N inputs that are
-            all contiguous, one at least with rows that are not 16-byte multiples (a packed C of
-            N = 50257 bf16), they are contiguous too (NOTE [The row layout of the outputs evtc
+            order the epilogue returned them. Reductions are (L, M) / (L, N) / (L,) (without L for
+            unbatched problems). M x N outputs evtc allocates have rows padded to 16 bytes (a
+            strided view; ``.contiguous()`` packs them), or are contiguous after contiguous M x N
+            inputs whose rows are not 16-byte multiples (NOTE [The row layout of the outputs evtc
             allocates] in :mod:`evtc.dispatch.dispatcher`).
 
-        The kernel is the family member :meth:`choose` picks for the problem (cached per call
-        signature); one the cache lacks is built first, after every argument is checked. Zero
-        sizes behave like torch (empty outputs for M, N or L = 0, the epilogue of a zero
-        accumulator for K = 0), outputs may be exactly an M x N input (in place, ``out=C``), and
-        the call can be captured in a CUDA graph (``torch.cuda.graph``): see
-        :mod:`evtc.runtime.bind` for every rule. M x N inputs or ``out=`` tensors whose rows TMA
-        can't address (e.g. packed rows of N = 50257 bf16) run on aligned members over strided
-        views of them where they can (the row-phase split, :mod:`evtc.dispatch.phase_split`;
-        ``EVTC_PHASE_SPLIT``), else on the unaligned kernel or, where a cost model says it is
-        faster, on an aligned one over padded copies (:mod:`evtc.dispatch.staging`;
-        ``EVTC_UNALIGNED_STAGING``, :meth:`set_unaligned_staging`).
+        The kernel is the one the dispatch stage routes the call's signature to (:meth:`choose`'s
+        member, built on demand after every argument is checked; rows TMA can't address take
+        the row-phase split, padded staging or the unaligned kernel). Zero sizes behave like
+        torch, outputs may be an M x N input (in place, ``out=C``), and calls can be captured in
+        a CUDA graph: docs/runtime.md has every rule.
 
         Raises:
             ArgumentError: a missing, extra or malformed argument (named).
             LaunchError: CUDA reported an error.
         """
         if out is None and stream is None:
-            if _torch_compiling():
+            if torch_compiling():
                 # inside torch.compile: the call is a custom op in the graph (evtc/torch/ops.py)
                 op = self._torch_op
                 if op is None:  # NOTE [The torch op is made outside torch.compile]
-                    raise RuntimeError(self._no_torch_op())
+                    from evtc.torch.ops import no_op_message
+
+                    raise RuntimeError(no_op_message(self))
                 return op(A, B, **kwargs)
             fast = self._fast.call  # NOTE [The torch fast path] (Dispatcher.run, inlined)
             if fast is not None:
@@ -325,15 +259,6 @@ class Gemm:
         """:meth:`__call__` with the epilogue's arguments as a dict, never through the torch op
         (with :class:`~evtc.runtime.tensors.TensorView` operands too)."""
         return self.dispatch.run(A, B, kwargs, out, stream)
-
-    def _no_torch_op(self) -> str:
-        """Why a call that torch.compile traces has no torch op (NOTE [The torch op is made
-        outside torch.compile])."""
-        if self._torch_op_error is not None:
-            return str(self._torch_op_error)
-        return (f"evtc: the Gemm '{self.name}' was made before torch was imported, so it has no torch op "
-                "and torch.compile can't make one while it traces; call gemm.torch_op() once before "
-                "compiling (or construct the Gemm after `import torch`)")
 
     def torch_op(self):
         """This Gemm as a PyTorch custom op (:class:`evtc.torch.ops.TorchOp`): the same call

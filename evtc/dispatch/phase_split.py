@@ -345,6 +345,24 @@ def _bits(torch, t):
     return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
+def _launch(torch, dev, stream, main, fringe) -> None:
+    """The main and fringe calls (``main(stream)``, ``fringe(stream)``). The gathers ran first, so
+    the two are independent (an in-place out=C: the fringe reads C's gathered copy, the main call
+    C itself): on CUDA the fringe runs on a side stream in the main call's tail (NOTE [The fringe
+    in the main call's tail]), else one after the other on ``stream``."""
+    if OVERLAP_FRINGE and dev.type == "cuda":
+        cur = torch.cuda.current_stream(dev)
+        side = _side_stream(torch, dev)
+        side.wait_stream(cur)
+        main(cur)
+        with torch.cuda.stream(side):
+            fringe(side)
+        cur.wait_stream(side)
+    else:
+        fringe(stream)
+        main(stream)
+
+
 def run(dispatch, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mapping[str, Any], stream: Any, *,
         loads: Mapping[str, Any], stores: Mapping[str, Any], rows: set[str], cols: set[str]):
     """One call on the split (inside the call's stream context): the gathers, the main and fringe
@@ -413,20 +431,8 @@ def run(dispatch, geom: Geometry, A, B, kwargs: Mapping[str, Any], given: Mappin
         out_main[n] = main_mn(y)
         bufs[n], out_fringe[n] = scratch(y.dtype, dt.bytes)
     main, fringe = launchers(dispatch, geom, K)
-    # the gathers above ran first, so the two calls are independent (an in-place out=C: the
-    # fringe reads C's gathered copy, the main call C itself)
-    if OVERLAP_FRINGE and dev.type == "cuda":
-        # NOTE [The fringe in the main call's tail]
-        cur = torch.cuda.current_stream(dev)
-        side = _side_stream(torch, dev)
-        side.wait_stream(cur)
-        main(A3, B3, kw_main, out_main, cur)
-        with torch.cuda.stream(side):
-            fringe(A3, Bf, kw_fringe, out_fringe, side)
-        cur.wait_stream(side)
-    else:
-        fringe(A3, Bf, kw_fringe, out_fringe, stream)
-        main(A3, B3, kw_main, out_main, stream)
+    _launch(torch, dev, stream, lambda st: main(A3, B3, kw_main, out_main, st),
+            lambda st: fringe(A3, Bf, kw_fringe, out_fringe, st))
     for n, y in outs.items():
         _bits(torch, y).put_(dst, _bits(torch, bufs[n][:, :W]).take(src))
     if len(outs) == 1 and len(dispatch.graph.outputs) == 1:

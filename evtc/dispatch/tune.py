@@ -12,7 +12,7 @@ Candidates are the ``top`` the selection model ranks highest (NOTE [The selectio
 the model's first 4 within 2 % on 95-97 % of problems, docs/performance.md), or every candidate of
 :func:`evtc.dispatch.space.candidates` with ``top=None``. Each is timed with
 CUDA events on fresh random inputs, several sets rotated so that they don't all sit in L2, after a
-warm-up, median of many runs, inside CUDA graphs (:func:`evtc.testing.bench.time_graphs`: the
+warm-up, median of many runs, inside CUDA graphs (:func:`evtc.runtime.timing.time_graphs`: the
 kernels' own time, which a back-to-back sample of a small problem hides behind the host's launch path); a candidate whose first call
 takes more than ``limit_s`` on the GPU is dropped (it is never waited for forever: the tuner polls
 an event). The result is deterministic given the store: the same shapes pick the same kernels.
@@ -148,6 +148,63 @@ def _wait(event: Any, limit_s: float) -> bool:
     return True
 
 
+def _build(fam, cands: list[KernelSpec]) -> None:
+    """Build (or fetch from the cache) the candidates' kernels in parallel; a failed build leaves
+    its kernel unloaded (the candidate is then not timed)."""
+    from evtc.compiler import cache
+    from evtc.dispatch.family import kernel_key
+
+    unbuilt = list({kernel_key(c): fam.kernel(c) for c in cands if fam.kernel(c).library is None}.values())
+    if unbuilt:
+        for k, art in zip(unbuilt, cache.build_many([k.job() for k in unbuilt])):
+            if not isinstance(art, Exception):
+                k.load(art)
+
+
+def _runnable(fam, cands: list[KernelSpec], sets: list[dict], limit_s: float, verbose: bool) -> dict:
+    """label -> (call, spec) of each candidate that runs the problem within ``limit_s``: its calls
+    rotate over the input ``sets``, so that A and B are not all L2 hits."""
+    import torch
+
+    out = {}
+    for c in cands:
+        label = space_label(c)
+        if fam.kernel(c).library is None:
+            continue
+        launcher = fam.launcher(c)
+        state = {"i": 0}
+
+        def call(launcher=launcher, state=state):
+            kw = sets[state["i"] % len(sets)]
+            state["i"] += 1
+            launcher(kw["A"], kw["B"], {k: v for k, v in kw.items() if k not in ("A", "B")})
+
+        try:
+            call()
+            ev = torch.cuda.Event()
+            ev.record()
+            if not _wait(ev, limit_s):
+                continue
+        except Exception as e:  # noqa: BLE001 - a candidate that can't run this problem
+            if verbose:
+                print(f"  {label}: {type(e).__name__}: {e}")
+            continue
+        out[label] = (call, c)
+    return out
+
+
+def _times(calls: dict, iters: int) -> dict[str, float]:
+    """Median ms of each call: the kernels' own time, in CUDA graphs (a back-to-back sample of a
+    small problem times the host's launch path instead); what can't be captured, back to back."""
+    from evtc.runtime.timing import time_graphs, time_interleaved
+
+    times = time_graphs(calls, iters=iters)
+    rest = {k: f for k, f in calls.items() if not times[k] == times[k]}
+    if rest:
+        times.update(time_interleaved(rest, iters=iters))
+    return times
+
+
 def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_s: float = 2.0, seed: int = 0,
          store: bool = True, verbose: bool = False, top: int | None = 4) -> list[dict]:
     """Time the candidates of every shape and store the fastest (see the module docstring).
@@ -171,18 +228,13 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
     """
     import torch
 
-    from evtc.testing.bench import time_graphs, time_interleaved
-    from evtc.compiler import cache
     from evtc.errors import NoDeviceError
-    from evtc.testing import Problem as TestProblem
-    from evtc.testing import make_inputs
+    from evtc.runtime.timing import random_inputs
 
     if not torch.cuda.is_available():
         raise NoDeviceError("tuning needs a CUDA GPU", hint="run gemm.tune on the machine the kernels will run on")
     device = torch.cuda.get_device_name()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    from evtc.dispatch.family import kernel_key
-
     fam = dispatch.family
     db = TuneStore.for_family(fam)
     results = []
@@ -190,57 +242,22 @@ def tune(dispatch, shapes: Iterable[tuple[int, ...]], *, iters: int = 30, limit_
         M, N, K, L = (tuple(shape) + (1,))[:4]
         p = Problem(M, N, K, L, sm_count=sms)
         cands = candidates(fam, p, top, device)
-        kernels = {kernel_key(c): fam.kernel(c) for c in cands}
-        unbuilt = [k for k in kernels.values() if k.library is None]
-        if unbuilt:
-            for k, art in zip(unbuilt, cache.build_many([k.job() for k in unbuilt])):
-                if not isinstance(art, Exception):
-                    k.load(art)
-        # a few input sets, rotated, so that A and B are not all L2 hits
-        sets = [make_inputs(fam.graph, fam.a, fam.b, TestProblem(M, N, K, L), seed=seed + i) for i in range(3)]
-        fns, names = {}, {}
-        for c in cands:
-            label = space_label(c)
-            if kernels[kernel_key(c)].library is None:
-                continue
-            launcher = fam.launcher(c)
-            state = {"i": 0}
-
-            def call(launcher=launcher, state=state):
-                kw = sets[state["i"] % len(sets)]
-                state["i"] += 1
-                launcher(kw["A"], kw["B"], {k: v for k, v in kw.items() if k not in ("A", "B")})
-
-            try:
-                call()
-                ev = torch.cuda.Event()
-                ev.record()
-                if not _wait(ev, limit_s):
-                    continue
-            except Exception as e:  # noqa: BLE001 - a candidate that can't run this problem
-                if verbose:
-                    print(f"  {label}: {type(e).__name__}: {e}")
-                continue
-            fns[label], names[label] = call, c
-        if not fns:
+        _build(fam, cands)
+        sets = [random_inputs(fam.graph, fam.a, fam.b, p, seed=seed + i) for i in range(3)]
+        runnable = _runnable(fam, cands, sets, limit_s, verbose)
+        if not runnable:
             continue
-        # kernels' own time, in CUDA graphs (a back-to-back sample of a small problem times the
-        # host's launch path instead); what can't be captured is timed back to back
-        times = time_graphs(fns, iters=iters)
-        rest = {k: f for k, f in fns.items() if not times[k] == times[k]}
-        if rest:
-            times.update(time_interleaved(rest, iters=iters))
+        times = _times({k: call for k, (call, _) in runnable.items()}, iters)
         best = min(times, key=times.get)
-        winner = names[best]
-        first = cands[0]
-        rec = {**record_of(winner), "ms": times[best], "times_ms": times,
+        first = space_label(cands[0])
+        rec = {**record_of(runnable[best][1]), "ms": times[best], "times_ms": times,
                "tuned_at": time.strftime("%Y-%m-%d %H:%M:%S")}
         if store:
             db.put(shape_bucket(M, N, K, L), device, rec)
         results.append({"shape": [M, N, K, L], "bucket": shape_bucket(M, N, K, L), "device": device, **rec,
-                        "heuristic": {"label": space_label(first), "ms": times.get(space_label(first))}})
+                        "heuristic": {"label": first, "ms": times.get(first)}})
         if verbose:
-            print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (the model's first: {space_label(first)})")
+            print(f"{M}x{N}x{K}x{L}: {best} {times[best]:.4f} ms (the model's first: {first})")
     fam.forget_tuning()  # re-read the store
     if store:
         dispatch.forget()  # calls already dispatched take the new choices too

@@ -129,6 +129,27 @@ class Backward:
     wrt: tuple[str, ...]
 
 
+def _recompute(b, graph: Graph) -> dict[int, Node]:
+    """The forward's inputs declared on the backward builder ``b`` (C as an aux load) and its
+    values rebuilt there, the accumulator as the aux load ``acc_fwd`` (declared only when a
+    value reads it): forward node id -> backward node. Unused ones fall away in the passes."""
+    primal: dict[int, Node] = {}
+    for leaf in graph.inputs:
+        if not isinstance(leaf, Accumulator):
+            kind = AuxLoad if isinstance(leaf, Source) else type(leaf)
+            primal[id(leaf)] = b.input(leaf.name, kind, leaf.dtype, by_pointer=getattr(leaf, "by_pointer", False))
+    acc_fwd = None
+    for n in graph.nodes:
+        if isinstance(n, Accumulator):
+            acc_fwd = acc_fwd or b.input(ACC_FWD, AuxLoad, dtypes.f32)
+            primal[id(n)] = acc_fwd
+        elif isinstance(n, Immediate):
+            primal[id(n)] = b.lift(n.value, n.loc)
+        elif isinstance(n, Compute):
+            primal[id(n)] = b.apply(n.op, [primal[id(a)] for a in n.args], n.loc, dtype=n.dtype, attrs=n.attrs)
+    return primal
+
+
 def backward(graph: Graph, *, grad_dtype: dtypes.DType = dtypes.bf16, wrt: tuple[str, ...] | None = None,
              name: str | None = None) -> Backward:
     """The backward epilogue of ``graph`` (see the module docstring).
@@ -155,23 +176,7 @@ def backward(graph: Graph, *, grad_dtype: dtypes.DType = dtypes.bf16, wrt: tuple
     b = IRBuilder(name or f"{graph.name}_bwd", d=grad_dtype)
     o = _Ops(b, graph.loc)
     b.input("acc", Accumulator)
-    primal: dict[int, Node] = {}
-    acc_fwd = None
-    leaves = {}
-    for leaf in graph.inputs:
-        if isinstance(leaf, Accumulator):
-            continue
-        kind = AuxLoad if isinstance(leaf, Source) else type(leaf)
-        leaves[leaf.name] = primal[id(leaf)] = b.input(leaf.name, kind, leaf.dtype,
-                                                       by_pointer=getattr(leaf, "by_pointer", False))
-    for n in graph.nodes:  # the forward's values, recomputed where a derivative reads them
-        if isinstance(n, Accumulator):
-            acc_fwd = acc_fwd or b.input(ACC_FWD, AuxLoad, dtypes.f32)
-            primal[id(n)] = acc_fwd
-        elif isinstance(n, Immediate):
-            primal[id(n)] = b.lift(n.value, n.loc)
-        elif isinstance(n, Compute):
-            primal[id(n)] = b.apply(n.op, [primal[id(a)] for a in n.args], n.loc, dtype=n.dtype, attrs=n.attrs)
+    primal = _recompute(b, graph)
     ct: dict[int, Node] = {id(stores[0].value): b.inputs[0]}
     for n in reversed(graph.nodes):
         g = ct.get(id(n))

@@ -498,3 +498,21 @@ def column_reduction_tile_ok(graph, config: GemmConfig) -> bool:
 
     tn = config.tile[1]
     return tn <= 32 or tn % 64 == 0 or not any(isinstance(o, Reduction) and o.dim == 0 for o in graph.outputs)
+
+
+def check_mainloop_dtypes(arch: str, a: DType, b: DType) -> None:
+    """Refuse operand dtypes ``arch``'s mainloop can't take (:data:`evtc.dtypes.MAINLOOP_DTYPES`).
+
+    Raises:
+        ConfigError: a dtype the arch's mainloop lacks, or A and B of different widths.
+    """
+    from evtc.dtypes import MAINLOOP_DTYPES
+
+    for name, dt in (("a", a), ("b", b)):
+        if dt not in MAINLOOP_DTYPES[arch]:
+            allowed = ", ".join(x.name for x in MAINLOOP_DTYPES[arch])
+            raise ConfigError(f"{name}={dt.name} is not a {arch} mainloop dtype ({allowed})",
+                              hint=(f"{arch}'s fp8 mainloop takes e4m3" if arch == "sm90" else "fp8 GEMMs need sm90")
+                              if dt.is_fp8 else None)
+    if a.bits != b.bits:
+        raise ConfigError(f"A is {a.name} and B is {b.name}: mixed-width mainloops are not supported")

@@ -6,11 +6,10 @@ Input: a built :class:`evtc.Gemm` and a problem size. Output: a dict of medians 
 
 from __future__ import annotations
 
-import random
-import statistics
 from typing import Any, Callable
 
 from evtc.ir.graph import Graph
+from evtc.runtime.timing import launch_overhead_us, time_graphs, time_interleaved  # noqa: F401 (re-exported)
 from evtc.ir.nodes import (
     Accumulator,
     ColBroadcast,
@@ -23,109 +22,6 @@ from evtc.ir.nodes import (
 )
 
 __all__ = ["bench_gemm", "launch_overhead_us", "time_graphs", "time_interleaved", "torch_eval"]
-
-
-def time_interleaved(fns: dict[str, Callable[[], Any]], iters: int = 50, warmup_ms: float = 300.0,
-                     reps: int = 3) -> dict[str, float]:
-    """Median device time (ms per call) of several functions, measured in alternation.
-
-    Each sample is one function called ``reps + 1`` times back to back, with CUDA events around
-    the last ``reps`` calls: the first call keeps the GPU busy while the host records the start
-    event and issues the next calls, so the host's launch work (Python argument checks, CUTLASS's
-    ``initialize``, TMA descriptor encoding) overlaps the previous call, as in a training loop,
-    instead of adding an idle gap to the sample. (An event before a single call on an idle GPU
-    times the host's launch path too: 2-6 % of a 1.7 ms GEMM.) The functions alternate in a fresh
-    random order each round, so clock and temperature drift and the state one kernel leaves for
-    the next (L2 contents) hit all of them alike, after a warm-up of about ``warmup_ms`` that
-    brings the GPU to its steady clock."""
-    import time
-
-    import torch
-
-    names = list(fns)
-    t0 = time.perf_counter()
-    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
-        for n in names:
-            fns[n]()
-        torch.cuda.synchronize()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    order = list(names)
-    rng = random.Random(0)
-    for _ in range(iters):
-        rng.shuffle(order)  # no function always runs right after the same one
-        for n in order:
-            fn = fns[n]
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            fn()
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / reps)
-    return {n: statistics.median(v) for n, v in times.items()}
-
-
-def time_graphs(fns: dict[str, Callable[[], Any]], iters: int = 20, calls: int = 10) -> dict[str, float]:
-    """Median device time (ms per call) of each function run inside a CUDA graph: ``calls`` calls
-    captured once and replayed ``iters`` times with events around each replay, in alternation.
-
-    This is the kernels' own time, with no launch gaps: what a decode step captured in a graph
-    (as serving frameworks do) sees, and a fair comparison of kernels whose host launch paths
-    differ (a back-to-back sample of a 10 us kernel measures the host when its launch takes
-    longer, :func:`time_interleaved`). A function that can't be captured gets NaN."""
-    import torch
-
-    graphs: dict[str, Any] = {}
-    stream = torch.cuda.Stream()
-    for n, fn in fns.items():
-        try:
-            with torch.cuda.stream(stream):
-                fn()  # warm-up (and any first-call work) outside the capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                for _ in range(calls):
-                    fn()
-            graphs[n] = g
-        except Exception:  # noqa: BLE001 - report NaN for what can't be captured
-            torch.cuda.synchronize()
-    times: dict[str, list[float]] = {n: [] for n in graphs}
-    order = list(graphs)
-    rng = random.Random(0)
-    for g in graphs.values():
-        g.replay()
-    torch.cuda.synchronize()
-    for _ in range(iters):
-        rng.shuffle(order)
-        for n in order:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[n].replay()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) / calls)
-    return {n: (statistics.median(times[n]) if n in times else float("nan")) for n in fns}
-
-
-def launch_overhead_us(fn: Callable[[], Any], calls: int = 20) -> float:
-    """Host time (microseconds) one call of ``fn`` takes to issue its work, measured while the
-    GPU is still busy with earlier calls (so it is the launch path alone, not waiting)."""
-    import time
-
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    fn()  # the GPU is busy with this one while the timed calls are issued
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return dt / calls * 1e6
 
 
 def torch_eval(graph: Graph, acc, inputs: dict[str, Any]) -> dict[str, Any]:

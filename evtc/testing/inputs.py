@@ -12,20 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 from evtc.dtypes import DType
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
+from evtc.ir.nodes import Reduction, Store
+from evtc.runtime.timing import padded_empty, random_inputs, random_tensor  # noqa: F401 (re-exported)
 from evtc.testing.oracle import to_numpy
 
 __all__ = ["Problem", "make_inputs", "padded_empty", "padding_of", "poisoned_outputs", "random_tensor"]
@@ -47,20 +37,6 @@ def _torch():
     return torch
 
 
-def padded_empty(torch, shape, dtype, device, fill=float("nan")):
-    """A tensor of ``shape`` whose rows start on 16-byte boundaries (as TMA needs); the padding
-    after the last column is filled too (NaN by default: see :func:`padding_of`)."""
-    per = max(1, 16 // dtype.bytes)
-    last = shape[-1]
-    padded = (last + per - 1) // per * per
-    t = torch.empty(tuple(shape[:-1]) + (padded,), dtype=getattr(torch, dtype.torch), device=device)
-    if dtype.is_fp8 and fill != fill:
-        t.view(torch.uint8).fill_(0x7F)  # 0x7F is NaN in both e4m3 and e5m2
-    else:
-        t.fill_(fill)
-    return t[..., :last]
-
-
 def padding_of(x):
     """The row padding after the last column of a tensor from :func:`padded_empty` (None when it
     has none), as a float64 numpy array."""
@@ -70,51 +46,16 @@ def padding_of(x):
     return to_numpy(full[..., x.shape[-1]:])
 
 
-def random_tensor(torch, shape, dtype: DType, device, gen, scale=1.0, positive=False):
-    """N(0, scale^2) values of ``dtype`` (fp8 clamped to its range) in a padded tensor."""
-    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
-    if positive:
-        x = x.abs() + 0.5
-    if dtype.is_fp8:
-        x = x.clamp(-dtype.max, dtype.max)
-    out = padded_empty(torch, shape, dtype, device, fill=0.0)
-    out.copy_(x.to(getattr(torch, dtype.torch)))
-    return out
-
-
 def make_inputs(graph: Graph, a: DType, b: DType, p: Problem, *, device="cuda", seed=0, batched=None) -> dict[str, Any]:
-    """Fresh random A, B and epilogue inputs for ``graph`` (torch tensors on ``device``).
+    """Fresh random A, B and epilogue inputs for ``graph`` (torch tensors on ``device``):
+    :func:`evtc.runtime.timing.random_inputs`.
 
     Values are N(0, 1) scaled so ``acc`` is O(1) (A and B scaled by K^-1/4) and zero-mean (the
     accumulator's error model assumes it); scalars are drawn from [0.5, 1.5]; inputs of
     ``log``/``sqrt``-style ops are not special-cased, so epilogues using them should take
     ``abs`` first or the tests choose their own data.
     """
-    torch = _torch()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    batched = p.L > 1 if batched is None else batched
-    lead = (p.L,) if batched else ()
-    s = p.K ** -0.25
-    out: dict[str, Any] = {
-        "A": random_tensor(torch, lead + (p.M, p.K), a, device, gen, s),
-        "B": random_tensor(torch, lead + (p.N, p.K), b, device, gen, s),
-    }
-    rng = np.random.default_rng(seed)
-    for leaf in graph.inputs:
-        n = leaf.name
-        if isinstance(leaf, Accumulator):
-            continue
-        if isinstance(leaf, (Source, AuxLoad)):
-            out[n] = random_tensor(torch, lead + (p.M, p.N), leaf.dtype, device, gen)
-        elif isinstance(leaf, RowBroadcast):
-            out[n] = random_tensor(torch, lead + (p.N,), leaf.dtype, device, gen).contiguous()
-        elif isinstance(leaf, ColBroadcast):
-            out[n] = random_tensor(torch, lead + (p.M,), leaf.dtype, device, gen).contiguous()
-        elif isinstance(leaf, ScalarBroadcast):
-            v = float(rng.uniform(0.5, 1.5))
-            out[n] = torch.full(lead or (), v, dtype=getattr(torch, leaf.dtype.torch), device=device) if leaf.by_pointer else v
-    return out
+    return random_inputs(graph, a, b, p, device=device, seed=seed, batched=batched)
 
 
 def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -> dict[str, Any]:

@@ -59,6 +59,22 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {"module": None, "failed": None, "thread": None}
 
 
+_is_compiling = None  # torch.compiler.is_compiling, once torch is imported
+
+
+def torch_compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing this call (torch only if already imported): a
+    Gemm's call then goes through its torch op."""
+    global _is_compiling
+    if _is_compiling is None:
+        torch = sys.modules.get("torch")
+        compiler = getattr(torch, "compiler", None) if torch is not None else None
+        if compiler is None or not hasattr(compiler, "is_compiling"):
+            return False
+        _is_compiling = compiler.is_compiling
+    return bool(_is_compiling())
+
+
 def mode() -> str:
     """``EVTC_TORCH_FASTPATH``: ``0`` (off), ``1`` (default: build in the background) or ``sync``."""
     return knobs.torch_fastpath.get()

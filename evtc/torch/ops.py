@@ -190,3 +190,27 @@ def torch_op(gemm) -> TorchOp:
             op = _OPS[qual] = TorchOp(gemm)
     gemm._torch_op = op
     return op
+
+
+def attach(gemm) -> None:
+    """Make ``gemm``'s op as it is constructed (torch imported).
+
+    NOTE [The torch op is made outside torch.compile]: Dynamo can't trace the making of a
+    torch.library op (a lock, the registration), so a call it traces must find the op made
+    already: made when the Gemm is constructed with torch imported (about 1.5 ms), else by
+    ``gemm.torch_op()``. A parameter name the schema can't hold is kept and said when compiled.
+    """
+    try:
+        torch_op(gemm)
+    except ArgumentError as e:
+        gemm._torch_op_error = e
+
+
+def no_op_message(gemm) -> str:
+    """Why a call that torch.compile traces has no torch op (NOTE [The torch op is made outside
+    torch.compile])."""
+    if gemm._torch_op_error is not None:
+        return str(gemm._torch_op_error)
+    return (f"evtc: the Gemm '{gemm.name}' was made before torch was imported, so it has no torch op "
+            "and torch.compile can't make one while it traces; call gemm.torch_op() once before "
+            "compiling (or construct the Gemm after `import torch`)")
