@@ -209,6 +209,35 @@ def _getitem_check(a, node):
 for _op in "relu sigmoid tanh silu hardswish exp log sqrt rsqrt abs erf neg".split():
     _row(f"aten.{_op}.default", _call(_op, "self"), doc=f"{_op}(x)")
 _row("aten.gelu.default", _gelu, _gelu_check, "gelu(x) (approximate='none'), gelu_tanh(x) (approximate='tanh')")
+
+
+def _backward(op: str, grad: str, arg: str, output: bool = False):
+    """The ``aten.<act>_backward`` of a training graph through evtc's own derivative rule
+    (:data:`evtc.frontend.vjp.RULES`): ``grad * act'(x)``, or from the forward's ``output``
+    where ATen passes that (sigmoid, tanh)."""
+    def lower(L, a, loc):
+        from evtc.frontend.vjp import RULES, _Ops
+
+        if op == "gelu":
+            rule = RULES[{"none": "gelu", "tanh": "gelu_tanh"}[a.get("approximate") or "none"]]
+        else:
+            rule = RULES[op]
+        x = a[arg]
+        return rule(_Ops(L.b, loc), a[grad], x if output else None, None if output else x)[0]
+    return lower
+
+
+_row("aten.gelu_backward.default", _backward("gelu", "grad_output", "self"), _gelu_check,
+     "grad * gelu'(x) (training graphs; evtc.frontend.vjp's rule)")
+_row("aten.silu_backward.default", _backward("silu", "grad_output", "self"), doc="grad * silu'(x)")
+_row("aten.sigmoid_backward.default", _backward("sigmoid", "grad_output", "output", output=True),
+     doc="grad * y (1 - y), y the forward's output")
+_row("aten.tanh_backward.default", _backward("tanh", "grad_output", "output", output=True),
+     doc="grad * (1 - y^2), y the forward's output")
+_row("aten.threshold_backward.default",
+     lambda L, a, loc: L.b.call("where", (L.b.call("gt", (a["self"], a["threshold"]), loc), a["grad_output"], 0.0),
+                                loc),
+     doc="where(x > t, grad, 0) (relu's backward)")
 _row("aten.reciprocal.default", lambda L, a, loc: L.b.binary("div", 1.0, a["self"], loc), doc="1.0 / x")
 _row("aten.leaky_relu.default", _call("leaky_relu", "self", "negative_slope"), doc="leaky_relu(x, slope)")
 _row("aten.hardtanh.default", _clamp("min_val", "max_val"), doc="minimum(maximum(x, lo), hi)")

@@ -27,10 +27,10 @@ How (:func:`to_aten`, then :func:`fuse`):
    op, the outputs reshaped to what the graph expects.
 
 What evtc can't run stays unfused and goes to Inductor as it is: tensors not on a CUDA device,
-operands that are not both bf16 or both f16, K or N not a multiple of 8, a graph that needs
-gradients (the op has no autograd formula: fusion is for inference, under ``torch.no_grad()`` /
-``torch.inference_mode()``), an operand that depends on the region's
-own values, and any Gemm evtc refuses to build (the match is skipped). Numerics: the fused
+operands that are not both bf16 or both f16, K or N not a multiple of 8, an operand that depends
+on the region's own values, and any Gemm evtc refuses to build (the match is skipped). A graph
+that needs gradients is fused after AOTAutograd splits it, forward and backward alike (NOTE
+[Fusion in training]). Numerics: the fused
 epilogue computes in f32 and rounds once per output, where eager torch rounds after every op
 in the tensors' dtype; the results are within one rounding of the float64 value. A graph with
 symbolic shapes is fused per concrete shape (NOTE [Symbolic shapes], :class:`_Specializing`).
@@ -428,11 +428,25 @@ def _a_operand(add, a):
     return add(torch.ops.aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
 
 
+def _reshape(add, x, shape: list):
+    """``x`` viewed as ``shape``: nothing where it has that shape, else ``aten.view`` (a contiguous
+    copy first where its strides can't be viewed so). View and copy, not ``reshape``, which
+    Inductor decomposes: the same nodes serve a Dynamo graph and a graph after AOTAutograd."""
+    import torch
+
+    aten = torch.ops.aten
+    v = _val(x)
+    if v is not None and list(v.shape) == list(shape):
+        return x
+    if v is not None and not v.is_contiguous():
+        x = add(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+    return add(aten.view.default, (x, shape))
+
+
 def _replace(gm, m: _Match, op, outputs: list) -> None:
     """Put ``op``'s call where the region was and reroute every use outside the region."""
     import torch
 
-    aten = torch.ops.aten
     graph = gm.graph
     by_name = {pname: x for x, (kind, pname) in m.externals.items()}
     kinds = {pname: kind for x, (kind, pname) in m.externals.items()}
@@ -458,16 +472,16 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
             shape = [m.M]
         else:
             shape = []
-        args.append(add(aten.reshape.default, (x, shape)))
+        args.append(_reshape(add, x, shape))
     call = add(op.overload, tuple(args))
     single = len(op.output_names) == 1
     for node, oname, kind in outputs:
         i = op.output_names.index(oname)
         out = call if single else add(operator.getitem, (call, i))
         v = _val(node)
-        out = add(aten.reshape.default, (out, list(v.shape)))
+        out = _reshape(add, out, list(v.shape))
         if kind == "reduction" and v.dtype != torch.float32:
-            out = add(aten._to_copy.default, (out,), {"dtype": v.dtype})
+            out = add(torch.ops.prims.convert_element_type.default, (out, v.dtype))
         out.meta["val"] = v
         node.replace_all_uses_with(out, delete_user_cb=lambda u: u not in m.members)
     for node in reversed(m.region):
@@ -643,14 +657,59 @@ def _needs_grad(gm, example_inputs) -> bool:
         any(p.requires_grad for p in gm.parameters())
 
 
+#: the activations whose ``aten.<name>_backward`` ops a backward graph's regions take whole
+_BACKWARD_OPS = ("gelu", "silu", "sigmoid", "tanh", "threshold")
+
+
+def _training(gm, example_inputs, backend, allow_cpu: bool, on_gemm, inductor: bool):
+    """A graph that needs gradients: AOTAutograd splits it into a forward and a backward graph
+    (functional ATen, after Inductor's decompositions) and each is fused before it is compiled.
+
+    NOTE [Fusion in training]: the forward's matches keep what the backward reads as aux stores
+    (a region value used outside it becomes an output: the pre-activation F that GELU's
+    derivative needs), and the backward's GEMMs take their epilogues like any other: the data
+    gradient GEMM that produces dD gets ``acc * act'(F)`` and the bias gradient's column sum
+    (``sum(dim=0)``), cuBLASLt's DGELU_BGRAD for whatever activation the forward had. The
+    derivative itself is PyTorch's (the decomposed ``*_backward`` ops); evtc's own derivation
+    of an epilogue (:mod:`evtc.frontend.vjp`) gives the same expression.
+    """
+    def fuse_graph(g, ex, **kw):
+        backend.fused += fuse(g, allow_cpu=allow_cpu, on_gemm=on_gemm)
+
+    if inductor:
+        import torch
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+
+        def inner(g, ex, **kw):
+            fuse_graph(g, ex)
+            return compile_fx_inner(g, ex, **kw)
+
+        # the activations' backward ops stay whole, so that a data-gradient GEMM's region can take
+        # them (the importer lowers each with evtc's derivative rule); Inductor runs those it
+        # doesn't fuse on ATen's kernels
+        keep = {getattr(torch.ops.aten, f"{n}_backward").default for n in _BACKWARD_OPS}
+        table = {k: v for k, v in select_decomp_table().items() if k not in keep}
+        return compile_fx(gm, example_inputs, inner_compile=inner, decompositions=table)
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def plain(g, ex):
+        fuse_graph(g, ex)
+        return make_boxed_func(g.forward)
+
+    return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
+
+
 def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, inductor: bool = True):
     """A Dynamo backend: :func:`to_aten` and :func:`fuse`, then Inductor (or the graph as it is,
-    ``inductor=False``). ``backend.fused`` counts the matches of every graph it compiled; a graph
-    without matches goes to Inductor unchanged."""
+    ``inductor=False``); a graph that needs gradients goes through AOTAutograd with its forward
+    and backward graphs fused (NOTE [Fusion in training]). ``backend.fused`` counts the matches of
+    every graph it compiled; a graph without matches goes to Inductor unchanged."""
 
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):
-            return _compile(gm, example_inputs, inductor)
+            return _training(gm, example_inputs, backend, allow_cpu, on_gemm, inductor)
         concrete = _hints(example_inputs)
         agm, n = _fused(gm, concrete, allow_cpu, on_gemm)
         backend.fused += n

@@ -1,0 +1,50 @@
+"""Training under ``torch.compile(backend="evtc")`` on the CPU (NOTE [Fusion in training],
+evtc/torch/backend.py): AOTAutograd's forward and backward graphs are both fused (the forward
+keeps what the backward reads as aux stores; the backward's data-gradient GEMM takes the
+activation's derivative and the bias gradient's column sum), and the gradients match eager's
+as closely as eager's match float64. The fused op's CPU kernel is evtc's float64 interpreter
+(tests/null/test_torch_backend.py)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_zoo as Z  # noqa: E402
+from test_torch_backend import GEMMS, register  # noqa: E402
+
+from evtc.torch.backend import make_backend  # noqa: E402
+
+
+def _grads(block, args, fn):
+    block.zero_grad()
+    x = args[0].detach().clone().requires_grad_(True)
+    y = fn(x, *args[1:])
+    (y.float() * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+    return {"x": x.grad.double(), **{n: p.grad.double() for n, p in block.named_parameters()}}
+
+
+#: block -> (fused GEMMs at least: forward + backward; a fragment a backward epilogue holds: the
+#: bias gradient's column sum beside the activation's derivative, or SiLU's derivative)
+CASES = {"gpt2": (5, "reduce_sum("), "llama": (6, "sigmoid("), "bert": (5, "reduce_sum(")}
+
+
+@pytest.mark.parametrize("inductor", [False, True], ids=["aot", "inductor"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_and_backward_fuse_and_match_eager(name, inductor):
+    if inductor and name != "gpt2":
+        pytest.skip("one block through Inductor's C++ on the CPU is enough (minutes each)")
+    block, args = Z.make(name, 64, 256, 48)
+    ref64 = _grads(block.double(), [a.double() for a in args], block)
+    block.to(torch.bfloat16)
+    eager = _grads(block, args, block)
+    torch._dynamo.reset()
+    GEMMS.clear()
+    be = make_backend(allow_cpu=True, on_gemm=lambda g: (GEMMS.append(g), register(g)), inductor=inductor)
+    got = _grads(block, args, torch.compile(block, backend=be))
+    least, fragment = CASES[name]
+    assert be.fused >= least, (name, be.fused, [str(g.graph) for g in GEMMS])
+    assert any(fragment in str(g.graph) for g in GEMMS), [str(g.graph) for g in GEMMS]
+    for k, want in ref64.items():
+        e_evtc = (got[k] - want).abs().max().item()
+        e_eager = (eager[k] - want).abs().max().item()
+        assert e_evtc <= 2 * e_eager + 2.0 ** -8 * want.abs().max().item(), (name, k, e_evtc, e_eager)
