@@ -293,7 +293,12 @@ def _outputs() -> dict[Path, str | bytes]:
 
     from evtc.plan.draw import draw_plan
 
+    spec = importlib.util.spec_from_file_location("evtc_docs_floors", DOCS / "floors.py")
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+
     with tempfile.TemporaryDirectory() as tmp:
+        files[DOCS / "img" / "floors.svg"] = floors.draw(Path(tmp) / "floors.svg").read_text()
         for fname, (name, kw) in FIGURES.items():
             g = gemm(name, **kw)
             files[DOCS / "img" / fname] = draw_plan(g.graph, g.plan, Path(tmp) / fname).read_text()
