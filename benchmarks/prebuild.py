@@ -208,6 +208,15 @@ def degenerate_gemms():
     return list(T.gemms().values())
 
 
+def invariance_jobs():
+    """tests/gpu/test_batch_invariance_gpu.py's kernels: the batch-invariant members its problems
+    run on (an H200's choices)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import test_batch_invariance_gpu as T
+
+    return T.jobs()
+
+
 def torch_gemms():
     """bench_torch.py's kernels (and tests/gpu/test_torch_gpu.py's backend tests): the families of
     the two epilogues the evtc torch.compile backend makes for an MLP block."""
@@ -218,6 +227,7 @@ def torch_gemms():
 
 GROUPS = {"torch": torch_gemms, "family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms, "degenerate": degenerate_gemms,
+          "invariance": invariance_jobs,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "reductions": reductions_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}

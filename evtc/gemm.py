@@ -55,6 +55,11 @@ class Gemm:
             not built) and keep the fastest for this and later processes (:mod:`evtc.dispatch.tune`);
             never while a CUDA graph is captured or torch.compile traces. None:
             ``EVTC_AUTOTUNE`` (default off: the model's choice).
+        batch_invariant: run only members whose outputs' bits for a row don't depend on how many
+            rows (M) or batches (L) the call has, on the member chosen or on the run: one K order
+            (no split-K, stream-K or swap-AB), with a row reduction one tile N and epilogue tile,
+            no atomic sums (NOTE [Batch invariance] in :mod:`evtc.dispatch.invariance`). None:
+            ``EVTC_BATCH_INVARIANT`` (default off).
 
     Attributes:
         graph: the Graph after passes. ``str(gemm.graph)`` is its IR text.
@@ -66,7 +71,9 @@ class Gemm:
 
     Raises:
         EvtcError: a subclass located at the epilogue's line: trace, type, legalization,
-            configuration and planning errors.
+            configuration and planning errors; with ``batch_invariant``, a sum reduction
+            that atomics add (a scalar sum; any sum on sm80) or a pinned configuration that
+            splits K or swaps A and B (:class:`~evtc.errors.ConfigError`).
 
     Example::
 
@@ -78,7 +85,7 @@ class Gemm:
     def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
                  c: DType | str | None = None, d: DType | str | None = None, arch: str = "sm90",
                  config: GemmConfig | Mapping | None = None, plan: str | Mapping = "evtc", plan_rank: int = 0,
-                 autotune: bool | None = None) -> None:
+                 autotune: bool | None = None, batch_invariant: bool | None = None) -> None:
         self.a = dtypes.coerce(a)
         self.b = dtypes.coerce(b) if b is not None else self.a
         self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
@@ -95,8 +102,9 @@ class Gemm:
         self.name = self.pipeline.name
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
         policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
+        invariant = knobs.batch_invariant.get() if batch_invariant is None else bool(batch_invariant)
         kernels = GemmFamily(self.pipeline, arch, self.target, config if pinned else None,
-                             policy=policy, rank=plan_rank, fixed=fixed)
+                             policy=policy, rank=plan_rank, fixed=fixed, batch_invariant=invariant)
         self.graph = kernels.graph
         self.family = kernels.members
         self.dispatch = Dispatcher(kernels, c=self.c, d=self.d, fast_path=FastPathHook)

@@ -196,6 +196,8 @@ torch_fastpath = _choice("EVTC_TORCH_FASTPATH", "1", ("0", "1", "sync"),
                          "the torch fast path: 1 built in the background, sync in the foreground, 0 off",
                          aliases=_ON_OFF)
 autotune = _flag("EVTC_AUTOTUNE", False, "time the model's best candidates on a new shape bucket's first call")
+batch_invariant = _flag("EVTC_BATCH_INVARIANT", False,
+                        "Gemms default to batch_invariant=True: a row's bits independent of M, L, member and run")
 # ---- errors ------------------------------------------------------------------------------------
 traceback = _choice("EVTC_TRACEBACK", "short", ("short", "full"),
                     "'full': keep evtc's frames in tracebacks (and the CLI prints them)",

@@ -156,7 +156,8 @@ class Dispatcher:
         if not fam.pinned and not p.aligned_mn and p.aligned_k and spec.config.unaligned and spec.arch == "sm90":
             from evtc.dispatch import staging
 
-            if staging.mode(self.unaligned_staging) != "never":
+            # (never for a batch-invariant family: its per-call choice depends on M)
+            if staging.mode(self.unaligned_staging) != "never" and fam.invariance is None:
                 return self._staged_launcher(spec)
         return fam.launcher(spec)
 

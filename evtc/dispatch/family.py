@@ -111,6 +111,9 @@ class GemmFamily:
         config: a validated configuration to pin, or None for the default family.
         policy, rank, fixed: the primary kernel's planner options (:class:`evtc.Gemm`'s ``plan``
             and ``plan_rank``).
+        batch_invariant: keep only members (and candidates) whose outputs' bits for a row don't
+            depend on M, L, the member or the run (NOTE [Batch invariance] in
+            :mod:`evtc.dispatch.invariance`).
 
     Attributes:
         members: name -> :class:`~evtc.family.spec.KernelSpec`; ``{"pinned": spec}`` for a pinned
@@ -120,12 +123,15 @@ class GemmFamily:
         primary: the first member's kernel (planned at construction).
 
     Raises:
-        ConfigError: a pinned stream-K decomposition with atomic reductions.
+        ConfigError: a pinned stream-K decomposition with atomic reductions; with
+            ``batch_invariant``, a sum reduction whose order is the run's or a pinned
+            configuration that splits K or swaps A and B.
         EvtcError: planning errors of the primary kernel.
     """
 
     def __init__(self, pipeline: Pipeline, arch: str, target: Target, config: GemmConfig | None, *,
-                 policy: str = "evtc", rank: int = 0, fixed: Mapping | None = None) -> None:
+                 policy: str = "evtc", rank: int = 0, fixed: Mapping | None = None,
+                 batch_invariant: bool = False) -> None:
         self.pipeline = pipeline
         self.arch, self.target = arch, target
         self.a, self.b = pipeline.a, pipeline.b
@@ -141,9 +147,17 @@ class GemmFamily:
             # most 32 or a multiple of 64, so no pp128x176)
             self.members = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self.traits)
                             if s.arch != "sm90" or column_reduction_tile_ok(self.graph, s.config)}
-        first = next(iter(self.members.values()))
         self._kernels: dict[str, Kernel] = {}
-        self.primary = self._kernels[kernel_key(first)] = pipeline.kernel(first, policy, rank, fixed)
+        #: the batch-invariant rule (:class:`~evtc.dispatch.invariance.Invariance`), or None
+        self.invariance = None
+        if batch_invariant:
+            from evtc.dispatch.invariance import Invariance
+
+            rule = Invariance.of(self.graph, arch)
+            self.invariance, self.members = rule.members(self.members.values(), self._epilogue_tile)
+        first = next(iter(self.members.values()))
+        self.primary = self._kernels.get(kernel_key(first)) or pipeline.kernel(first, policy, rank, fixed)
+        self._kernels[kernel_key(first)] = self.primary
         self.launchers: dict[tuple, Launcher] = {}
         self._tuned = None
         self._targets: dict[str | None, Target] = {None: target}
@@ -161,6 +175,16 @@ class GemmFamily:
     @property
     def pinned(self) -> bool:
         return "pinned" in self.members
+
+    def _epilogue_tile(self, spec: KernelSpec) -> tuple | None:
+        """The planned epilogue tile of a member (planning it; :mod:`evtc.dispatch.invariance`)."""
+        plan = self.kernel(spec).plan
+        return tuple(plan.epilogue_tile) if plan.epilogue_tile is not None else None
+
+    def admits(self, spec: KernelSpec) -> bool:
+        """Whether a candidate may run this family's problems (always, unless batch-invariant:
+        :meth:`evtc.dispatch.invariance.Invariance.admits`)."""
+        return self.invariance is None or self.invariance.admits(spec, self._epilogue_tile)
 
     def kernel(self, spec: KernelSpec | str) -> Kernel:
         """The (planned, maybe not built) kernel of a member, by spec or member name (an
@@ -240,12 +264,15 @@ class GemmFamily:
         p = Problem(M, N, K, L, aligned_mn, aligned_k, sm_count or self.target.sm_count)
         if aligned_mn and aligned_k and device is not None:
             tuned = self.tuned_choice(p, device)
-            if tuned is not None:
+            if tuned is not None and self.admits(tuned):
                 return tuned
         if self.arch == "sm90" and aligned_mn and aligned_k:
             ranked = self.ranked(p, device)
             if ranked:
                 return ranked[0]
+        if self.invariance is not None and self.arch == "sm90" and not (aligned_mn and aligned_k):
+            # rows TMA can't address: one kernel whatever M (NOTE [Batch invariance])
+            return on_demand(self.arch, self.a, self.b, "unaligned" if aligned_k else "unaligned_k")
         return choose(self.members, p, self.arch, self.a, self.b, self.traits)
 
     def ranked(self, p: Problem, device: str | None = None) -> list[KernelSpec]:
@@ -261,6 +288,8 @@ class GemmFamily:
         cands = space.candidates(p, self.traits, self.graph, self.a, self.b,
                                  members=tuple(self.members.values()) + space.cluster_variants(
                                      tuple(self.members.values())))
+        if self.invariance is not None:
+            cands = [c for c in cands if self.admits(c)]
         return select.rank(p, self.epilogue_class, cands, table)
 
     @property

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Mapping
 
 __all__ = ["evtc_backend", "fuse", "make_backend", "to_aten"]
 
@@ -488,13 +488,16 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
         graph.erase_node(node)
 
 
-def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None) -> int:
+def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
+         gemm_options: Mapping[str, Any] | None = None) -> int:
     """Replace every match in the ATen graph ``gm`` (from :func:`to_aten`) by an evtc Gemm's
     op, in place.
 
     Args:
         allow_cpu: fuse CPU tensors too (tests, with a CPU kernel registered for the op).
         on_gemm: called with each Gemm made (tests register their kernel there).
+        gemm_options: keyword arguments of every :class:`evtc.Gemm` made (``batch_invariant``,
+            ``autotune``: :data:`GEMM_OPTIONS`).
 
     Returns:
         The number of matches fused.
@@ -520,7 +523,7 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None) -> int
         dt = _dtype_name(_val(anchor))
         try:
             graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1]}_{fused}", dt)
-            gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt)
+            gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
             if on_gemm is not None:
                 on_gemm(gemm)
             op = gemm.torch_op()
@@ -583,10 +586,10 @@ class _Specializing:
             compilation waits for the first call with that signature).
     """
 
-    def __init__(self, gm, generic, example_inputs, example_fused, backend, allow_cpu: bool, on_gemm,
+    def __init__(self, gm, generic, example_inputs, example_fused, backend, how: Mapping[str, Any],
                  inductor: bool) -> None:
         self.gm, self.generic, self.backend = gm, generic, backend
-        self.allow_cpu, self.on_gemm, self.inductor = allow_cpu, on_gemm, inductor
+        self.how, self.inductor = how, inductor
         self.compiled: dict = {}
         self._pending = {_signature(example_inputs): example_fused}
 
@@ -602,7 +605,7 @@ class _Specializing:
     def _specialize(self, key: tuple, args: list):
         agm = self._pending.pop(key, None)
         if agm is None:
-            agm, n = _fused(self.gm, args, self.allow_cpu, self.on_gemm)
+            agm, n = _fused(self.gm, args, self.how)
             if not n:
                 return self.generic
             self.backend.fused += n
@@ -631,11 +634,11 @@ def _signature(args) -> tuple:
                  for a in args)
 
 
-def _fused(gm, example_inputs, allow_cpu: bool, on_gemm) -> tuple[Any, int]:
-    """``gm``'s ATen form with its matches fused (:func:`to_aten`, :func:`fuse`) and their count;
-    (None, 0) when nothing fused."""
+def _fused(gm, example_inputs, how: Mapping[str, Any]) -> tuple[Any, int]:
+    """``gm``'s ATen form with its matches fused (:func:`to_aten`, :func:`fuse` with the keyword
+    arguments ``how``) and their count; (None, 0) when nothing fused."""
     agm = to_aten(gm, example_inputs)
-    n = fuse(agm, allow_cpu=allow_cpu, on_gemm=on_gemm) if agm is not None else 0
+    n = fuse(agm, **how) if agm is not None else 0
     return (agm if n else None), n
 
 
@@ -661,7 +664,7 @@ def _needs_grad(gm, example_inputs) -> bool:
 _BACKWARD_OPS = ("gelu", "silu", "sigmoid", "tanh", "threshold")
 
 
-def _training(gm, example_inputs, backend, allow_cpu: bool, on_gemm, inductor: bool):
+def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: bool):
     """A graph that needs gradients: AOTAutograd splits it into a forward and a backward graph
     (functional ATen, after Inductor's decompositions) and each is fused before it is compiled.
 
@@ -674,7 +677,7 @@ def _training(gm, example_inputs, backend, allow_cpu: bool, on_gemm, inductor: b
     of an epilogue (:mod:`evtc.frontend.vjp`) gives the same expression.
     """
     def fuse_graph(g, ex, **kw):
-        backend.fused += fuse(g, allow_cpu=allow_cpu, on_gemm=on_gemm)
+        backend.fused += fuse(g, **how)
 
     if inductor:
         import torch
@@ -701,35 +704,83 @@ def _training(gm, example_inputs, backend, allow_cpu: bool, on_gemm, inductor: b
     return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
 
 
-def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, inductor: bool = True):
+#: the :class:`evtc.Gemm` keyword arguments the backend passes on (``torch.compile(...,
+#: backend="evtc", options={...})`` or :func:`make_backend`'s ``gemm_options``)
+GEMM_OPTIONS = ("batch_invariant", "autotune")
+
+
+def _gemm_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    from evtc.errors import ArgumentError
+
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(GEMM_OPTIONS))
+    if unknown:
+        raise ArgumentError(f"torch.compile(backend='evtc', options=...): unknown option(s) {', '.join(unknown)}",
+                            hint=f"the evtc backend takes {', '.join(GEMM_OPTIONS)}")
+    for k, v in options.items():
+        if not isinstance(v, bool):
+            raise ArgumentError(f"torch.compile(backend='evtc', options={{'{k}': {v!r}}}): a bool is expected")
+    return options
+
+
+def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, inductor: bool = True,
+                 gemm_options: Mapping[str, Any] | None = None):
     """A Dynamo backend: :func:`to_aten` and :func:`fuse`, then Inductor (or the graph as it is,
     ``inductor=False``); a graph that needs gradients goes through AOTAutograd with its forward
     and backward graphs fused (NOTE [Fusion in training]). ``backend.fused`` counts the matches of
-    every graph it compiled; a graph without matches goes to Inductor unchanged."""
+    every graph it compiled; a graph without matches goes to Inductor unchanged.
+
+    Args:
+        allow_cpu, on_gemm: :func:`fuse`'s.
+        inductor: compile with Inductor (else run the fused graph as it is).
+        gemm_options: keyword arguments of every Gemm made (:data:`GEMM_OPTIONS`:
+            ``batch_invariant``, ``autotune``).
+
+    Raises:
+        ArgumentError: an option not in :data:`GEMM_OPTIONS`, or not a bool.
+    """
+    how = {"allow_cpu": allow_cpu, "on_gemm": on_gemm, "gemm_options": _gemm_options(gemm_options)}
 
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):
-            return _training(gm, example_inputs, backend, allow_cpu, on_gemm, inductor)
+            return _training(gm, example_inputs, backend, how, inductor)
         concrete = _hints(example_inputs)
-        agm, n = _fused(gm, concrete, allow_cpu, on_gemm)
+        agm, n = _fused(gm, concrete, how)
         backend.fused += n
         if not n:
             return _compile(gm, example_inputs, inductor)
         if _has_symbolic_shapes(gm, example_inputs):  # NOTE [Symbolic shapes]
             return _Specializing(gm, _compile(gm, example_inputs, inductor), concrete, agm, backend,
-                                 allow_cpu, on_gemm, inductor)
+                                 how, inductor)
         return _compile(agm, example_inputs, inductor)
 
     backend.fused = 0
     return backend
 
 
-def evtc_backend(gm, example_inputs):
+def evtc_backend(gm, example_inputs, *, options: Mapping[str, Any] | None = None, mode: str | None = None):
     """``torch.compile(model, backend="evtc")``: fuse GEMMs with their epilogues (:func:`fuse`),
-    hand the rest to Inductor."""
-    return _DEFAULT(gm, example_inputs)
+    hand the rest to Inductor. ``options={"batch_invariant": True}`` (or ``"autotune"``) is passed
+    to every :class:`evtc.Gemm` the backend makes.
+
+    Raises:
+        ArgumentError: a ``mode`` (the evtc backend has none) or an unknown option.
+    """
+    if mode is not None:
+        from evtc.errors import ArgumentError
+
+        raise ArgumentError(f"torch.compile(backend='evtc', mode={mode!r}): the evtc backend has no modes",
+                            hint=f"leave mode out; options={{...}} takes {', '.join(GEMM_OPTIONS)}")
+    if not options:
+        return _DEFAULT(gm, example_inputs)
+    key = tuple(sorted(_gemm_options(options).items()))
+    backend = _BY_OPTIONS.get(key)
+    if backend is None:
+        backend = _BY_OPTIONS[key] = make_backend(gemm_options=dict(key))
+    return backend(gm, example_inputs)
 
 
+_BY_OPTIONS: dict[tuple, Callable] = {}
 _DEFAULT = make_backend()
 
 

@@ -1,0 +1,131 @@
+"""Issue 38's training benchmark: one training step (forward and backward) of the zoo's MLP blocks
+(tests/torch_zoo.py) at their models' real widths under eager PyTorch, torch.compile (default) and
+``torch.compile(backend="evtc")`` (NOTE [Fusion in training]), in one run, bf16.
+
+    python benchmarks/bench_train.py --json $OUT/train.json [--blocks gpt2,llama,bert] [--tokens 4096]
+    python benchmarks/bench_train.py --prebuild      # here, without a GPU: build the kernels the
+                                                    # evtc backend will choose on an H200
+
+Per block: the gradients of every parameter and of the input against eager's (max relative
+error), the evtc backend's fused-match count (forward and backward graphs), the step's time back
+to back (:func:`evtc.testing.bench.time_interleaved`, modes in alternation) and the ratio to
+torch.compile default. ``--prebuild`` runs the backend on the CPU at the same shapes (the fused
+op's CPU kernel is skipped: only the graphs are made), asks each Gemm for the member an H200
+chooses and builds those kernels in parallel, so a GPU run finds them in the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import common  # noqa: F401  (sets sys.path)
+
+
+def _step(fn, block, args, loss_w):
+    def run():
+        for p in block.parameters():
+            p.grad = None
+        x = args[0].detach().requires_grad_(True)
+        y = fn(x, *args[1:])
+        (y.float() * loss_w).sum().backward()
+        return x.grad
+    return run
+
+
+def prebuild(names, tokens):
+    import torch
+
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    import torch_zoo as Z
+
+    from evtc.compiler import build_many
+    from evtc.torch.backend import make_backend
+
+    problems = []
+
+    def on_gemm(g):
+        """A CPU kernel for the Gemm's op that records its problem and returns outputs of the
+        right shapes (their values don't matter: only the graphs and the shapes are wanted)."""
+        op = g.torch_op()
+        names = op.tensor_names + op.scalar_names
+
+        def cpu(A, B, *rest):
+            M, K, N = A.shape[-2], A.shape[-1], B.shape[-2]
+            L = A.shape[0] if A.dim() == 3 else 1
+            problems.append((g, M, N, K, L))
+            outs = op._fake_outputs(A, B, dict(zip(names, rest)))
+            return tuple(o.zero_() for o in outs) if isinstance(outs, tuple) else outs.zero_()
+
+        torch.library.register_kernel(op.qualname, "cpu", cpu)
+
+    for name in names:
+        d, ffn = Z.REAL[name]
+        block, args = Z.make(name, d, ffn, tokens)
+        torch._dynamo.reset()
+        be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=False)
+        x = args[0].detach().requires_grad_(True)
+        torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
+        print(f"{name}: {be.fused} fused GEMMs")
+    jobs = {}
+    for g, M, N, K, L in problems:
+        k = g.kernel(g.choose(M, N, K, L, device="NVIDIA H200"))
+        jobs.setdefault(k.source, k.job())
+    print(f"building {len(jobs)} kernels for {len(problems)} problems", flush=True)
+    res = build_many(list(jobs.values()))
+    print(f"built {sum(not isinstance(r, Exception) for r in res)}/{len(res)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", default="gpt2,llama,bert")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--prebuild", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    import torch_zoo as Z
+
+    names = args.blocks.split(",")
+    if args.prebuild:
+        prebuild(names, args.tokens)
+        return
+    from evtc.testing.bench import time_interleaved
+    from evtc.torch.backend import make_backend
+
+    rows = []
+    for name in names:
+        d, ffn = Z.REAL[name]
+        block, inputs = Z.make(name, d, ffn, args.tokens, device="cuda")
+        block.train()
+        loss_w = torch.randn(inputs[0].shape, device="cuda") / math.sqrt(inputs[0].numel())
+        torch._dynamo.reset()
+        be = make_backend()
+        fns = {"eager": block, "default": torch.compile(block), "evtc": torch.compile(block, backend=be)}
+        grads = {}
+        for mode, fn in fns.items():
+            xg = _step(fn, block, inputs, loss_w)()
+            grads[mode] = {"x": xg.clone(), **{n: p.grad.clone() for n, p in block.named_parameters()}}
+        err = {}
+        for mode in ("default", "evtc"):
+            worst = 0.0
+            for n, g in grads[mode].items():
+                ref = grads["eager"][n].float()
+                worst = max(worst, ((g.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
+            err[mode] = worst
+        t = time_interleaved({m: _step(f, block, inputs, loss_w) for m, f in fns.items()}, args.iters)
+        row = {"block": name, "tokens": args.tokens, "d": d, "ffn": ffn, "fused": be.fused, "ms": t,
+               "max_rel_grad_err": err, "evtc_over_default": t["evtc"] / t["default"]}
+        rows.append(row)
+        print(f"{name:8s} {args.tokens}  fused {be.fused}  step ms: eager {t['eager']:.3f} default {t['default']:.3f} "
+              f"evtc {t['evtc']:.3f}  evtc/compile {row['evtc_over_default']:.3f}  grad err evtc {err['evtc']:.2e} "
+              f"(compile {err['default']:.2e})", flush=True)
+        common.write_json(args.json, {"device": common.device_name(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
