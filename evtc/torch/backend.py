@@ -693,7 +693,14 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
         # doesn't fuse on ATen's kernels
         keep = {getattr(torch.ops.aten, f"{n}_backward").default for n in _BACKWARD_OPS}
         table = {k: v for k, v in select_decomp_table().items() if k not in keep}
-        return compile_fx(gm, example_inputs, inner_compile=inner, decompositions=table)
+        # NOTE [AOTAutograd's cache and the evtc backend]: AOTAutograd keys its cache of compiled
+        # forward and backward graphs (torch/_functorch/_aot_autograd/autograd_cache.py) on the
+        # Dynamo graph and configs, not on the inner compiler, so a model compiled by default
+        # Inductor first in the same process (or an earlier one) was served default Inductor's
+        # unfused graphs: no match fused (the H200 training benchmark, 2026-11-28). evtc's
+        # compilations neither read nor write it.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=inner, decompositions=table)
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -701,7 +708,10 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
         fuse_graph(g, ex)
         return make_boxed_func(g.forward)
 
-    return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
+    import torch
+
+    with torch._functorch.config.patch(enable_autograd_cache=False):  # NOTE [AOTAutograd's cache and ...]
+        return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
 
 
 #: the :class:`evtc.Gemm` keyword arguments the backend passes on (``torch.compile(...,
