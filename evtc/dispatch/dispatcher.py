@@ -76,7 +76,8 @@ class Dispatcher:
 
     Args:
         family: the Gemm's kernels.
-        c, d: the Gemm's source and output dtypes (the row-phase split's packed rows).
+        c: the Gemm's source dtype (the row-phase split's packed rows).
+        d: the Gemm's output dtype.
         fast_path: makes the Dispatcher's side of a call fast path from the Dispatcher
             (:class:`evtc.torch.fast.FastPathHook`, which :class:`evtc.Gemm` passes); None: none.
 

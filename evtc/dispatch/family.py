@@ -109,8 +109,10 @@ class GemmFamily:
         arch: ``sm90`` or ``sm80``.
         target: the arch's :class:`~evtc.plan.target.Target`.
         config: a validated configuration to pin, or None for the default family.
-        policy, rank, fixed: the primary kernel's planner options (:class:`evtc.Gemm`'s ``plan``
-            and ``plan_rank``).
+        policy: the primary kernel's planner (:class:`evtc.Gemm`'s ``plan``: ``evtc`` or
+            ``cutlass``).
+        rank: the primary kernel's n-th best plan (:class:`evtc.Gemm`'s ``plan_rank``).
+        fixed: the primary kernel's fixed planner decisions (:class:`evtc.Gemm`'s ``plan`` dict).
         batch_invariant: keep only members (and candidates) whose outputs' bits for a row don't
             depend on M, L, the member or the run (NOTE [Batch invariance] in
             :mod:`evtc.dispatch.invariance`).

@@ -92,7 +92,8 @@ def candidates(p: Problem, traits: EpilogueTraits, graph, a: DType, b: DType,
             reductions in the stream-K members] in :mod:`evtc.family.spec`).
         graph: the epilogue after passes (a column reduction leaves out tiles whose N it can't
             take: :func:`evtc.plan.config.column_reduction_tile_ok`).
-        a, b: operand dtypes.
+        a: A's dtype.
+        b: B's dtype.
         members: the aligned members (default: the default family and its
             :func:`cluster_variants`; ``"trial"``: :func:`trial_members`).
 
