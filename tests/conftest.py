@@ -72,3 +72,18 @@ def golden(request):
             pytest.fail(f"output differs from {path} (rerun with --accept-golden if intended):\n{diff[:6000]}")
 
     return check
+
+
+@pytest.fixture
+def no_build(monkeypatch, tmp_path):
+    """A test in which any kernel build fails it (NOTE [Checks before builds]: a bad call is
+    refused before nvcc runs): the cache's build entry points replaced, the cache in tmp_path."""
+    from evtc.compiler import cache
+
+    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
+
+    def refuse(*a, **k):
+        pytest.fail("a build started before the arguments were checked")
+
+    monkeypatch.setattr(cache, "build", refuse)
+    monkeypatch.setattr(cache, "build_many", refuse)

@@ -12,17 +12,6 @@ from evtc.compiler import cache
 from test_runtime_launch import Fake, lin_args
 
 
-@pytest.fixture
-def no_build(monkeypatch, tmp_path):
-    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
-
-    def refuse(*a, **k):
-        pytest.fail("a build started before the arguments were checked")
-
-    monkeypatch.setattr(cache, "build", refuse)
-    monkeypatch.setattr(cache, "build_many", refuse)
-
-
 EPILOGUE = "D = relu(alpha*acc + C + bias[n])"
 
 

@@ -12,21 +12,9 @@ import pytest
 import evtc
 from evtc import f16
 from evtc.compiler import cache
+from test_checks_before_build import EPILOGUE
 from test_runtime_launch import Fake
 
-
-@pytest.fixture
-def no_build(monkeypatch, tmp_path):
-    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
-
-    def refuse(*a, **k):
-        pytest.fail("a build started before the arguments were checked")
-
-    monkeypatch.setattr(cache, "build", refuse)
-    monkeypatch.setattr(cache, "build_many", refuse)
-
-
-EPILOGUE = "D = relu(alpha*acc + C + bias[n])"
 P1 = evtc.ConvProblem(padding=1)
 
 
