@@ -140,10 +140,8 @@ def test_the_knob_sets_the_default(monkeypatch):
     assert evtc.Gemm("D = acc").dispatch.family.invariance is None
 
 
-torch = pytest.importorskip("torch")
-
-
 def test_the_torch_backend_passes_the_flag_on():
+    torch = pytest.importorskip("torch")
     from test_torch_backend import register
 
     from evtc.torch.backend import make_backend
@@ -165,6 +163,7 @@ def test_the_torch_backend_passes_the_flag_on():
                                        ({"options": {"tile": True}}, "unknown option"),
                                        ({"mode": "max-autotune"}, "has no modes")])
 def test_the_backend_refuses_unknown_options(kw, match):
+    pytest.importorskip("torch")
     from evtc.torch.backend import evtc_backend
 
     with pytest.raises(ArgumentError, match=match):
