@@ -158,8 +158,14 @@ class GemmFamily:
             rule = Invariance.of(self.graph, arch)
             self.invariance, self.members = rule.members(self.members.values(), self._epilogue_tile)
         first = next(iter(self.members.values()))
-        self.primary = self._kernels.get(kernel_key(first)) or pipeline.kernel(first, policy, rank, fixed)
-        self._kernels[kernel_key(first)] = self.primary
+        planned = self._kernels.get(kernel_key(first)) if not (rank or fixed) else None
+        self.primary = self._kernels[kernel_key(first)] = planned or pipeline.kernel(first, policy, rank, fixed)
+        if self.invariance is not None and self.invariance.row_keyed and \
+                not self.invariance.admits(first, lambda s: self._plan_tile(self.primary)):
+            raise ConfigError(f"batch_invariant=True: the plan options (plan_rank={rank}, plan={dict(fixed or {})}) give "
+                              f"the primary kernel another epilogue tile than the family's other members, and the "
+                              f"row reductions' bits depend on it", epilogue=self.name,
+                              hint="leave plan_rank and the planner's epilogue tile alone, or pin a configuration")
         self.launchers: dict[tuple, Launcher] = {}
         self._tuned = None
         self._targets: dict[str | None, Target] = {None: target}
@@ -180,8 +186,12 @@ class GemmFamily:
 
     def _epilogue_tile(self, spec: KernelSpec) -> tuple | None:
         """The planned epilogue tile of a member (planning it; :mod:`evtc.dispatch.invariance`)."""
-        plan = self.kernel(spec).plan
-        return tuple(plan.epilogue_tile) if plan.epilogue_tile is not None else None
+        return self._plan_tile(self.kernel(spec))
+
+    @staticmethod
+    def _plan_tile(kernel: Kernel) -> tuple | None:
+        tile = kernel.plan.epilogue_tile
+        return tuple(tile) if tile is not None else None
 
     def admits(self, spec: KernelSpec) -> bool:
         """Whether a candidate may run this family's problems (always, unless batch-invariant:

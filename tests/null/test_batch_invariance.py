@@ -168,3 +168,13 @@ def test_the_backend_refuses_unknown_options(kw, match):
 
     with pytest.raises(ArgumentError, match=match):
         evtc_backend(None, [], **kw)
+
+
+def test_plan_options_that_change_a_row_reductions_epilogue_tile_are_refused():
+    key_tile = evtc.Gemm(E.REFERENCE["row_stats"], batch_invariant=True).dispatch.family.invariance.key[-1]
+    other = (key_tile[0], key_tile[1] // 2)
+    with pytest.raises(ConfigError, match="another epilogue tile"):
+        evtc.Gemm(E.REFERENCE["row_stats"], batch_invariant=True, plan={"epilogue_tile": other})
+    assert evtc.Gemm(E.REFERENCE["row_stats"], batch_invariant=True, plan={"epilogue_tile": key_tile}).family
+    # without a row reduction the plan's choices decide no bits
+    assert evtc.Gemm(E.REFERENCE["bias_relu"], batch_invariant=True, plan_rank=1).family
