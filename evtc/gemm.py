@@ -72,8 +72,9 @@ class Gemm:
     Raises:
         EvtcError: a subclass located at the epilogue's line: trace, type, legalization,
             configuration and planning errors; with ``batch_invariant``, a sum reduction
-            that atomics add (a scalar sum; any sum on sm80) or a pinned configuration that
-            splits K or swaps A and B (:class:`~evtc.errors.ConfigError`).
+            that atomics add (a scalar sum; any sum on sm80), a pinned configuration that
+            splits K or swaps A and B, or plan options that change a row reduction's epilogue
+            tile (:class:`~evtc.errors.ConfigError`).
 
     Example::
 
