@@ -90,6 +90,10 @@ def __getattr__(name: str):
         from evtc.gemm import Gemm
 
         return Gemm
+    if name == "GroupedGemm":
+        from evtc.grouped import GroupedGemm
+
+        return GroupedGemm
     if name in ("Conv", "ConvProblem"):
         import evtc.conv
 

@@ -42,7 +42,8 @@ from evtc.ir.nodes import (
 )
 
 __all__ = ["ABI_VERSION", "CONV_FIELDS", "CONV_KINDS", "CONV_OPERANDS", "AbiField", "CallLayout", "abi_fields",
-           "call_fields", "conv_abi_fields", "ctypes_struct", "struct_format"]
+           "call_fields", "conv_abi_fields", "ctypes_struct", "grouped_abi_fields", "kernel_abi_fields",
+           "struct_format"]
 
 ABI_VERSION = 3
 
@@ -112,6 +113,22 @@ def abi_fields(graph: Graph, arch: str) -> tuple[AbiField, ...]:
         elif isinstance(out, Reduction):
             f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
     return tuple(f)
+
+
+def grouped_abi_fields(graph: Graph) -> tuple[AbiField, ...]:
+    """The fields of a grouped kernel's ``evtc_args_t`` (:class:`evtc.GroupedGemm`): the sm90
+    GEMM's (:func:`abi_fields`; M is the total token count T, L the group count E, ``bs_B`` the
+    elements between groups' B, a row broadcast's ``bs_`` those between its groups' rows, a
+    scalar by pointer's ``bs_`` 1 for one scalar per group) and two pointers: ``p_offs``, the E
+    int32 cumulative token counts on the device, and ``p_groups``, the group table the kernel's
+    setup writes (``evtc_group_table_bytes(E)`` bytes)."""
+    return abi_fields(graph, "sm90") + (AbiField("p_offs", "const void*", "offs", "ptr"),
+                                        AbiField("p_groups", "void*", "groups", "ptr"))
+
+
+def kernel_abi_fields(graph: Graph, arch: str, *, grouped: bool = False) -> tuple[AbiField, ...]:
+    """:func:`grouped_abi_fields` for a grouped kernel, else :func:`abi_fields`."""
+    return grouped_abi_fields(graph) if grouped else abi_fields(graph, arch)
 
 
 # ---- convolutions ------------------------------------------------------------------------------------

@@ -57,6 +57,13 @@ KERNEL_SCHEDULES = {
     ("cooperative", True): "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum",
     ("pingpong", True): "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum",
 }
+#: the pointer-array schedules of the grouped kernel, by (schedule, fp8 fast accumulation)
+GROUPED_KERNEL_SCHEDULES = {
+    ("cooperative", False): "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
+    ("pingpong", False): "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
+    ("cooperative", True): "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum",
+    ("pingpong", True): "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum",
+}
 SCHEDULERS = {"persistent": "cutlass::gemm::PersistentScheduler", "streamk": "cutlass::gemm::StreamKScheduler",
               # NOTE [Batch-inner tile order] (codegen_templates/include/evtc/sm90_batch_inner.hpp)
               "batch_inner": "evtc::BatchInnerScheduler"}
@@ -190,16 +197,20 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     """
     if plan.arch != "sm90" or plan.tree is None:
         raise ValueError(f"emit_sm90 needs an sm90 plan with its visitor tree, got {plan.arch}")
+    return common.render("sm90/gemm.cu.j2", **gemm_render_args(graph, plan, name=name, fields=abi_fields(graph, "sm90")))
+
+
+def gemm_render_args(graph: Graph, plan: Plan, *, name: str | None, fields, table: NodeTable | None = None) -> dict:
+    """The render arguments of ``sm90/gemm.cu.j2`` (and the templates that extend it) for
+    ``graph`` planned by ``plan``, with the C ABI ``fields``; ``table`` replaces the node table."""
     cfg = plan.config
     # the unaligned variant has void C and D: its root is D's register-direct aux store, whose
     # element type the collective takes for its (unused) D buffer
     d_output = graph.output(plan.d_slot) if plan.d_slot else None
     smem_element_d = (d_output or plan.tree.d_output).dtype.cutlass
-    fields = abi_fields(graph, "sm90")
     uses = {v.role for v in plan.tree.visitors()}
-    return common.render(
-        "sm90/gemm.cu.j2",
-        **collective_epilogue_args(graph, plan, name=name, fields=fields),
+    return dict(
+        **collective_epilogue_args(graph, plan, name=name, fields=fields, table=table),
         element_d=d_output.dtype.cutlass if d_output is not None else "void",
         smem_element_d=smem_element_d,
         tile_shape=cxx_shape(*cfg.tile),
@@ -219,13 +230,13 @@ def emit_sm90(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
     )
 
 
-def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fields, extra_info: dict | None = None
-                             ) -> dict:
+def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fields, extra_info: dict | None = None,
+                             table: NodeTable | None = None) -> dict:
     """The render arguments every sm90 kernel template (GEMM and conv) shares: the visitor tree's
     declarations and arguments, the collective epilogue's parameters from the plan, the operand
     and C types, the comments (IR, plan), the C ABI fields and the info JSON (``extra_info``
-    goes after its ``arch``)."""
-    em = TreeEmitter(node_table(plan))
+    goes after its ``arch``); ``table`` replaces the node table of :func:`node_table`."""
+    em = TreeEmitter(table or node_table(plan))
     root = em.declare(plan.tree.root)
     fusion_args = em.arguments(plan.tree.root, 3, end=",")
     fusion_root, fusion_note = _share_wrapper(plan, root)

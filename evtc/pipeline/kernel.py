@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, TypeVar
 
-from evtc.abi import abi_fields
+from evtc.abi import kernel_abi_fields
 from evtc.compiler import cache
 from evtc.dtypes import DType
 from evtc.family.spec import KernelSpec
@@ -60,6 +60,10 @@ def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> 
 
 def emit(graph: Graph, plan) -> str:
     """The CUDA source of a GEMM kernel for ``graph`` and its ``plan`` (sm90 or sm80)."""
+    if plan.arch == "sm90" and plan.config.grouped:
+        from evtc.emit.sm90_grouped import emit_sm90_grouped
+
+        return emit_sm90_grouped(graph, plan)
     if plan.arch == "sm90":
         from evtc.emit.sm90 import emit_sm90
 
@@ -174,8 +178,8 @@ class Kernel:
         if self.library is not None and self.artifact is not None and self.artifact.key == art.key:
             return
         library = KernelLibrary(art.verified_library_path())
-        library.verify(fields=abi_fields(self.graph, self.arch), ir=print_graph(self.graph), name=self.name,
-                       arch=self.arch)
+        library.verify(fields=kernel_abi_fields(self.graph, self.arch, grouped=self.config.grouped),
+                       ir=print_graph(self.graph), name=self.name, arch=self.arch)
         self.library, self.artifact = library, art
 
     def build(self, timeout: float | None = None) -> cache.Artifact:

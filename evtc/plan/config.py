@@ -129,6 +129,11 @@ class GemmConfig:
             ``out=`` with N = 50257 in bf16), while C and aux loads keep 16-byte aligned rows
             (NOTE [Stores into packed rows], evtc/plan/sm90_buffers.py). Elements of 8 bits or more,
             row-major (not ``swap_ab``). Compiled in; left out of :meth:`to_json` while False.
+        grouped: sm90: the grouped (pointer-array) kernel of :class:`evtc.GroupedGemm`: one
+            launch runs E problems of their own M (an expert's tokens), sharing N and K, on
+            CUTLASS's ``KernelPtrArrayTmaWarpSpecialized*`` schedules with a ``GroupProblemShape``
+            (NOTE [The grouped kernel], evtc/grouped.py). Persistent scheduler only; no split-K,
+            swap-AB or unaligned/packed variants. Left out of :meth:`to_json` while False.
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -147,6 +152,7 @@ class GemmConfig:
     unaligned: bool = False
     atomic_reductions: bool | None = None
     packed_stores: bool = False
+    grouped: bool = False
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -154,6 +160,8 @@ class GemmConfig:
             del d["atomic_reductions"]
         if not d["packed_stores"]:
             del d["packed_stores"]
+        if not d["grouped"]:
+            del d["grouped"]
         return d
 
     def kernel_json(self, arch: str) -> dict:
@@ -337,6 +345,8 @@ def _check_sm90(config: GemmConfig, a: DType, b: DType) -> None:
                           "through TMA", hint="use one of the two variants")
     if config.decomposition not in DECOMPOSITIONS:
         raise ConfigError(f"decomposition '{config.decomposition}' is not one of {DECOMPOSITIONS}")
+    if config.grouped:
+        _check_grouped(config)
     if (config.split_k > 1 or config.decomposition != "heuristic") and config.scheduler != "streamk":
         raise ConfigError(f"split_k = {config.split_k}, decomposition '{config.decomposition}': split-K and "
                           "stream-K are decompositions of the stream-K tile scheduler",
@@ -346,10 +356,28 @@ def _check_sm90(config: GemmConfig, a: DType, b: DType) -> None:
                           "only taken by the heuristic and split_k decompositions (tile_scheduler_params.h)")
 
 
+def _check_grouped(config: GemmConfig) -> None:
+    """The grouped kernel's rules: CUTLASS's pointer-array schedules take the persistent group
+    tile scheduler (``PersistentTileSchedulerSm90Group``, sm90_tile_scheduler_group.hpp), no
+    stream-K; evtc's variants for other layouts are not pointer-array kernels."""
+    if not isinstance(config.grouped, bool):
+        raise ConfigError(f"grouped = {config.grouped!r}: True or False")
+    for name in ("swap_ab", "unaligned", "packed_stores"):
+        if getattr(config, name):
+            raise ConfigError(f"grouped=True with {name}=True: the grouped kernel has no such variant",
+                              hint=f"leave {name} False")
+    if config.scheduler != "persistent" or config.split_k != 1 or config.decomposition != "heuristic":
+        raise ConfigError(f"grouped=True with scheduler '{config.scheduler}': the pointer-array kernels run on "
+                          "CUTLASS's persistent group scheduler (no split-K or stream-K)",
+                          hint="use scheduler='persistent', split_k=1")
+    if config.atomic_reductions:
+        raise ConfigError("grouped=True with atomic_reductions=True: the grouped kernel has no reductions")
+
+
 def _check_sm80(config: GemmConfig, a: DType) -> None:
     """The sm80 rules of :func:`validate` (no sm90 variants or clusters, warp tiles, stages)."""
     tm, tn, tk = config.tile
-    for name in ("swap_ab", "unaligned", "packed_stores"):
+    for name in ("swap_ab", "unaligned", "packed_stores", "grouped"):
         if getattr(config, name):
             raise ConfigError(f"{name}=True is an sm90 kernel variant",
                               hint="sm80 kernels pick aligned or ragged variants at run time by themselves")
@@ -397,7 +425,7 @@ def _check_types(config: GemmConfig, arch: str) -> None:
         value = getattr(config, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ConfigError(f"{name} = {value!r}: needs a non-negative integer or None")
-    for name in ("fast_accum", "swap_ab", "unaligned", "packed_stores"):
+    for name in ("fast_accum", "swap_ab", "unaligned", "packed_stores", "grouped"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} = {getattr(config, name)!r}: needs True or False")
     if arch == "sm90" and config.warp_tile is not None:

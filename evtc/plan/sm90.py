@@ -82,7 +82,7 @@ from evtc.plan import cost as cost_model
 from evtc.plan.config import GemmConfig, check_plan_decisions, column_reduction_tile_ok
 from evtc.plan.model import Plan
 from evtc.plan.sm90_buffers import make_plan, plan_packed, plan_unaligned, reduction_mode
-from evtc.plan.sm90_layout import SLOT_C, SLOT_D, aux_label, row_label, shared_storage
+from evtc.plan.sm90_layout import GROUPED_MAINLOOP_CARVEOUT, SLOT_C, SLOT_D, aux_label, row_label, shared_storage
 from evtc.plan.sm90_space import Candidate, PlanRequest, candidates, mainloop_stages
 from evtc.plan.smem import CType
 from evtc.plan.target import Target
@@ -142,6 +142,9 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
                         "tile N of at most 32 or a multiple of 64 (CUTLASS's Sm90RowReduction divides each lane's "
                         "share of the row evenly: sm90_visitor_store_tma_warpspecialized.hpp)", epilogue=graph.name,
                         hint="use a tile N of 64, 128, 192 or 256")
+    if config.grouped:
+        # the pointer-array mainloop keeps A's and B's tensor maps in shared memory too
+        target = dataclasses.replace(target, smem_capacity=target.smem_capacity - GROUPED_MAINLOOP_CARVEOUT)
     req = PlanRequest(graph, target, config, a, b, policy, fixed, rank)
     if config.unaligned:
         return plan_unaligned(req)

@@ -25,6 +25,16 @@ __all__ = ["SLOT_C", "SLOT_D", "aux_label", "collective_storage", "contiguous_ex
 SLOT_C, SLOT_D = "slot:C", "slot:D"
 
 
+
+#: bytes of one ``cute::TmaDescriptor`` (CUtensorMap: 128 bytes, 64-aligned; cuda.h)
+TMA_DESCRIPTOR_BYTES = 128
+#: epilogue warpgroups of CUTLASS's pointer-array schedules (``PtrArrayTmaWarpSpecializedCooperative``
+#: and ``...Pingpong``: 2, epilogue/dispatch_policy.hpp)
+GROUPED_EPILOGUE_WARP_GROUPS = 2
+#: the pointer-array mainloop's carve-out from the block's shared memory: A's and B's tensor maps
+#: (``KernelSmemCarveout``, gemm/collective/builders/sm90_gmma_builder.inl)
+GROUPED_MAINLOOP_CARVEOUT = 2 * TMA_DESCRIPTOR_BYTES
+
 def aux_label(name: str) -> str:
     return f"aux:{name}"
 
@@ -151,4 +161,10 @@ def shared_storage(tree: VisitorTree, cand: Candidate, config: GemmConfig, memo:
     tensors = struct("TensorStorage", [("collective", collective_storage(cand, config)),
                                        ("thread", fusion_storage(tree.root, cand, config, memo))])
     pipeline = CType("PipelineStorage", 16 * cand.stages_c, 8)
+    if config.grouped:
+        # the pointer-array collective's TensorMapStorage (sm90_epilogue_array_tma_warpspecialized.hpp):
+        # 128-aligned, C's descriptor and one D descriptor per epilogue warpgroup (two: both
+        # pointer-array schedules have NumEpilogueWarpGroups = 2, epilogue/dispatch_policy.hpp)
+        tensormaps = CType("TensorMapStorage", TMA_DESCRIPTOR_BYTES * (1 + GROUPED_EPILOGUE_WARP_GROUPS), 128)
+        return struct("SharedStorage", [("tensors", tensors), ("tensormaps", tensormaps), ("pipeline", pipeline)])
     return struct("SharedStorage", [("tensors", tensors), ("pipeline", pipeline)])

@@ -262,7 +262,7 @@ def _bases(req: PlanRequest):
             epi_tiles = (tm // et[0]) * (tn // et[1])
             sc, sd = stock_stages(epi_tiles, reuse_ok)
             if column_reduction_fits(graph, config, et, d_slot):
-                yield _Base(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None)
+                yield _Base(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None and not config.grouped)
             continue
         tiles = [config.epilogue_tile] if config.epilogue_tile else _tile_options(config)
         has_loads = c_slot is not None or bool(_aux_loads(graph))
@@ -281,7 +281,9 @@ def _bases(req: PlanRequest):
                             continue
                         # without C the store may be delayed a subtile (the collective's
                         # default); with reuse that needs StagesC > StagesD or it deadlocks.
-                        delay = c_slot is None
+                        # (never in the grouped kernel: CUTLASS's builder turns it off for
+                        # pointer-array schedules, sm90_get_tma_dispatch_policy in sm90_builder.inl)
+                        delay = c_slot is None and not req.config.grouped
                         if delay and reuse and sc <= sd:
                             continue
                         if c_slot is None and not _aux_loads(graph) and sc > 1:

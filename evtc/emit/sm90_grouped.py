@@ -1,0 +1,93 @@
+"""The sm90 grouped-GEMM emitter: Graph + grouped Plan -> the ``.cu`` of a pointer-array kernel.
+
+Input: the Graph after passes and its sm90 plan with ``config.grouped`` (planned as any sm90
+epilogue: the same visitor tree, one shared-memory plan for every group, with the pointer-array
+collective's tensor maps in its ``SharedStorage``). Output: ``codegen_templates/sm90/grouped.cu.j2``
+rendered: the GEMM template with the pointer-array mainloop, schedule and collective epilogue, the
+group table and its setup kernel (NOTE [The grouped kernel] in :mod:`evtc.grouped`).
+
+What differs from :func:`evtc.emit.sm90.emit_sm90` is only where per-group values come from:
+C and D through the collective's per-group pointers and strides, each row broadcast
+(``bias[e, n]``) and column broadcast (``weight[token]``) through a per-group pointer array
+(CUTLASS's ``Sm90RowBroadcast`` / ``Sm90ColBroadcast`` with a pointer element type,
+``IsArrayOfPointers``), scalars by pointer indexed by the group (``Sm90ScalarBroadcast``'s batch
+stride). :func:`evtc.grouped.check_grouped_graph` refuses the rest before anything is planned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evtc.abi import grouped_abi_fields
+from evtc.emit import common
+from evtc.emit.core import NodeTable
+from evtc.emit.sm90 import GROUPED_KERNEL_SCHEDULES, gemm_render_args, node_table
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import ColBroadcast, RowBroadcast
+from evtc.lower import Role, Visitor
+from evtc.plan.model import Plan
+
+__all__ = ["emit_sm90_grouped", "group_vectors"]
+
+
+def group_vectors(graph: Graph) -> list[tuple[str, str, str]]:
+    """(name, ``"row"`` | ``"col"``, C++ element type) of every row and column broadcast input,
+    in the ABI's order: the group table's pointer arrays after the fixed nine."""
+    out = []
+    for leaf in graph.used_inputs:
+        if isinstance(leaf, RowBroadcast):
+            out.append((leaf.name, "row", leaf.dtype.cutlass))
+        elif isinstance(leaf, ColBroadcast):
+            out.append((leaf.name, "col", leaf.dtype.cutlass))
+    return out
+
+
+def _grouped_table(plan: Plan, vectors: list[tuple[str, str, str]]) -> NodeTable:
+    base = node_table(plan)
+    index = {name: k for k, (name, _, _) in enumerate(vectors)}
+
+    def decisions(v: Visitor) -> dict[str, Any]:
+        x = base.decisions(v)
+        if v.role in (Role.ROW, Role.COL):
+            x = {**x, "direct": False, "group_array": f"table.vector[{index[v.node.name]}]"}
+        return x
+
+    return NodeTable(base.template, base.evt, base.topo, decisions)
+
+
+def emit_sm90_grouped(graph: Graph, plan: Plan, *, name: str | None = None) -> str:
+    """The ``.cu`` source of the grouped kernel of ``graph`` planned by ``plan``.
+
+    Args:
+        graph: the epilogue after passes (checked by :func:`evtc.grouped.check_grouped_graph`).
+        plan: its sm90 plan with ``config.grouped`` (with the visitor tree).
+        name: kernel name used in comments and the info JSON (default: the graph's name).
+
+    Returns:
+        The source text; deterministic.
+
+    Raises:
+        ValueError: ``plan`` is not a grouped sm90 plan with a D slot.
+    """
+    if plan.arch != "sm90" or plan.tree is None or not plan.config.grouped or plan.d_slot is None:
+        raise ValueError("emit_sm90_grouped needs a grouped sm90 plan with its visitor tree and a D slot")
+    cfg = plan.config
+    vectors = group_vectors(graph)
+    values = gemm_render_args(graph, plan, name=name, fields=grouped_abi_fields(graph),
+                              table=_grouped_table(plan, vectors))
+    c_input = graph.input(plan.c_slot) if plan.c_slot else None
+    values.update(
+        kernel_schedule=GROUPED_KERNEL_SCHEDULES[(cfg.schedule, bool(cfg.fast_accum and plan.operands[0].is_fp8))],
+        epilogue_policy="cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<StagesC, StagesD, FragmentSize, "
+                        "ReuseSmemC, DelayTmaStore, 2>",
+        collective_stride_c="StrideC*",
+        collective_stride_d="StrideD*",
+        c_ptr="table.ptr_C" if c_input is not None else "nullptr",
+        c_stride="table.dC",
+        d_ptr="table.ptr_D",
+        d_stride="table.dD",
+        c_input=c_input.name if c_input is not None else None,
+        d_output=plan.d_slot,
+        group_vectors=vectors,
+    )
+    return common.render("sm90/grouped.cu.j2", **values)

@@ -1,0 +1,453 @@
+"""Grouped GEMMs with any fused epilogue: a mixture-of-experts layer in one launch.
+
+:class:`GroupedGemm` runs E GEMMs that share N and K, each with its own M (the tokens routed to
+one expert), and evtc's epilogue on every one of them, in torch's ``torch._grouped_mm``
+convention: ``A`` (T, K) with each group's rows contiguous and the groups in order, ``B``
+(E, N, K) (each expert's weight as ``nn.Linear`` keeps it), ``offs`` (E,) int32 cumulative row
+counts (group e has rows ``[offs[e-1], offs[e])``, ``offs[-1] = 0``), D (T, N).
+
+# NOTE [The grouped kernel]
+CUTLASS's pointer-array kernel (``KernelPtrArrayTmaWarpSpecializedCooperative`` / ``...Pingpong``
+over a ``GroupProblemShape``: gemm/kernel/sm90_gemm_array_tma_warpspecialized_*.hpp) takes, per
+group, a problem shape and A/B/C/D pointers and strides, in device arrays; its persistent group
+scheduler walks the tiles of every group and each CTA rewrites its TMA descriptors in place when
+its next tile is in another group (``tensormaps_perform_update``). evtc fills those arrays on the
+device: a setup kernel, one thread per group, launched on the caller's stream before the GEMM,
+reads ``offs`` and writes the group table (codegen_templates/sm90/grouped.cu.j2). So the host
+never reads the offsets (no synchronisation; a CUDA graph captures the pair) and needs only
+what the tensors' shapes say: T, E, N, K, which also choose the family member
+(:func:`choose_member`). Out-of-range offsets are clamped on the device (never an access outside
+the tensors); ``check_offs=True`` checks them on the host (one synchronisation).
+
+The epilogue is planned once for all groups (the same shared memory for every group, with the
+collective's tensor maps: :func:`evtc.plan.sm90_layout.shared_storage`). What can change per
+group, and how (:func:`check_grouped_graph` refuses the rest before anything is built):
+
+* ``C`` (or one ``evtc.Matrix`` input): the collective's source, a (T, N) tensor in the token
+  layout, one pointer per group (e.g. the gate's output for SwiGLU's ``silu(gate) * acc``);
+* row vectors ``bias[e, n]`` (E, N), or (N,) shared by all groups: ``Sm90RowBroadcast`` over an
+  array of per-group pointers (its ``IsArrayOfPointers`` form);
+* column vectors ``w[token]`` (T,): ``Sm90ColBroadcast`` over per-group pointers (a group's
+  first token on), one element per load since a group may start anywhere;
+* scalars by value (one for all), or by pointer: a (E,) tensor gives one per group
+  (``Sm90ScalarBroadcast`` indexes its pointer by the group, the kernel's L coordinate);
+* one M x N output D, in the token layout.
+
+Not in the grouped kernel (yet): more than one M x N input, aux stores (extra M x N outputs)
+and reductions. CUTLASS's ``Sm90AuxLoad``/``Sm90AuxStore`` and reduction visitors take one
+pointer and a batch stride, and the pointer-array collective replaces only C's and D's tensor
+maps per group; they need per-group TMA descriptors of their own (or a predicated direct path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from evtc import dtypes
+from evtc.abi import ctypes_struct, grouped_abi_fields
+from evtc.compiler import cache
+from evtc.dtypes import DType
+from evtc.errors import ArgumentError, ConfigError, PlanError, api_boundary
+from evtc.family.spec import KernelSpec
+from evtc.frontend.epilogue import Epilogue
+from evtc.ir.graph import Graph
+from evtc.ir.nodes import (
+    Accumulator,
+    AuxLoad,
+    ColBroadcast,
+    Reduction,
+    RowBroadcast,
+    ScalarBroadcast,
+    Source,
+    Store,
+)
+from evtc.pipeline import Kernel, Pipeline
+from evtc.plan import GemmConfig
+from evtc.plan.config import RASTER_ORDERS, check_mainloop_dtypes
+from evtc.plan.config import validate as validate_config
+
+__all__ = ["GROUPED_MEMBERS", "GroupedGemm", "check_grouped_graph", "choose_member"]
+
+#: The grouped family: (schedule, tile), one cluster CTA each. ``pp64x128``: the ping-pong
+#: schedule's 64-row tile for groups of a few tokens (decode: most experts hold 0-4 tokens, and a
+#: 128-row tile would compute 124 padding rows); ``coop128x128``: prefill-sized groups;
+#: ``coop128x256``: large groups and wide N. Tiles K = 64 (one 128-byte swizzle row of bf16).
+GROUPED_MEMBERS: dict[str, GemmConfig] = {
+    "pp64x128": GemmConfig(tile=(64, 128, 64), cluster=(1, 1, 1), schedule="pingpong", grouped=True),
+    "coop128x128": GemmConfig(tile=(128, 128, 64), cluster=(1, 1, 1), schedule="cooperative", grouped=True),
+    "coop128x256": GemmConfig(tile=(128, 256, 64), cluster=(1, 1, 1), schedule="cooperative", grouped=True),
+}
+
+
+def choose_member(tokens: int, groups: int, n: int) -> str:
+    """The family member for T ``tokens`` over E ``groups`` and N ``n``, from the host's
+    shapes only (the offsets stay on the device): the mean group size picks the tile's M.
+
+    A first rule, not a fitted model: 64-row ping-pong tiles while the mean group holds at most
+    64 tokens (a 128-row tile would be mostly padding), 128 x 256 tiles for mean groups of 512
+    tokens or more with N >= 4096 (fewer, larger tiles), else 128 x 128."""
+    mean = tokens / max(groups, 1)
+    if mean <= 64:
+        return "pp64x128"
+    if mean >= 512 and n >= 4096:
+        return "coop128x256"
+    return "coop128x128"
+
+
+def check_grouped_graph(graph: Graph) -> str | None:
+    """Check that the grouped kernel can run ``graph``'s epilogue; return the name of its one
+    M x N input (the collective's C), or None.
+
+    Raises:
+        PlanError: naming the input or output the grouped kernel has no per-group form for
+            (a second M x N input, an aux store, a reduction), and what to do.
+    """
+    mn_inputs = [leaf for leaf in graph.used_inputs if isinstance(leaf, (Source, AuxLoad))]
+    if len(mn_inputs) > 1:
+        raise PlanError(f"the grouped kernel reads one M x N input (the collective's C, one pointer per group); "
+                        f"this epilogue reads {len(mn_inputs)}: {', '.join(n.name for n in mn_inputs)}",
+                        epilogue=graph.name, hint="add the others to C beforehand, or run evtc.Gemm per group")
+    for leaf in graph.used_inputs:
+        if not isinstance(leaf, (Accumulator, Source, AuxLoad, RowBroadcast, ColBroadcast, ScalarBroadcast)):
+            raise PlanError(f"input '{leaf.name}' ({type(leaf).__name__}) has no per-group form in the grouped kernel",
+                            epilogue=graph.name)
+    stores = [o for o in graph.outputs if isinstance(o, Store)]
+    for out in graph.outputs:
+        if isinstance(out, Reduction):
+            raise PlanError(f"output '{out.name}' is a reduction: the grouped kernel has no per-group reductions yet "
+                            "(CUTLASS's reduction visitors take one output pointer and a batch stride)",
+                            epilogue=graph.name, hint="compute it from D afterwards, or run evtc.Gemm per group")
+    if len(stores) != 1:
+        raise PlanError(f"the grouped kernel stores one M x N output (D, one pointer per group); this epilogue has "
+                        f"{len(stores)}: {', '.join(o.name for o in stores) or 'none'}",
+                        epilogue=graph.name, hint="return one tensor; aux stores are not in the grouped kernel yet")
+    return mn_inputs[0].name if mn_inputs else None
+
+
+@dataclasses.dataclass
+class _Member:
+    spec: KernelSpec
+    kernel: Kernel
+    table_bytes: Any = None  # the library's evtc_group_table_bytes, once loaded
+
+
+class GroupedGemm:
+    """A grouped GEMM with a fused epilogue on sm90: ``D[rows of e] = epilogue(A[rows of e] @ B[e]^T, ...)``
+    for every group e, in one launch.
+
+    Args:
+        epilogue: an ``@evtc.epilogue`` function, a Graph, or an expression string; its inputs
+            may be the accumulator, one M x N input (``C`` or an ``evtc.Matrix``), row vectors,
+            column vectors and scalars, and it returns one M x N tensor (see the module's NOTE
+            [The grouped kernel] for what varies per group).
+        a, b: operand dtypes (bf16, f16; e4m3 on both).
+        c: the M x N input's dtype (default: the epilogue's).
+        d: D's dtype (default: the epilogue's, else bf16).
+        member: pin one of :data:`GROUPED_MEMBERS` (default: :func:`choose_member` per call).
+        config: a GemmConfig (or dict) to run instead of the family; ``grouped`` is set.
+
+    Raises:
+        PlanError: the epilogue has a part the grouped kernel can't run per group
+            (:func:`check_grouped_graph`), or no plan fits.
+        ConfigError: a bad ``member`` or ``config``; dtypes the mainloop doesn't take.
+    """
+
+    arch = "sm90"
+
+    @api_boundary
+    def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
+                 c: DType | str | None = None, d: DType | str | None = None, member: str | None = None,
+                 config: GemmConfig | Mapping | None = None) -> None:
+        self.a = dtypes.coerce(a)
+        self.b = dtypes.coerce(b) if b is not None else self.a
+        self.c = dtypes.coerce(c) if c is not None else None
+        self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
+        check_mainloop_dtypes(self.arch, self.a, self.b)
+        if member is not None and member not in GROUPED_MEMBERS:
+            raise ConfigError(f"member '{member}' is not one of the grouped family's {sorted(GROUPED_MEMBERS)}")
+        self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
+        self.name = self.pipeline.name
+        self.graph = self.pipeline.graph_for(self.arch)
+        self.c_input = check_grouped_graph(self.graph)
+        if config is not None:
+            if isinstance(config, Mapping):
+                config = GemmConfig.from_json(dict(config))
+            configs = {"custom": config.replace(grouped=True)}
+            member = "custom"
+        else:
+            configs = GROUPED_MEMBERS
+        fixed: dict[str, Any] = {"direct": []}  # rows through shared memory: the pointer-array form
+        if self.c_input is not None:
+            fixed["c_slot"] = self.c_input
+        self.member = member
+        self._members: dict[str, _Member] = {}
+        for name, cfg in configs.items():
+            cfg = validate_config(cfg, self.arch, self.a, self.b)
+            spec = KernelSpec(name, cfg, self.arch)
+            self._members[name] = _Member(spec, self.pipeline.kernel(spec, fixed=fixed))
+        self.fields = grouped_abi_fields(self.graph)
+        self._Args = ctypes_struct(self.fields)  # evtc_args_t's layout, known before any build
+        self._vectors = {leaf.name: leaf for leaf in self.graph.used_inputs}
+
+    # ---- introspection and builds ------------------------------------------------------------------
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The family's member names."""
+        return tuple(self._members)
+
+    def kernel(self, member: str | None = None) -> Kernel:
+        """The :class:`~evtc.pipeline.Kernel` of ``member`` (default: the pinned or the first)."""
+        return self._members[member or self.member or next(iter(self._members))].kernel
+
+    def source(self, member: str | None = None) -> str:
+        """The ``.cu`` text of ``member``'s kernel."""
+        return self.kernel(member).source
+
+    def jobs(self) -> list[cache.BuildJob]:
+        """The build jobs of the pinned member, else of every member (for
+        :func:`evtc.compiler.build_many` and benchmarks/prebuild.py)."""
+        names = [self.member] if self.member else list(self._members)
+        return [self._members[n].kernel.job() for n in names]
+
+    @api_boundary
+    def build(self, members: tuple[str, ...] | list[str] | None = None, *, timeout: float | None = None) -> None:
+        """Compile (or fetch from the cache) and load ``members`` (default: the pinned member,
+        else all), in parallel.
+
+        Raises:
+            BuildError: nvcc failed.
+        """
+        names = list(members) if members else ([self.member] if self.member else list(self._members))
+        todo = [self._members[n] for n in names if self._members[n].kernel.library is None]
+        results = cache.build_many([m.kernel.job() for m in todo], timeout=timeout)
+        for m, art in zip(todo, results):
+            if isinstance(art, Exception):
+                raise art
+            m.kernel.load(art)
+
+    def _loaded(self, name: str) -> _Member:
+        m = self._members[name]
+        if m.kernel.library is None:
+            self.build([name])
+        if m.table_bytes is None:
+            fn = m.kernel.library.lib.evtc_group_table_bytes
+            fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_int]
+            m.table_bytes = fn
+        return m
+
+    # ---- calls -------------------------------------------------------------------------------------
+
+    @api_boundary
+    def __call__(self, A, B, offs, *, out=None, member: str | None = None, check_offs: bool = False, **inputs):
+        """Run the grouped GEMM and its epilogue.
+
+        Args:
+            A: (T, K) torch tensor of dtype ``a`` on a CUDA device; rows of group e are
+                ``[offs[e-1], offs[e])``; row stride a multiple of 16 bytes, unit column stride.
+            B: (E, N, K) tensor of dtype ``b``: group e's weight ``B[e]`` (N x K, K contiguous).
+            offs: (E,) int32 tensor on A's device: cumulative row counts, non-decreasing, at
+                most T (an empty group repeats the previous offset).
+            out: optional (T, N) tensor for D (dtype ``d``, rows of 16 bytes).
+            member: run this family member instead of the chosen one.
+            check_offs: check ``offs`` on the host first (one synchronisation); otherwise
+                offsets outside [0, T] or decreasing are clamped on the device.
+            **inputs: the epilogue's inputs by name: the M x N input (T, N); row vectors (E, N)
+                or (N,); column vectors (T,); scalars as numbers, or (by pointer) 0-d, (1,) or
+                (E,) tensors of their dtype.
+
+        Returns:
+            D, a (T, N) tensor of dtype ``d``.
+
+        Raises:
+            ArgumentError: a tensor of the wrong shape, dtype, device or stride; a missing or
+                unknown input; offsets out of range (with ``check_offs``).
+            LaunchError: the kernel failed to launch.
+        """
+        import torch
+
+        name = self.name
+        A_, B_ = _check_operands(A, B, self.a, self.b, name)
+        T, K = A_.shape
+        E, N, _ = B_.shape
+        device = A_.device
+        offs = _check_offs(offs, E, T, device, check_offs, name)
+        if N % 8 or K % 8:
+            raise ArgumentError(f"N = {N}, K = {K}: the grouped kernel's TMA rows need N and K multiples of 8",
+                                epilogue=name, hint="pad N and K to multiples of 8 elements")
+        chosen = member or self.member or choose_member(T, E, N)
+        if chosen not in self._members:
+            raise ArgumentError(f"member '{chosen}' is not one of {self.members}", epilogue=name)
+        args = self._Args()
+        args.M, args.N, args.K, args.L = T, N, K, E
+        cfg = self._members[chosen].spec.config
+        args.max_swizzle_size = 1 << (cfg.swizzle or 0)
+        # the group scheduler applies no heuristic (sm90_tile_scheduler_group.hpp): its default, along M
+        args.raster_order = RASTER_ORDERS.index("along_m" if cfg.raster == "heuristic" else cfg.raster)
+        args.p_A, args.ld_A, args.bs_A = A_.data_ptr(), A_.stride(0), 0
+        args.p_B, args.ld_B, args.bs_B = B_.data_ptr(), B_.stride(1), B_.stride(0)
+        keep = [A_, B_, offs]
+        unknown = set(inputs) - {leaf.name for leaf in self.graph.used_inputs} - {leaf.name for leaf in self.graph.inputs}
+        if unknown:
+            raise ArgumentError(f"unknown input(s) {sorted(unknown)}", epilogue=name,
+                                hint=f"the epilogue takes {[leaf.name for leaf in self.graph.used_inputs]}")
+        for leaf in self.graph.used_inputs:
+            if isinstance(leaf, Accumulator):
+                continue
+            if leaf.name not in inputs:
+                raise ArgumentError(f"input '{leaf.name}' is missing", epilogue=name)
+            keep.append(_bind_input(args, leaf, inputs[leaf.name], T, N, E, device, name))
+        d_out = next(o for o in self.graph.outputs if isinstance(o, Store))
+        if out is None:
+            out = torch.empty((T, N), dtype=getattr(torch, d_out.dtype.torch), device=device)
+        else:
+            _check_matrix(out, "out", d_out.dtype, T, N, device, name)
+        args.__setattr__(f"p_{d_out.name}", out.data_ptr())
+        args.__setattr__(f"ld_{d_out.name}", out.stride(0))
+        args.__setattr__(f"bs_{d_out.name}", 0)
+        if T == 0 or E == 0:
+            return out
+        m = self._loaded(chosen)  # every check above ran before any build
+        lib = m.kernel.library
+        table = torch.empty(int(m.table_bytes(E)), dtype=torch.uint8, device=device)
+        args.p_offs, args.p_groups = offs.data_ptr(), table.data_ptr()
+        dev = device.index if device.index is not None else torch.cuda.current_device()
+        ws_bytes = lib.workspace_size(args, dev)
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        status = lib.lib.evtc_run(ctypes.byref(args), ws.data_ptr(), ws_bytes, stream, dev)
+        if status != 0:
+            lib.raise_status(status, name)
+        return out
+
+    def __repr__(self) -> str:
+        return f"GroupedGemm({self.name}, members={list(self._members)})"
+
+
+# ---- argument checks -------------------------------------------------------------------------------
+
+
+def _torch_dtype(dt: DType):
+    import torch
+
+    return getattr(torch, dt.torch)
+
+
+def _check_cuda(t, what: str, device, name: str) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{what} is a {type(t).__name__}, not a torch tensor", epilogue=name)
+    if t.device.type != "cuda" or (device is not None and t.device != device):
+        raise ArgumentError(f"{what} is on {t.device}; the grouped GEMM runs on {device or 'a CUDA device'}",
+                            epilogue=name, hint="move every tensor to A's CUDA device")
+
+
+def _check_operands(A, B, a: DType, b: DType, name: str):
+    _check_cuda(A, "A", None, name)
+    _check_cuda(B, "B", A.device, name)
+    if A.dim() != 2 or B.dim() != 3:
+        raise ArgumentError(f"A is {tuple(A.shape)} and B {tuple(B.shape)}: the grouped GEMM takes A (T, K) and "
+                            "B (E, N, K)", epilogue=name)
+    if A.shape[1] != B.shape[2]:
+        raise ArgumentError(f"A is (T, K) = {tuple(A.shape)} and B (E, N, K) = {tuple(B.shape)}: K differs",
+                            epilogue=name)
+    for t, what, dt in ((A, "A", a), (B, "B", b)):
+        if t.dtype != _torch_dtype(dt):
+            raise ArgumentError(f"{what} is {t.dtype}; this GroupedGemm was made for {dt.name}", epilogue=name)
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ArgumentError(f"{what}'s last dimension (K) is not contiguous (stride {t.stride(-1)})",
+                                epilogue=name, hint=f"pass {what}.contiguous()")
+    if A.shape[0] > 0 and (A.stride(0) * A.element_size()) % 16:
+        raise ArgumentError(f"A's row stride ({A.stride(0)} elements) is not a multiple of 16 bytes", epilogue=name)
+    if B.shape[0] > 0 and (B.stride(1) * B.element_size() % 16 or B.stride(0) * B.element_size() % 16):
+        raise ArgumentError(f"B's strides {B.stride()} are not multiples of 16 bytes", epilogue=name)
+    for t, what in ((A, "A"), (B, "B")):
+        if t.numel() and t.data_ptr() % 16:
+            raise ArgumentError(f"{what} does not start on a 16-byte boundary", epilogue=name)
+    return A, B
+
+
+def _check_offs(offs, E: int, T: int, device, check: bool, name: str):
+    import torch
+
+    if isinstance(offs, (list, tuple)):
+        offs = torch.tensor(offs, dtype=torch.int32)
+        check = True
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.shape != (E,):
+        got = f"{offs.dtype} {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) else type(offs).__name__
+        raise ArgumentError(f"offs is {got}: the grouped GEMM takes E = {E} int32 cumulative row counts",
+                            epilogue=name, hint="offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32)")
+    if check or offs.device.type == "cpu":
+        host = offs.cpu().tolist()
+        prev = 0
+        for e, v in enumerate(host):
+            if v < prev or v > T:
+                raise ArgumentError(f"offs[{e}] = {v}: offsets must be non-decreasing and at most T = {T} "
+                                    f"(offs[{e - 1 if e else 'before'}] = {prev})", epilogue=name)
+            prev = v
+    if offs.device != device:
+        offs = offs.to(device)
+    return offs.contiguous()
+
+
+def _check_matrix(t, what: str, dt: DType, T: int, N: int, device, name: str) -> None:
+    _check_cuda(t, what, device, name)
+    if tuple(t.shape) != (T, N):
+        raise ArgumentError(f"{what} is {tuple(t.shape)}; expected (T, N) = ({T}, {N})", epilogue=name)
+    if t.dtype != _torch_dtype(dt):
+        raise ArgumentError(f"{what} is {t.dtype}; the epilogue declares {dt.name}", epilogue=name)
+    if N > 1 and t.stride(1) != 1:
+        raise ArgumentError(f"{what}'s rows are not contiguous (stride {t.stride()})", epilogue=name,
+                            hint=f"pass {what}.contiguous()")
+    if T and ((t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
+        raise ArgumentError(f"{what}'s rows do not start on 16-byte boundaries (row stride {t.stride(0)})",
+                            epilogue=name)
+
+
+def _bind_input(args, leaf, value, T: int, N: int, E: int, device, name: str):
+    """Set ``leaf``'s fields of ``args`` from ``value``; return what must stay alive."""
+    n = leaf.name
+    if isinstance(leaf, (Source, AuxLoad)):
+        _check_matrix(value, n, leaf.dtype, T, N, device, name)
+        setattr(args, f"p_{n}", value.data_ptr())
+        setattr(args, f"ld_{n}", value.stride(0))
+        setattr(args, f"bs_{n}", 0)
+        return value
+    if isinstance(leaf, ScalarBroadcast) and not leaf.by_pointer:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ArgumentError(f"scalar '{n}' = {value!r}: a finite number", epilogue=name)
+        setattr(args, f"s_{n}", float(value))
+        return None
+    _check_cuda(value, n, device, name)
+    if value.dtype != _torch_dtype(leaf.dtype):
+        raise ArgumentError(f"'{n}' is {value.dtype}; the epilogue declares {leaf.dtype.name}", epilogue=name)
+    if isinstance(leaf, RowBroadcast):
+        if value.shape == (N,):
+            bs = 0
+        elif value.shape == (E, N):
+            bs = value.stride(0)
+        else:
+            raise ArgumentError(f"row vector '{n}' is {tuple(value.shape)}; expected (E, N) = ({E}, {N}) or (N,)",
+                                epilogue=name)
+        if N > 1 and value.stride(-1) != 1:
+            raise ArgumentError(f"row vector '{n}' is not contiguous along N", epilogue=name)
+    elif isinstance(leaf, ColBroadcast):
+        if value.shape != (T,) or (T > 1 and value.stride(0) != 1):
+            raise ArgumentError(f"column vector '{n}' is {tuple(value.shape)} (strides {value.stride()}); expected "
+                                f"a contiguous (T,) = ({T},)", epilogue=name)
+        bs = 0
+    else:  # a scalar by pointer: one for all groups, or one per group
+        if value.numel() == 1 and value.dim() <= 1:
+            bs = 0
+        elif value.shape == (E,) and value.stride(0) == 1:
+            bs = 1
+        else:
+            raise ArgumentError(f"scalar '{n}' is {tuple(value.shape)}; expected one element or (E,) = ({E},)",
+                                epilogue=name)
+    setattr(args, f"p_{n}", value.data_ptr())
+    setattr(args, f"bs_{n}", bs)
+    return value

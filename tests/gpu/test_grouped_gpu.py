@@ -1,0 +1,180 @@
+"""evtc.GroupedGemm on the GPU (issue 39): every epilogue form the grouped kernel takes (bare,
+source C with scalars and a per-expert row vector, per-token column vector with per-expert
+scalars, SwiGLU over the gate's output, an fp8 output), on each family member, with empty groups,
+1-token groups, skewed (Zipf) routing and trailing rows no group owns; every element against
+the float64 reference of its group (NOTE [The error bound]), outputs poisoned with NaN first.
+"""
+
+import numpy as np
+import pytest
+
+import evtc
+from evtc import bf16, e4m3, f32
+from evtc.grouped import GROUPED_MEMBERS, GroupedGemm
+from evtc.testing.oracle import _exact_accumulator, accumulator_error, failure_report, to_numpy, verify
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+@evtc.epilogue
+def bare(acc):
+    return acc
+
+
+@evtc.epilogue
+def bias_relu(acc, C, alpha: float, beta: float, bias: evtc.RowVector[f32]):
+    return evtc.relu(alpha * acc + beta * C + bias)
+
+
+@evtc.epilogue
+def routed(acc, weight: evtc.ColVector[f32], scale: evtc.DeviceScalar[f32], bias: evtc.RowVector[bf16]):
+    """A down projection's output scaled by each token's router weight, a per-expert scale."""
+    return weight * (scale * acc + bias)
+
+
+@evtc.epilogue
+def swiglu_up(acc, gate: evtc.Matrix):
+    """SwiGLU's second half: silu(gate) * up, the gate computed by a grouped GEMM before."""
+    return evtc.silu(gate) * acc
+
+
+@evtc.epilogue
+def fp8_out(acc, scale_d: float, bias: evtc.RowVector[f32]):
+    return (scale_d * evtc.gelu(acc + bias)).to(evtc.e4m3)
+
+
+EPILOGUES = {"bare": bare, "bias_relu": bias_relu, "routed": routed, "swiglu_up": swiglu_up, "fp8_out": fp8_out}
+#: (tokens per group): empty and 1-token groups, skewed, trailing rows owned by no group
+ROUTINGS = {
+    "decode": [0, 1, 0, 3, 1, 0, 0, 2],
+    "skewed": [700, 0, 130, 1, 0, 45, 9, 290],
+    "uneven_tail": [64, 0, 129, 7],  # plus 11 rows after the last group: left untouched
+}
+N, K = 384, 256
+
+
+def gemms():
+    """Every kernel this file runs (benchmarks/prebuild.py's group ``grouped``)."""
+    return {(e, m): GroupedGemm(fn, member=m) for e, fn in EPILOGUES.items() for m in GROUPED_MEMBERS}
+
+
+@pytest.fixture(scope="module")
+def built():
+    table = gemms()
+    jobs = [g.kernel().job() for g in table.values()]
+    from evtc.compiler import cache
+
+    for g, art in zip(table.values(), cache.build_many(jobs)):
+        if isinstance(art, Exception):
+            raise art
+        g.kernel().load(art)
+    return table
+
+
+def _inputs(g, tokens, E, T, gen):
+    dev = "cuda"
+    ins = {}
+    for leaf in g.graph.used_inputs:
+        n = leaf.name
+        dt = getattr(torch, leaf.dtype.torch)
+        kind = type(leaf).__name__
+        if kind == "Accumulator":
+            continue
+        if kind in ("Source", "AuxLoad"):
+            ins[n] = torch.randn(T, N, generator=gen, device=dev).to(dt)
+        elif kind == "RowBroadcast":
+            ins[n] = torch.randn(E, N, generator=gen, device=dev).to(dt)
+        elif kind == "ColBroadcast":
+            ins[n] = torch.rand(T, generator=gen, device=dev).to(dt)
+        elif kind == "ScalarBroadcast" and leaf.by_pointer:
+            ins[n] = (torch.rand(E, generator=gen, device=dev) + 0.5).to(dt)
+        else:
+            ins[n] = {"alpha": 0.75, "beta": 1.25, "scale_d": 8.0}.get(n, 0.5)
+    return ins
+
+
+def _group_inputs(g, ins, e, lo, hi):
+    out = {}
+    for leaf in g.graph.used_inputs:
+        n = leaf.name
+        kind = type(leaf).__name__
+        if kind == "Accumulator":
+            continue
+        v = ins[n]
+        if kind in ("Source", "AuxLoad", "ColBroadcast"):
+            out[n] = to_numpy(v[lo:hi])
+        elif kind == "RowBroadcast":
+            out[n] = to_numpy(v[e])
+        elif kind == "ScalarBroadcast" and leaf.by_pointer:
+            out[n] = float(v[e])
+        else:
+            out[n] = v
+    return out
+
+
+@pytest.mark.parametrize("member", list(GROUPED_MEMBERS))
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+@pytest.mark.parametrize("epi", list(EPILOGUES))
+def test_grouped_matches_the_reference(built, epi, routing, member):
+    g = built[(epi, member)]
+    tokens = ROUTINGS[routing]
+    E = len(tokens)
+    tail = 11 if routing == "uneven_tail" else 0
+    T = sum(tokens) + tail
+    gen = torch.Generator(device="cuda").manual_seed(hash((epi, routing, member)) % 10000)
+    A = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
+    B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
+    offs = torch.tensor(np.cumsum(tokens), dtype=torch.int32, device="cuda")
+    ins = _inputs(g, tokens, E, T, gen)
+    d_dtype = g.graph.outputs[0].dtype
+    out = torch.full((T, N), float("nan"), device="cuda").to(getattr(torch, d_dtype.torch))
+    got = g(A, B, offs, out=out, **ins)
+    torch.cuda.synchronize()
+    assert got is out
+    lo = 0
+    for e, m in enumerate(tokens):
+        hi = lo + m
+        if m:
+            acc, sq = _exact_accumulator(A[lo:hi], B[e])
+            res = verify(g.graph, {g.graph.outputs[0].name: to_numpy(out[lo:hi])}, acc,
+                         accumulator_error(sq, K, g.a), _group_inputs(g, ins, e, lo, hi))
+            assert all(r.ok for r in res.values()), failure_report(res, f"{epi} {routing} {member} group {e}", g.graph)
+        lo = hi
+    if tail:  # rows no group owns keep their poison
+        assert torch.isnan(out[lo:].float()).all()
+
+
+def test_grouped_no_tokens_and_offsets_checked(built):
+    g = built[("bare", "coop128x128")]
+    A = torch.zeros(0, K, device="cuda", dtype=torch.bfloat16)
+    B = torch.zeros(3, N, K, device="cuda", dtype=torch.bfloat16)
+    got = g(A, B, torch.zeros(3, dtype=torch.int32, device="cuda"))
+    assert got.shape == (0, N)
+    A = torch.zeros(8, K, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(evtc.ArgumentError, match="offs\\[1\\]"):
+        g(A, B, torch.tensor([4, 2, 8], dtype=torch.int32, device="cuda"), check_offs=True)
+
+
+def test_grouped_under_cuda_graph(built):
+    """The setup kernel and the GEMM are captured together; replays follow new offsets."""
+    g = built[("bias_relu", "coop128x128")]
+    E, T = 4, 300
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    A = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
+    B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
+    C = torch.randn(T, N, generator=gen, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(E, N, generator=gen, device="cuda")
+    offs = torch.tensor([100, 100, 250, 300], dtype=torch.int32, device="cuda")
+    kw = dict(C=C, alpha=1.0, beta=0.5, bias=bias)
+    g(A, B, offs, **kw)  # load and warm up outside the capture
+    out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g(A, B, offs, out=out, **kw)
+    offs.copy_(torch.tensor([10, 200, 200, 300], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = g(A, B, offs, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

@@ -1,0 +1,120 @@
+"""evtc.GroupedGemm without a GPU (issue 39): what the grouped kernel accepts and refuses, its
+plan's shared memory (the pointer-array collective's tensor maps), its source and ABI, the
+family rule, and the argument checks that run before any build."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import evtc
+from evtc import f32
+from evtc.abi import abi_fields, grouped_abi_fields
+from evtc.errors import ArgumentError, ConfigError, PlanError
+from evtc.grouped import GROUPED_MEMBERS, GroupedGemm, choose_member
+from evtc.plan.smem import round_up
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import epilogues as E  # noqa: E402
+
+
+@evtc.epilogue
+def swiglu_up(acc, gate: evtc.Matrix):
+    return evtc.silu(gate) * acc
+
+
+@evtc.epilogue
+def per_expert(acc, weight: evtc.ColVector[f32], alpha: evtc.DeviceScalar[f32], bias: evtc.RowVector[f32]):
+    return weight * (alpha * acc + bias)
+
+
+@pytest.mark.parametrize("member", list(GROUPED_MEMBERS))
+@pytest.mark.parametrize("epilogue", [E.bias_relu, E.linear_combination, swiglu_up, per_expert, "D = acc"])
+def test_grouped_source_is_the_pointer_array_kernel(epilogue, member):
+    g = GroupedGemm(epilogue, member=member)
+    src = g.source()
+    cfg = GROUPED_MEMBERS[member]
+    sched = "Cooperative" if cfg.schedule == "cooperative" else "Pingpong"
+    assert f"cutlass::gemm::KernelPtrArrayTmaWarpSpecialized{sched}" in src
+    assert "cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>" in src
+    assert "Sm90PtrArrayTmaWarpSpecialized<StagesC, StagesD, FragmentSize, ReuseSmemC, DelayTmaStore, 2>" in src
+    assert "group_setup<<<" in src and "evtc_group_table_bytes" in src
+    assert "DelayTmaStore = false" in src  # CUTLASS's builder never delays the store of a pointer-array kernel
+    # the plan's epilogue bytes are what the source asserts sizeof(SharedStorage) is
+    assert f"== {g.kernel().plan.epilogue_smem_bytes}," in src
+    for leaf in g.graph.used_inputs:
+        if type(leaf).__name__ in ("RowBroadcast", "ColBroadcast"):
+            assert f"{leaf.dtype.cutlass}*, float" in src  # the array-of-pointers visitor
+
+
+@pytest.mark.parametrize("epilogue", [E.bias_relu, swiglu_up, per_expert])
+def test_grouped_plan_adds_the_tensor_maps(epilogue):
+    """The grouped plan's SharedStorage is its TensorStorage (the plan's buffers), then the
+    128-aligned TensorMapStorage (C's descriptor and two D descriptors: 384 B), then the load
+    pipeline's barriers (16 B a C stage), rounded to the struct's alignment (its swizzled
+    buffers'); the mainloop's stages are what is left of 232448 B after A's and
+    B's descriptors (256 B). The compiled sizeof agrees: the source static_asserts it
+    (tests/compile/test_grouped_build.py builds one)."""
+    g = GroupedGemm(epilogue, member="coop128x128")
+    p = g.kernel().plan
+    # alignof: the widest swizzled M x N buffer's (Swizzle<B,4,3> aligns to 2^(B+7) B: 1024 B for
+    # 128-byte subtile rows, 512 B for 64-byte ones; cutlass/detail/layout.hpp)
+    row = p.epilogue_tile[1] * 2
+    align = 1024 if row % 128 == 0 else 512 if row % 64 == 0 else 256
+    end = max(b.offset + b.bytes for b in p.buffers if b.mode in ("tma", "smem"))
+    if not any(b.mode == "smem" for b in p.buffers):
+        end += 1  # the visitors' storage is an empty struct: sizeof 1 (C++)
+    tensors = round_up(end, align)
+    want = round_up(tensors + 3 * 128 + 16 * p.stages_c, align)
+    assert p.epilogue_smem_bytes == want
+    assert p.mainloop_stages == (232448 - 256 - want) // p.mainloop_stage_bytes
+
+
+@pytest.mark.parametrize("epilogue,names", [
+    (E.gelu_aux, "F"), (E.row_stats, "row_max"), (E.residual_scale, "R1, R2"), (E.dgelu_bgrad, "dbias")])
+def test_grouped_refuses_what_it_has_no_per_group_form_for(epilogue, names, no_build):
+    with pytest.raises(PlanError) as e:
+        GroupedGemm(epilogue)
+    assert names.split(",")[0] in str(e.value)
+    assert e.value.epilogue == epilogue.name
+
+
+def test_grouped_config_rules():
+    with pytest.raises(ConfigError, match="persistent"):
+        GroupedGemm(E.bias_relu, config=evtc.GemmConfig(scheduler="streamk", schedule="cooperative"))
+    with pytest.raises(ConfigError, match="swap_ab"):
+        GroupedGemm(E.bias_relu, config=evtc.GemmConfig(swap_ab=True))
+    with pytest.raises(ConfigError, match="sm90 kernel variant"):
+        evtc.Gemm(E.bias_relu, arch="sm80", config=evtc.GemmConfig(grouped=True, tile=(128, 128, 32)))
+    with pytest.raises(ConfigError, match="member"):
+        GroupedGemm(E.bias_relu, member="huge")
+    # grouped=False stays out of the config's JSON: the other kernels' sources don't change
+    assert "grouped" not in evtc.GemmConfig().to_json()
+    assert evtc.GemmConfig(grouped=True).to_json()["grouped"] is True
+
+
+def test_grouped_abi_adds_offsets_and_table():
+    g = GroupedGemm(E.bias_relu)
+    f = grouped_abi_fields(g.graph)
+    assert f[:-2] == abi_fields(g.graph, "sm90")
+    assert [(x.name, x.what) for x in f[-2:]] == [("p_offs", "ptr"), ("p_groups", "ptr")]
+
+
+def test_grouped_member_rule():
+    assert choose_member(8, 256, 4096) == "pp64x128"  # decode: a few tokens per expert
+    assert choose_member(64 * 128, 128, 768) == "pp64x128"
+    assert choose_member(512 * 8, 8, 14336) == "coop128x256"
+    assert choose_member(512 * 8, 8, 2048) == "coop128x128"
+    assert choose_member(200 * 64, 64, 4096) == "coop128x128"
+
+
+def test_grouped_call_checks_before_build(no_build):
+    torch = pytest.importorskip("torch")
+    g = GroupedGemm(E.bias_relu)
+    A = torch.zeros(8, 64, dtype=torch.bfloat16)
+    B = torch.zeros(2, 64, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([4, 8], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match="A is on cpu"):
+        g(A, B, offs, C=A, alpha=1.0, beta=1.0, bias=torch.zeros(64))
+    with pytest.raises(ArgumentError, match="not a torch tensor"):
+        g([[1.0]], B, offs)
