@@ -21,6 +21,11 @@ Columns, ms per call (CUDA events, modes in alternation: :func:`evtc.runtime.tim
 * ``evtc``: SwiGLU with ``evtc.GroupedGemm``: the gate GEMM (``D = acc``) then the up GEMM with
   ``silu(gate) * acc`` fused (two grouped launches; the one-GEMM gated form is not built yet).
 
+``--graphs 1,64``: those token counts are also timed with each mode captured in a CUDA graph
+(:func:`evtc.runtime.timing.time_graphs`: device time alone, as a served decode step runs).
+``--members``: every family member of both grouped GEMMs is timed too (the data for
+:func:`evtc.grouped.choose_member`).
+
 Every evtc output is checked against the ``grouped_mm+eager`` result (bf16, max relative error
 printed) before anything is timed.
 """
@@ -35,7 +40,8 @@ import sys
 import common  # noqa: F401  (sets sys.path)
 
 import evtc
-from evtc.grouped import GroupedGemm
+import evtc.grouped
+from evtc.grouped import GROUPED_MEMBERS, GroupedGemm
 
 MODELS = {"dsv3": (256, 8, 7168, 2048), "qwen3": (128, 8, 2048, 768), "mixtral": (8, 2, 4096, 14336)}
 
@@ -68,27 +74,45 @@ def routing(torch, tokens: int, E: int, topk: int, skew: str, gen):
     return counts
 
 
-def row(torch, F, name, tokens, skew, gg_plain, gg_up, iters):
-    from evtc.runtime.timing import time_interleaved
+def swiglu_ref(A, WguT, offs, inter: int):
+    """``_grouped_mm`` on [W_gate; W_up], then SwiGLU eagerly (what ``compile`` compiles)."""
+    import torch
+    import torch.nn.functional as F
+
+    y = torch._grouped_mm(A, WguT, offs=offs)
+    return F.silu(y[:, :inter]) * y[:, inter:]
+
+
+_WEIGHTS: dict = {}
+
+
+def weights(torch, name):
+    """(W_gate, W_up, [W_gate; W_up], its (E, H, 2I) transposed view) of a model, made once."""
+    if name not in _WEIGHTS:
+        _WEIGHTS.clear()
+        E, _, H, inter = MODELS[name]
+        g = torch.Generator(device="cuda").manual_seed(1)
+        Wgu = torch.empty(E, 2 * inter, H, device="cuda", dtype=torch.bfloat16)
+        for e in range(E):  # expert by expert: no float32 copy of the whole weight
+            Wgu[e] = (torch.randn(2 * inter, H, generator=g, device="cuda") / math.sqrt(H)).to(torch.bfloat16)
+        _WEIGHTS[name] = (Wgu[:, :inter], Wgu[:, inter:], Wgu, Wgu.transpose(1, 2))
+    return _WEIGHTS[name]
+
+
+def row(torch, compiled, name, tokens, skew, gg_plain, gg_up, iters, members=(), graphs=False):
+    from evtc.runtime.timing import time_graphs, time_interleaved
 
     E, topk, H, inter = MODELS[name]
     gen = torch.Generator().manual_seed(tokens * 7 + len(skew))
     counts = routing(torch, tokens, E, topk, skew, gen)
     T = sum(counts)
-    dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(tokens)
-    A = (torch.randn(T, H, generator=g, device=dev) / 4).to(torch.bfloat16)
-    Wg = (torch.randn(E, inter, H, generator=g, device=dev) / math.sqrt(H)).to(torch.bfloat16)
-    Wu = (torch.randn(E, inter, H, generator=g, device=dev) / math.sqrt(H)).to(torch.bfloat16)
-    Wgu = torch.cat([Wg, Wu], dim=1).contiguous()  # (E, 2I, H)
-    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to(dev)
-    WguT = Wgu.transpose(1, 2)  # (E, H, 2I), column-major per expert: _grouped_mm's "TN"
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    A = (torch.randn(T, H, generator=g, device="cuda") / 4).to(torch.bfloat16)
+    Wg, Wu, Wgu, WguT = weights(torch, name)  # Wg, Wu: (E, I, H) views with K contiguous
+    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to("cuda")
 
     def eager():
-        y = torch._grouped_mm(A, WguT, offs=offs)
-        return F.silu(y[:, :inter]) * y[:, inter:]
-
-    compiled = torch.compile(eager)
+        return swiglu_ref(A, WguT, offs, inter)
 
     def evtc_swiglu():
         gate = gg_plain(A, Wg, offs)
@@ -96,14 +120,25 @@ def row(torch, F, name, tokens, skew, gg_plain, gg_up, iters):
 
     want = eager()
     got = evtc_swiglu()
-    compiled()
+    compiled(A, WguT, offs, inter)
     torch.cuda.synchronize()
     err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
     fns = {"grouped_mm": lambda: torch._grouped_mm(A, WguT, offs=offs), "grouped_mm+eager": eager,
-           "compile": compiled, "evtc_plain": lambda: gg_plain(A, Wgu, offs), "evtc": evtc_swiglu}
-    ms = time_interleaved(fns, iters=iters)
+           "compile": lambda: compiled(A, WguT, offs, inter), "evtc_plain": lambda: gg_plain(A, Wgu, offs),
+           "evtc": evtc_swiglu}
+    ms = time_interleaved(fns, iters=iters, warmup_ms=100.0)
     flops = 2.0 * T * H * 2 * inter
-    return {"model": name, "tokens": tokens, "routing": skew, "rows": T, "max_rel_err": err, "ms": ms,
+    extra = {}
+    if members:  # every member of both grouped GEMMs, for the family rule
+        sweep = {}
+        for m in members:
+            sweep[f"plain:{m}"] = lambda m=m: gg_plain(A, Wgu, offs, member=m)
+            sweep[f"evtc:{m}"] = lambda m=m: gg_up(A, Wu, offs, member=m, gate=gg_plain(A, Wg, offs, member=m))
+        extra["members_ms"] = time_interleaved(sweep, iters=max(3, iters // 2), warmup_ms=50.0)
+        extra["chosen"] = evtc.grouped.choose_member(T, E, 2 * inter)
+    if graphs:  # device time alone, each mode captured in a CUDA graph (a decode step as served)
+        extra["graph_ms"] = time_graphs(fns, iters=max(5, iters), calls=5)
+    return {"model": name, "tokens": tokens, "routing": skew, "rows": T, "max_rel_err": err, "ms": ms, **extra,
             "tflops": {k: flops / (v * 1e-3) / 1e12 for k, v in ms.items()},
             "evtc_vs_eager": ms["grouped_mm+eager"] / ms["evtc"], "evtc_vs_compile": ms["compile"] / ms["evtc"],
             "evtc_vs_floor": ms["evtc"] / ms["grouped_mm"], "plain_vs_floor": ms["evtc_plain"] / ms["grouped_mm"]}
@@ -115,6 +150,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,64,512,4096,16384")
     ap.add_argument("--routing", default="balanced,zipf")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--members", action="store_true", help="also time every family member (the family rule's data)")
+    ap.add_argument("--graphs", default="1,64", help="token counts also timed inside CUDA graphs (device time)")
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -122,8 +159,8 @@ def main() -> None:
         common.build_all(grouped_gemms(), "bench_moe")
         return
     import torch
-    import torch.nn.functional as F
 
+    compiled = torch.compile(swiglu_ref, dynamic=True)
     gg_plain, gg_up = grouped_gemms()
     gg_plain.build()
     gg_up.build()
@@ -135,12 +172,27 @@ def main() -> None:
     for name in args.models.split(","):
         for tokens in map(int, args.tokens.split(",")):
             for skew in args.routing.split(","):
-                r = row(torch, F, name, tokens, skew, gg_plain, gg_up, args.iters)
+                try:
+                    r = row(torch, compiled, name, tokens, skew, gg_plain, gg_up, args.iters,
+                            members=list(GROUPED_MEMBERS) if args.members else (),
+                            graphs=str(tokens) in args.graphs.split(","))
+                except Exception as e:  # a failed row is reported, the others still run
+                    print(f"{name:8} {tokens:6d} {skew:9} FAILED: {type(e).__name__}: {e}", flush=True)
+                    continue
                 rows.append(r)
                 ms = r["ms"]
                 print(f"{name:8} {tokens:6d} {skew:9} {r['rows']:7d} | " + " ".join(f"{ms[k]:16.4f}" for k in ms) +
                       f" | {r['evtc_vs_eager']:8.3f} {r['evtc_vs_compile']:10.3f} {r['evtc_vs_floor']:7.3f} "
                       f"{r['plain_vs_floor']:12.3f} {r['max_rel_err']:.1e}", flush=True)
+                if "graph_ms" in r:
+                    g = r["graph_ms"]
+                    print(f"{'':8} {'':6} {'graphs':9} {'':7} | " + " ".join(f"{g[k]:16.4f}" for k in g) +
+                          f" | {g['grouped_mm+eager'] / g['evtc']:8.3f} {g['compile'] / g['evtc']:10.3f} "
+                          f"{g['evtc'] / g['grouped_mm']:7.3f} {g['evtc_plain'] / g['grouped_mm']:12.3f}", flush=True)
+                if "members_ms" in r:
+                    mm = r["members_ms"]
+                    print(f"{'':8} {'':6} {'members':9} {'':7} | chosen {r['chosen']}: " +
+                          "  ".join(f"{k} {v:.4f}" for k, v in mm.items()), flush=True)
     gm = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")  # noqa: E731
     big = [r for r in rows if r["tokens"] >= 512]
     summary = {"geomean_vs_eager": gm([r["evtc_vs_eager"] for r in rows]),

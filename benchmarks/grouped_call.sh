@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One call of the GPU machine for issue 39 (evtc.GroupedGemm): import the grouped kernels built on
+# the CPU machine (.carry/grouped*.tar.xz), build the rest on every core, run
+# tests/gpu/test_grouped_gpu.py, then benchmarks/bench_moe.py; each part stops at its share of
+# DEADLINE_S. Logs and JSON go to OUT.
+#   bash benchmarks/grouped_call.sh [DEADLINE_S] [BENCH_TOKENS]
+set -u
+DEADLINE=${1:-540}
+TOKENS=${2:-1,64,512,4096,16384}
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+T0=$SECONDS
+left() { local l=$(( DEADLINE - (SECONDS - T0) )); echo $(( l > 5 ? l : 5 )); }
+export EVTC_TEST_SOURCE=1 EVTC_BUILD_JOBS=$(nproc)
+S="$OUT/summary.txt"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  git rev-parse --short HEAD 2>/dev/null; echo "nproc $(nproc)"; } > "$S" 2>&1
+for t in .carry/grouped*.tar.xz; do [ -e "$t" ] && python3 -m evtc cache import "$t" >> "$S" 2>&1; done
+( cd benchmarks && timeout "$(( $(left) - 200 ))" python3 prebuild.py grouped ) > "$OUT/build.log" 2>&1
+echo "built rc $? at $((SECONDS - T0)) s" >> "$S"
+timeout -s INT "$(( $(left) - 150 ))" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_gpu.py \
+  > "$OUT/pytest_grouped.log" 2>&1
+echo "pytest rc $? at $((SECONDS - T0)) s: $(tail -1 "$OUT/pytest_grouped.log")" >> "$S"
+timeout -s INT "$(( $(left) - 5 ))" python3 benchmarks/bench_moe.py --tokens "$TOKENS" --json "$OUT/moe.json" \
+  > "$OUT/moe.log" 2>&1
+echo "bench rc $? at $((SECONDS - T0)) s" >> "$S"
+cat "$S"; tail -5 "$OUT/pytest_grouped.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_grouped.log" | head; tail -40 "$OUT/moe.log"
