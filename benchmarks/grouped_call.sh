@@ -21,7 +21,7 @@ echo "built rc $? at $((SECONDS - T0)) s" >> "$S"
 timeout -s INT "$(( $(left) - 150 ))" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_gpu.py \
   > "$OUT/pytest_grouped.log" 2>&1
 echo "pytest rc $? at $((SECONDS - T0)) s: $(tail -1 "$OUT/pytest_grouped.log")" >> "$S"
-timeout -s INT "$(( $(left) - 5 ))" python3 benchmarks/bench_moe.py --tokens "$TOKENS" --json "$OUT/moe.json" \
+timeout -s INT "$(( $(left) - 5 ))" python3 benchmarks/bench_moe.py --tokens "$TOKENS" --json "$OUT/moe.json" ${BENCH_ARGS:-} \
   > "$OUT/moe.log" 2>&1
 echo "bench rc $? at $((SECONDS - T0)) s" >> "$S"
 cat "$S"; tail -5 "$OUT/pytest_grouped.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_grouped.log" | head; tail -40 "$OUT/moe.log"
