@@ -44,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import sys
 from typing import Any, Mapping
 
 from evtc import dtypes
@@ -68,6 +69,7 @@ from evtc.pipeline import Kernel, Pipeline
 from evtc.plan import GemmConfig
 from evtc.plan.config import RASTER_ORDERS, check_mainloop_dtypes
 from evtc.plan.config import validate as validate_config
+from evtc.torch.fast import torch_compiling
 
 __all__ = ["GROUPED_MEMBERS", "GroupedGemm", "check_grouped_graph", "choose_member"]
 
@@ -84,17 +86,18 @@ GROUPED_MEMBERS: dict[str, GemmConfig] = {
 
 def choose_member(tokens: int, groups: int, n: int) -> str:
     """The family member for T ``tokens`` over E ``groups`` and N ``n``, from the host's
-    shapes only (the offsets stay on the device): the mean group size picks the tile's M.
+    shapes only (the offsets stay on the device): the mean group size picks the tile.
 
-    A first rule, not a fitted model: 64-row ping-pong tiles while the mean group holds at most
-    64 tokens (a 128-row tile would be mostly padding), 128 x 256 tiles for mean groups of 512
-    tokens or more with N >= 4096 (fewer, larger tiles), else 128 x 128."""
-    mean = tokens / max(groups, 1)
-    if mean <= 64:
-        return "pp64x128"
-    if mean >= 512 and n >= 4096:
-        return "coop128x256"
-    return "coop128x128"
+    NOTE [The grouped family's rule]: 64-row ping-pong tiles while the mean group holds at most
+    64 tokens (a 128-row tile would be mostly padding), else 128 x 256 cooperative tiles (fewer
+    tiles, and the large groups of skewed routing dominate). Measured on the H200 (2026-11-28,
+    bench_moe.py --members, docs/performance.md "Grouped GEMMs"): over the 30 rows' 60 grouped
+    GEMMs (three MoE models, 1-16384 tokens, balanced and Zipf routing) the chosen member took
+    1.008x the best member's time (geomean), at most 1.079x; the first rule (128 x 128 tiles
+    between) took 1.033x, at most 1.33x (DeepSeek-V3 at 16384 Zipf-routed tokens). Fitted on
+    those rows: no held-out set yet. ``n`` is kept for a rule that needs it."""
+    del n
+    return "pp64x128" if tokens <= 64 * max(groups, 1) else "coop128x256"
 
 
 def check_grouped_graph(graph: Graph) -> str | None:
@@ -237,7 +240,26 @@ class GroupedGemm:
             self._members[name] = _Member(spec, self.pipeline.kernel(spec, fixed=fixed))
         self.fields = grouped_abi_fields(self.graph)
         self._Args = ctypes_struct(self.fields)  # evtc_args_t's layout, known before any build
-        self._vectors = {leaf.name: leaf for leaf in self.graph.used_inputs}
+        self._torch_op = self._torch_op_error = None
+        if "torch" in sys.modules:  # NOTE [The torch op is made outside torch.compile] (evtc/torch/ops.py)
+            from evtc.torch.grouped_op import grouped_torch_op
+
+            try:
+                self._torch_op = grouped_torch_op(self)
+            except ArgumentError as e:
+                self._torch_op_error = e
+
+    def torch_op(self):
+        """The GroupedGemm's ``torch.library`` op (:mod:`evtc.torch.grouped_op`), made on first use.
+
+        Raises:
+            ArgumentError: a parameter name the op schema can't hold.
+        """
+        if self._torch_op is None:
+            from evtc.torch.grouped_op import grouped_torch_op
+
+            self._torch_op = grouped_torch_op(self)
+        return self._torch_op
 
     # ---- introspection and builds ------------------------------------------------------------------
 
@@ -288,7 +310,6 @@ class GroupedGemm:
 
     # ---- calls -------------------------------------------------------------------------------------
 
-    @api_boundary
     def __call__(self, A, B, offs, *, out=None, member: str | None = None, check_offs: bool = False, **inputs):
         """Run the grouped GEMM and its epilogue.
 
@@ -307,13 +328,26 @@ class GroupedGemm:
                 (E,) tensors of their dtype.
 
         Returns:
-            D, a (T, N) tensor of dtype ``d``.
+            D, a (T, N) tensor of dtype ``d``. Inside a ``torch.compile``-d function (no ``out=``,
+            ``member=`` or ``check_offs=``) the call goes through the GroupedGemm's torch op
+            (:mod:`evtc.torch.grouped_op`).
 
         Raises:
             ArgumentError: a tensor of the wrong shape, dtype, device or stride; a missing or
                 unknown input; offsets out of range (with ``check_offs``).
             LaunchError: the kernel failed to launch.
         """
+        if out is None and member is None and not check_offs and torch_compiling():
+            if self._torch_op is None:  # Dynamo can't make the op while it traces
+                raise self._torch_op_error or ArgumentError(
+                    f"evtc: the GroupedGemm '{self.name}' was made before torch was imported, so it has no torch "
+                    "op", epilogue=self.name, hint="call gg.torch_op() once before compiling")
+            return self._torch_op(A, B, offs, **inputs)
+        return self.run_eager(A, B, offs, out=out, member=member, check_offs=check_offs, **inputs)
+
+    @api_boundary
+    def run_eager(self, A, B, offs, *, out=None, member: str | None = None, check_offs: bool = False, **inputs):
+        """:meth:`__call__` without the torch op (what the op runs)."""
         import torch
 
         name = self.name

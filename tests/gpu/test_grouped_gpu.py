@@ -178,3 +178,23 @@ def test_grouped_under_cuda_graph(built):
     want = g(A, B, offs, **kw)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_grouped_under_torch_compile(built):
+    """torch.compile(fullgraph=True) holds a GroupedGemm call (its torch op) and the ops around it."""
+    g = built[("bias_relu", "coop128x128")]
+    E, T = 4, 300
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    A = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
+    B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
+    C = torch.randn(T, N, generator=gen, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(E, N, generator=gen, device="cuda")
+    offs = torch.tensor([100, 100, 250, 300], dtype=torch.int32, device="cuda")
+
+    def layer(A, C, bias):
+        return g(A * 2, B, offs, C=C, alpha=0.5, beta=1.0, bias=bias).float() * 3  # pointwise: exact either way
+
+    got = torch.compile(layer, fullgraph=True)(A, C, bias)
+    want = layer(A, C, bias)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)

@@ -103,9 +103,9 @@ def test_grouped_abi_adds_offsets_and_table():
 def test_grouped_member_rule():
     assert choose_member(8, 256, 4096) == "pp64x128"  # decode: a few tokens per expert
     assert choose_member(64 * 128, 128, 768) == "pp64x128"
+    assert choose_member(64 * 128 + 1, 128, 768) == "coop128x256"
     assert choose_member(512 * 8, 8, 14336) == "coop128x256"
-    assert choose_member(512 * 8, 8, 2048) == "coop128x128"
-    assert choose_member(200 * 64, 64, 4096) == "coop128x128"
+    assert choose_member(0, 0, 4096) == "pp64x128"
 
 
 def test_grouped_call_checks_before_build(no_build):
@@ -118,3 +118,26 @@ def test_grouped_call_checks_before_build(no_build):
         g(A, B, offs, C=A, alpha=1.0, beta=1.0, bias=torch.zeros(64))
     with pytest.raises(ArgumentError, match="not a torch tensor"):
         g([[1.0]], B, offs)
+
+
+def test_grouped_torch_op_schema_and_fake():
+    """The op torch.compile puts in its graph: the epilogue's parameters in its schema, and a
+    fake implementation giving D's (T, N) shape and dtype without a GPU."""
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gg = GroupedGemm(E.bias_relu)
+    op = gg.torch_op()
+    assert op.schema == "(Tensor A, Tensor B, Tensor offs, Tensor C, Tensor bias, float alpha, float beta) -> Tensor"
+    assert op.qualname.startswith("evtc::grouped_bias_relu_")
+    assert GroupedGemm(E.bias_relu).torch_op() is op  # one op per distinct GroupedGemm
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        A = torch.empty(10, 64, dtype=torch.bfloat16, **cuda)
+        B = torch.empty(3, 48, 64, dtype=torch.bfloat16, **cuda)
+        offs = torch.empty(3, dtype=torch.int32, **cuda)
+        D = op(A, B, offs, C=torch.empty(10, 48, dtype=torch.bfloat16, **cuda), bias=torch.empty(3, 48, **cuda),
+               alpha=1.0, beta=2.0)
+        assert (tuple(D.shape), D.dtype) == ((10, 48), torch.bfloat16)
+    with pytest.raises(ArgumentError, match="missing bias"):
+        op(A, B, offs, C=A, alpha=1.0, beta=2.0)

@@ -1,0 +1,106 @@
+"""The ``torch.library`` custom op of an :class:`evtc.GroupedGemm`: grouped calls that
+``torch.compile(fullgraph=True)``, ``torch.export`` and CUDA graphs can hold.
+
+One op per distinct GroupedGemm, ``evtc::grouped_<epilogue>_<hash>`` (the hash covers the IR, the
+dtypes and the family), with schema ``(Tensor A, Tensor B, Tensor offs, Tensor <each tensor
+parameter>..., float <each scalar parameter>...) -> Tensor`` and a fake implementation that gives
+D's shape (T, N) and dtype without running anything: Dynamo puts the op in the graph instead of
+breaking on evtc's ctypes call, Inductor sees an opaque functional op. Inside a
+``torch.compile``-d function a GroupedGemm call without ``out=`` goes through it by itself; the
+op is made when the GroupedGemm is (NOTE [The torch op is made outside torch.compile],
+evtc/torch/ops.py).
+
+Raises (when the op is made): :class:`evtc.errors.ArgumentError` for a parameter name the schema
+can't hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+from evtc.errors import ArgumentError
+from evtc.torch.ops import _NAME, _RESERVED
+
+__all__ = ["GroupedTorchOp", "grouped_torch_op"]
+
+_LOCK = threading.Lock()
+_OPS: dict[str, "GroupedTorchOp"] = {}
+
+
+class GroupedTorchOp:
+    """A GroupedGemm behind a ``torch.library`` custom op (see the module docstring).
+
+    Attributes:
+        qualname: ``"evtc::grouped_<name>_<hash>"``. schema: the op's schema string.
+        tensor_names, scalar_names: the epilogue's parameters in schema order.
+    """
+
+    def __init__(self, gg) -> None:
+        import torch
+
+        from evtc.ir.nodes import Accumulator, ScalarBroadcast, Store
+
+        graph = gg.graph
+        self.gg = gg
+        leaves = [x for x in graph.used_inputs if not isinstance(x, Accumulator)]
+        self.scalar_names = tuple(x.name for x in leaves if isinstance(x, ScalarBroadcast) and not x.by_pointer)
+        self.tensor_names = tuple(x.name for x in leaves if x.name not in self.scalar_names)
+        for n in self.tensor_names + self.scalar_names:
+            if not _NAME.match(n) or n in _RESERVED or n in ("A", "B", "offs"):
+                raise ArgumentError(f"parameter {n!r} can't be named in a torch op schema", epilogue=graph.name,
+                                    hint="rename the parameter")
+        self.qualname = grouped_qualname(gg)
+        args = ["Tensor A", "Tensor B", "Tensor offs"] + [f"Tensor {n}" for n in self.tensor_names] + \
+               [f"float {n}" for n in self.scalar_names]
+        self.schema = "(" + ", ".join(args) + ") -> Tensor"
+        names = self.tensor_names + self.scalar_names
+        d = next(o for o in graph.outputs if isinstance(o, Store))
+        d_dtype = getattr(torch, d.dtype.torch)
+
+        def run(A, B, offs, *rest):
+            return gg.run_eager(A, B, offs, **dict(zip(names, rest)))
+
+        def fake(A, B, offs, *rest):
+            return A.new_empty((A.shape[0], B.shape[1]), dtype=d_dtype)
+
+        self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",
+                                          schema=self.schema)
+        self.op.register_fake(fake)
+
+    def __call__(self, A, B, offs, **kwargs):
+        """Run the GroupedGemm through the op (the arguments of :meth:`evtc.GroupedGemm.__call__`
+        without ``out=``, ``member=`` and ``check_offs=``)."""
+        missing = [n for n in self.tensor_names + self.scalar_names if n not in kwargs]
+        extra = [n for n in kwargs if n not in self.tensor_names + self.scalar_names]
+        if missing or extra:
+            raise ArgumentError(f"{'missing ' + ', '.join(missing) if missing else ''}"
+                                f"{'; ' if missing and extra else ''}{'unknown ' + ', '.join(extra) if extra else ''}",
+                                epilogue=self.gg.name, hint="pass the epilogue's parameters by name: "
+                                + ", ".join(self.tensor_names + self.scalar_names))
+        args = [kwargs[n] for n in self.tensor_names] + [float(kwargs[n]) for n in self.scalar_names]
+        return self.op(A, B, offs, *args)
+
+
+def grouped_qualname(gg) -> str:
+    """``"evtc::grouped_<epilogue>_<12 hex digits>"``: the hash of the IR, dtypes and family."""
+    from evtc.ir.printer import print_graph
+
+    key = json.dumps({"ir": print_graph(gg.graph), "a": gg.a.name, "b": gg.b.name,
+                      "family": {n: repr(m.spec.config) for n, m in gg._members.items()}}, sort_keys=True)
+    return f"evtc::grouped_{gg.graph.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def grouped_torch_op(gg) -> GroupedTorchOp:
+    """The :class:`GroupedTorchOp` of ``gg``, made once per distinct GroupedGemm and kept.
+
+    Raises:
+        ArgumentError: a parameter name the schema can't hold.
+    """
+    with _LOCK:
+        qual = grouped_qualname(gg)
+        op = _OPS.get(qual)
+        if op is None:
+            op = _OPS[qual] = GroupedTorchOp(gg)
+    return op
