@@ -23,20 +23,24 @@ The epilogue is planned once for all groups (the same shared memory for every gr
 collective's tensor maps: :func:`evtc.plan.sm90_layout.shared_storage`). What can change per
 group, and how (:func:`check_grouped_graph` refuses the rest before anything is built):
 
-* ``C`` (or one ``evtc.Matrix`` input): the collective's source, a (T, N) tensor in the token
-  layout, one pointer per group (e.g. the gate's output for SwiGLU's ``silu(gate) * acc``);
+* ``C`` (or the first ``evtc.Matrix`` input): the collective's source, a (T, N) tensor in the
+  token layout, one pointer per group (e.g. the gate's output for SwiGLU's ``silu(gate) * acc``);
+  D (or the first output): the collective's destination, likewise;
+* other M x N inputs and outputs (aux loads and stores, e.g. a training forward's saved
+  pre-activation): register-direct, per-thread vector accesses predicated by the group's M,
+  through a per-group pointer (``evtc::Sm90AuxLoadGrouped`` / ``Sm90AuxStoreGrouped``,
+  include/evtc/sm90_grouped.hpp: CUTLASS's register-direct visitors with the group's tensor);
 * row vectors ``bias[e, n]`` (E, N), or (N,) shared by all groups: ``Sm90RowBroadcast`` over an
   array of per-group pointers (its ``IsArrayOfPointers`` form);
 * column vectors ``w[token]`` (T,): ``Sm90ColBroadcast`` over per-group pointers (a group's
   first token on), one element per load since a group may start anywhere;
 * scalars by value (one for all), or by pointer: a (E,) tensor gives one per group
-  (``Sm90ScalarBroadcast`` indexes its pointer by the group, the kernel's L coordinate);
-* one M x N output D, in the token layout.
+  (``Sm90ScalarBroadcast`` indexes its pointer by the group, the kernel's L coordinate).
 
-Not in the grouped kernel (yet): more than one M x N input, aux stores (extra M x N outputs)
-and reductions. CUTLASS's ``Sm90AuxLoad``/``Sm90AuxStore`` and reduction visitors take one
-pointer and a batch stride, and the pointer-array collective replaces only C's and D's tensor
-maps per group; they need per-group TMA descriptors of their own (or a predicated direct path).
+Not in the grouped kernel (yet): reductions. CUTLASS's and evtc's reduction visitors take one
+output pointer and a batch stride, and their workspace is laid out by uniform tiles; per-group
+outputs (a row max per token, an amax per expert) need per-group pointers and a workspace laid
+out by the group scheduler's tiles.
 """
 
 from __future__ import annotations
@@ -100,34 +104,36 @@ def choose_member(tokens: int, groups: int, n: int) -> str:
     return "pp64x128" if tokens <= 64 * max(groups, 1) else "coop128x256"
 
 
-def check_grouped_graph(graph: Graph) -> str | None:
-    """Check that the grouped kernel can run ``graph``'s epilogue; return the name of its one
-    M x N input (the collective's C), or None.
+def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
+    """Check that the grouped kernel can run ``graph``'s epilogue.
+
+    Returns:
+        (the M x N input that is the collective's C, or None; the output that is its D; the
+        other M x N inputs and outputs, which go register-direct through the group table:
+        ``evtc::Sm90AuxLoadGrouped`` / ``Sm90AuxStoreGrouped``, include/evtc/sm90_grouped.hpp).
 
     Raises:
-        PlanError: naming the input or output the grouped kernel has no per-group form for
-            (a second M x N input, an aux store, a reduction), and what to do.
+        PlanError: naming a reduction (the grouped kernel has no per-group reductions yet), an
+            input with no per-group form, or an epilogue without an M x N output.
     """
-    mn_inputs = [leaf for leaf in graph.used_inputs if isinstance(leaf, (Source, AuxLoad))]
-    if len(mn_inputs) > 1:
-        raise PlanError(f"the grouped kernel reads one M x N input (the collective's C, one pointer per group); "
-                        f"this epilogue reads {len(mn_inputs)}: {', '.join(n.name for n in mn_inputs)}",
-                        epilogue=graph.name, hint="add the others to C beforehand, or run evtc.Gemm per group")
+    mn_inputs = [leaf.name for leaf in graph.used_inputs if isinstance(leaf, (Source, AuxLoad))]
     for leaf in graph.used_inputs:
         if not isinstance(leaf, (Accumulator, Source, AuxLoad, RowBroadcast, ColBroadcast, ScalarBroadcast)):
             raise PlanError(f"input '{leaf.name}' ({type(leaf).__name__}) has no per-group form in the grouped kernel",
                             epilogue=graph.name)
-    stores = [o for o in graph.outputs if isinstance(o, Store)]
     for out in graph.outputs:
         if isinstance(out, Reduction):
             raise PlanError(f"output '{out.name}' is a reduction: the grouped kernel has no per-group reductions yet "
-                            "(CUTLASS's reduction visitors take one output pointer and a batch stride)",
-                            epilogue=graph.name, hint="compute it from D afterwards, or run evtc.Gemm per group")
-    if len(stores) != 1:
-        raise PlanError(f"the grouped kernel stores one M x N output (D, one pointer per group); this epilogue has "
-                        f"{len(stores)}: {', '.join(o.name for o in stores) or 'none'}",
-                        epilogue=graph.name, hint="return one tensor; aux stores are not in the grouped kernel yet")
-    return mn_inputs[0].name if mn_inputs else None
+                            "(CUTLASS's and evtc's reduction visitors take one output pointer and a batch stride, "
+                            "and their workspace is laid out by uniform tiles)",
+                            epilogue=graph.name, hint="compute it from the outputs afterwards, or run evtc.Gemm per group")
+    stores = [o.name for o in graph.outputs if isinstance(o, Store)]
+    if not stores:
+        raise PlanError("the grouped kernel stores at least one M x N output", epilogue=graph.name)
+    d = "D" if "D" in stores else stores[0]
+    c = next((n for n in mn_inputs if isinstance(graph.input(n), Source)), mn_inputs[0] if mn_inputs else None)
+    direct = [n for n in mn_inputs if n != c] + [n for n in stores if n != d]
+    return c, d, direct
 
 
 #: prepared problems kept per member before the cache starts over (T changes with every batch)
@@ -221,7 +227,7 @@ class GroupedGemm:
         self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
         self.name = self.pipeline.name
         self.graph = self.pipeline.graph_for(self.arch)
-        self.c_input = check_grouped_graph(self.graph)
+        self.c_input, self.d_output, direct = check_grouped_graph(self.graph)
         if config is not None:
             if isinstance(config, Mapping):
                 config = GemmConfig.from_json(dict(config))
@@ -229,7 +235,9 @@ class GroupedGemm:
             member = "custom"
         else:
             configs = GROUPED_MEMBERS
-        fixed: dict[str, Any] = {"direct": []}  # rows through shared memory: the pointer-array form
+        # the collective's C and D, every other M x N tensor register-direct through the group
+        # table, rows through shared memory (the pointer-array form of Sm90RowBroadcast)
+        fixed: dict[str, Any] = {"direct": direct, "d_slot": self.d_output}
         if self.c_input is not None:
             fixed["c_slot"] = self.c_input
         self.member = member
@@ -319,7 +327,8 @@ class GroupedGemm:
             B: (E, N, K) tensor of dtype ``b``: group e's weight ``B[e]`` (N x K, K contiguous).
             offs: (E,) int32 tensor on A's device: cumulative row counts, non-decreasing, at
                 most T (an empty group repeats the previous offset).
-            out: optional (T, N) tensor for D (dtype ``d``, rows of 16 bytes).
+            out: optional (T, N) tensor for D (dtype ``d``, rows of 16 bytes); with several
+                outputs, a dict of some of them by name.
             member: run this family member instead of the chosen one.
             check_offs: check ``offs`` on the host first (one synchronisation); otherwise
                 offsets outside [0, T] or decreasing are clamped on the device.
@@ -328,7 +337,7 @@ class GroupedGemm:
                 (E,) tensors of their dtype.
 
         Returns:
-            D, a (T, N) tensor of dtype ``d``. Inside a ``torch.compile``-d function (no ``out=``,
+            D, a (T, N) tensor of dtype ``d`` (several outputs: a dict by name). Inside a ``torch.compile``-d function (no ``out=``,
             ``member=`` or ``check_offs=``) the call goes through the GroupedGemm's torch op
             (:mod:`evtc.torch.grouped_op`).
 
@@ -381,22 +390,33 @@ class GroupedGemm:
             if leaf.name not in inputs:
                 raise ArgumentError(f"input '{leaf.name}' is missing", epilogue=name)
             keep.append(_bind_input(args, leaf, inputs[leaf.name], T, N, E, device, name))
-        d_out = next(o for o in self.graph.outputs if isinstance(o, Store))
-        if out is None:
-            out = torch.empty((T, N), dtype=getattr(torch, d_out.dtype.torch), device=device)
-        else:
-            _check_matrix(out, "out", d_out.dtype, T, N, device, name)
-        args.__setattr__(f"p_{d_out.name}", out.data_ptr())
-        args.__setattr__(f"ld_{d_out.name}", out.stride(0))
-        args.__setattr__(f"bs_{d_out.name}", 0)
+        stores = [o for o in self.graph.outputs if isinstance(o, Store)]
+        single = len(stores) == 1
+        given = {stores[0].name: out} if single else dict(out or {})
+        unknown_out = set(given) - {o.name for o in stores}
+        if unknown_out:
+            raise ArgumentError(f"out= names {sorted(unknown_out)}, which the epilogue does not return", epilogue=name,
+                                hint=f"its outputs: {[o.name for o in stores]}")
+        outs = {}
+        for o in stores:
+            t = given.get(o.name)
+            if t is None:
+                t = torch.empty((T, N), dtype=getattr(torch, o.dtype.torch), device=device)
+            else:
+                _check_matrix(t, f"out['{o.name}']" if not single else "out", o.dtype, T, N, device, name)
+            setattr(args, f"p_{o.name}", t.data_ptr())
+            setattr(args, f"ld_{o.name}", t.stride(0))
+            setattr(args, f"bs_{o.name}", 0)
+            outs[o.name] = t
+        result = outs[stores[0].name] if single else outs
         if T == 0 or E == 0:
-            return out
+            return result
         m = self._loaded(chosen)  # every check above ran before any build
         dev = device.index if device.index is not None else torch.cuda.current_device()
         table = torch.empty(m.table_size(E), dtype=torch.uint8, device=device)
         args.p_offs, args.p_groups = offs.data_ptr(), table.data_ptr()
         m.launch(args, dev, _stream(dev), name)
-        return out
+        return result
 
     def __repr__(self) -> str:
         return f"GroupedGemm({self.name}, members={list(self._members)})"

@@ -11,7 +11,9 @@ C and D through the collective's per-group pointers and strides, each row broadc
 (``bias[e, n]``) and column broadcast (``weight[token]``) through a per-group pointer array
 (CUTLASS's ``Sm90RowBroadcast`` / ``Sm90ColBroadcast`` with a pointer element type,
 ``IsArrayOfPointers``), scalars by pointer indexed by the group (``Sm90ScalarBroadcast``'s batch
-stride). :func:`evtc.grouped.check_grouped_graph` refuses the rest before anything is planned.
+stride), other M x N tensors register-direct through per-group pointers (evtc's
+``Sm90AuxLoadGrouped`` / ``Sm90AuxStoreGrouped``). :func:`evtc.grouped.check_grouped_graph`
+refuses the rest (reductions) before anything is planned.
 """
 
 from __future__ import annotations
@@ -23,22 +25,29 @@ from evtc.emit import common
 from evtc.emit.core import NodeTable
 from evtc.emit.sm90 import GROUPED_KERNEL_SCHEDULES, gemm_render_args, node_table
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import ColBroadcast, RowBroadcast
+from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
 from evtc.lower import Role, Visitor
 from evtc.plan.model import Plan
 
 __all__ = ["emit_sm90_grouped", "group_vectors"]
 
 
-def group_vectors(graph: Graph) -> list[tuple[str, str, str]]:
-    """(name, ``"row"`` | ``"col"``, C++ element type) of every row and column broadcast input,
-    in the ABI's order: the group table's pointer arrays after the fixed nine."""
+def group_vectors(graph: Graph, plan: Plan) -> list[tuple[str, str, str]]:
+    """(name, kind, C++ element type) of every tensor the group table holds a pointer per group
+    for, after its fixed nine arrays, in the ABI's order: row broadcasts (``"row"``), column
+    broadcasts (``"col"``), and the M x N inputs and outputs that are not the collective's C or D
+    (``"mn"``: register-direct aux loads and stores)."""
     out = []
     for leaf in graph.used_inputs:
         if isinstance(leaf, RowBroadcast):
             out.append((leaf.name, "row", leaf.dtype.cutlass))
         elif isinstance(leaf, ColBroadcast):
             out.append((leaf.name, "col", leaf.dtype.cutlass))
+        elif isinstance(leaf, (Source, AuxLoad)) and leaf.name != plan.c_slot:
+            out.append((leaf.name, "mn", leaf.dtype.cutlass))
+    for o in graph.outputs:
+        if isinstance(o, Store) and o.name != plan.d_slot:
+            out.append((o.name, "mn", o.dtype.cutlass))
     return out
 
 
@@ -48,7 +57,7 @@ def _grouped_table(plan: Plan, vectors: list[tuple[str, str, str]]) -> NodeTable
 
     def decisions(v: Visitor) -> dict[str, Any]:
         x = base.decisions(v)
-        if v.role in (Role.ROW, Role.COL):
+        if v.role in (Role.ROW, Role.COL, Role.AUX_LOAD, Role.AUX_STORE) and v.node.name in index:
             x = {**x, "direct": False, "group_array": f"table.vector[{index[v.node.name]}]"}
         return x
 
@@ -72,7 +81,7 @@ def emit_sm90_grouped(graph: Graph, plan: Plan, *, name: str | None = None) -> s
     if plan.arch != "sm90" or plan.tree is None or not plan.config.grouped or plan.d_slot is None:
         raise ValueError("emit_sm90_grouped needs a grouped sm90 plan with its visitor tree and a D slot")
     cfg = plan.config
-    vectors = group_vectors(graph)
+    vectors = group_vectors(graph, plan)
     values = gemm_render_args(graph, plan, name=name, fields=grouped_abi_fields(graph),
                               table=_grouped_table(plan, vectors))
     c_input = graph.input(plan.c_slot) if plan.c_slot else None

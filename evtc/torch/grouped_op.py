@@ -3,8 +3,9 @@
 
 One op per distinct GroupedGemm, ``evtc::grouped_<epilogue>_<hash>`` (the hash covers the IR, the
 dtypes and the family), with schema ``(Tensor A, Tensor B, Tensor offs, Tensor <each tensor
-parameter>..., float <each scalar parameter>...) -> Tensor`` and a fake implementation that gives
-D's shape (T, N) and dtype without running anything: Dynamo puts the op in the graph instead of
+parameter>..., float <each scalar parameter>...) -> Tensor`` (a tuple of Tensors for several
+outputs, in the epilogue's order) and a fake implementation that gives each output's shape
+(T, N) and dtype without running anything: Dynamo puts the op in the graph instead of
 breaking on evtc's ctypes call, Inductor sees an opaque functional op. Inside a
 ``torch.compile``-d function a GroupedGemm call without ``out=`` goes through it by itself; the
 op is made when the GroupedGemm is (NOTE [The torch op is made outside torch.compile],
@@ -54,16 +55,21 @@ class GroupedTorchOp:
         self.qualname = grouped_qualname(gg)
         args = ["Tensor A", "Tensor B", "Tensor offs"] + [f"Tensor {n}" for n in self.tensor_names] + \
                [f"float {n}" for n in self.scalar_names]
-        self.schema = "(" + ", ".join(args) + ") -> Tensor"
+        self.output_names = tuple(o.name for o in graph.outputs if isinstance(o, Store))
+        single = len(self.output_names) == 1
+        self.schema = "(" + ", ".join(args) + ") -> " + (
+            "Tensor" if single else "(" + ", ".join(["Tensor"] * len(self.output_names)) + ")")
         names = self.tensor_names + self.scalar_names
-        d = next(o for o in graph.outputs if isinstance(o, Store))
-        d_dtype = getattr(torch, d.dtype.torch)
+        dtypes = [getattr(torch, graph.output(n).dtype.torch) for n in self.output_names]
+        out_names = self.output_names
 
         def run(A, B, offs, *rest):
-            return gg.run_eager(A, B, offs, **dict(zip(names, rest)))
+            got = gg.run_eager(A, B, offs, **dict(zip(names, rest)))
+            return got if single else tuple(got[n] for n in out_names)
 
         def fake(A, B, offs, *rest):
-            return A.new_empty((A.shape[0], B.shape[1]), dtype=d_dtype)
+            outs = [A.new_empty((A.shape[0], B.shape[1]), dtype=dt) for dt in dtypes]
+            return outs[0] if single else tuple(outs)
 
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",
                                           schema=self.schema)
@@ -80,7 +86,8 @@ class GroupedTorchOp:
                                 epilogue=self.gg.name, hint="pass the epilogue's parameters by name: "
                                 + ", ".join(self.tensor_names + self.scalar_names))
         args = [kwargs[n] for n in self.tensor_names] + [float(kwargs[n]) for n in self.scalar_names]
-        return self.op(A, B, offs, *args)
+        got = self.op(A, B, offs, *args)
+        return got if len(self.output_names) == 1 else dict(zip(self.output_names, got))
 
 
 def grouped_qualname(gg) -> str:

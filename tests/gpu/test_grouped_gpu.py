@@ -1,6 +1,7 @@
 """evtc.GroupedGemm on the GPU (issue 39): every epilogue form the grouped kernel takes (bare,
 source C with scalars and a per-expert row vector, per-token column vector with per-expert
-scalars, SwiGLU over the gate's output, an fp8 output), on each family member, with empty groups,
+scalars, SwiGLU over the gate's output, an fp8 output, a saved pre-activation (aux store), two
+M x N inputs (one register-direct)), on each family member, with empty groups,
 1-token groups, skewed (Zipf) routing and trailing rows no group owns; every element against
 the float64 reference of its group (NOTE [The error bound]), outputs poisoned with NaN first.
 """
@@ -44,7 +45,21 @@ def fp8_out(acc, scale_d: float, bias: evtc.RowVector[f32]):
     return (scale_d * evtc.gelu(acc + bias)).to(evtc.e4m3)
 
 
-EPILOGUES = {"bare": bare, "bias_relu": bias_relu, "routed": routed, "swiglu_up": swiglu_up, "fp8_out": fp8_out}
+@evtc.epilogue
+def gelu_aux(acc, bias: evtc.RowVector[f32]):
+    """A training forward: the pre-activation saved (an aux store beside D)."""
+    F = acc + bias
+    return {"D": evtc.gelu(F), "F": F}
+
+
+@evtc.epilogue
+def residual_scale(acc, scale: evtc.ColVector[f32], bias: evtc.RowVector[f32], R1: evtc.Matrix, R2: evtc.Matrix):
+    """Two M x N inputs: one the collective's C, one register-direct."""
+    return (acc * scale + bias) * R1 + R2
+
+
+EPILOGUES = {"bare": bare, "bias_relu": bias_relu, "routed": routed, "swiglu_up": swiglu_up, "fp8_out": fp8_out,
+             "gelu_aux": gelu_aux, "residual_scale": residual_scale}
 #: (tokens per group): empty and 1-token groups, skewed, trailing rows owned by no group
 ROUTINGS = {
     "decode": [0, 1, 0, 3, 1, 0, 0, 2],
@@ -127,22 +142,24 @@ def test_grouped_matches_the_reference(built, epi, routing, member):
     B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
     offs = torch.tensor(np.cumsum(tokens), dtype=torch.int32, device="cuda")
     ins = _inputs(g, tokens, E, T, gen)
-    d_dtype = g.graph.outputs[0].dtype
-    out = torch.full((T, N), float("nan"), device="cuda").to(getattr(torch, d_dtype.torch))
-    got = g(A, B, offs, out=out, **ins)
+    outs = {o.name: torch.full((T, N), float("nan"), device="cuda").to(getattr(torch, o.dtype.torch))
+            for o in g.graph.outputs}
+    single = len(outs) == 1
+    got = g(A, B, offs, out=next(iter(outs.values())) if single else outs, **ins)
     torch.cuda.synchronize()
-    assert got is out
+    assert got is next(iter(outs.values())) if single else all(got[n] is outs[n] for n in outs)
     lo = 0
     for e, m in enumerate(tokens):
         hi = lo + m
         if m:
             acc, sq = _exact_accumulator(A[lo:hi], B[e])
-            res = verify(g.graph, {g.graph.outputs[0].name: to_numpy(out[lo:hi])}, acc,
+            res = verify(g.graph, {n: to_numpy(t[lo:hi]) for n, t in outs.items()}, acc,
                          accumulator_error(sq, K, g.a), _group_inputs(g, ins, e, lo, hi))
             assert all(r.ok for r in res.values()), failure_report(res, f"{epi} {routing} {member} group {e}", g.graph)
         lo = hi
     if tail:  # rows no group owns keep their poison
-        assert torch.isnan(out[lo:].float()).all()
+        for t in outs.values():
+            assert torch.isnan(t[lo:].float()).all()
 
 
 def test_grouped_no_tokens_and_offsets_checked(built):
