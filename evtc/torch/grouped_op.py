@@ -75,6 +75,14 @@ class GroupedTorchOp:
                                           schema=self.schema)
         self.op.register_fake(fake)
 
+    @property
+    def overload(self):
+        """The op's ``OpOverload`` (the target FX graphs call: evtc/torch/regions.py)."""
+        import torch
+
+        ns, name = self.qualname.split("::")
+        return getattr(getattr(torch.ops, ns), name).default
+
     def __call__(self, A, B, offs, **kwargs):
         """Run the GroupedGemm through the op (the arguments of :meth:`evtc.GroupedGemm.__call__`
         without ``out=``, ``member=`` and ``check_offs=``)."""

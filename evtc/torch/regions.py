@@ -10,7 +10,9 @@ How:
 1. The Dynamo graph is traced to ATen with ``make_fx`` (functionalized, on fake tensors, the
    user's stack traces kept), so ``nn.Linear``/``F.linear``, ``@``/``torch.matmul``,
    ``torch.addmm`` and ``torch.bmm`` all arrive as ``aten.mm``, ``aten.addmm`` or ``aten.bmm``,
-   and in-place ops as their functional forms.
+   and in-place ops as their functional forms. ``torch._grouped_mm(A, B, offs)`` (a
+   mixture-of-experts layer) is an anchor too: its match runs as an :class:`evtc.GroupedGemm`,
+   whose kernel has no reductions, so its region grows over pointwise ops and views only.
 2. Each ``mm``/``addmm``/``bmm`` (the anchor) grows a region forward over the nodes that the
    importer's table (:data:`evtc.frontend.torch_import.ATEN`: the one table of torch ops ->
    evtc ops) can lower: pointwise ops whose other operands are numbers, a length-N vector (a
@@ -41,7 +43,8 @@ from typing import Any, Mapping
 
 __all__ = ["fuse", "to_aten"]
 
-_ANCHORS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default")
+_ANCHORS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._grouped_mm.default")
+_GROUPED = "aten._grouped_mm.default"
 _VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _TRANSPOSES = ("aten.t.default", "aten.permute.default", "aten.transpose.int")
 
@@ -131,6 +134,8 @@ class _Match:
         self.views: set = set()
         self.externals: dict = {}
         self._ancestors: dict = {}
+        #: a ``torch._grouped_mm`` anchor's ``offs`` (its GEMM runs as an evtc.GroupedGemm)
+        self.offs = None
 
     # ---- shapes -------------------------------------------------------------------------------
 
@@ -221,10 +226,38 @@ def _anchor_operands(node):
     return node.args[0], node.args[1], None, 1, 1
 
 
+def _start_grouped(node, allow_cpu: bool) -> _Match | None:
+    """A match for a ``_grouped_mm(A (T, K), B (E, K, N), offs)`` anchor (no bias, the
+    operands' dtype out) if evtc.GroupedGemm can run it, else None."""
+    import torch
+
+    args = dict(zip(("mat_a", "mat_b", "offs", "bias", "out_dtype"), node.args))
+    args.update(node.kwargs)
+    a, b, offs = args.get("mat_a"), args.get("mat_b"), args.get("offs")
+    va, vb, vy = _val(a), _val(b), _val(node)
+    if offs is None or args.get("bias") is not None or not all(isinstance(v, torch.Tensor) for v in (va, vb, vy)):
+        return None
+    if va.device.type != "cuda" and not allow_cpu:
+        return None
+    if va.dim() != 2 or vb.dim() != 3 or va.dtype != vb.dtype or vy.dtype != va.dtype \
+            or _dtype_name(va) not in ("bf16", "f16") or _val(offs) is None or _val(offs).dtype != torch.int32:
+        return None
+    if any(not isinstance(x, int) for x in (*va.shape, *vb.shape)):
+        return None  # symbolic shapes
+    (T, K), N = va.shape, vb.shape[-1]
+    if K % 8 or N % 8:
+        return None
+    m = _Match(node, a, b, T, N, K, None)
+    m.offs = offs
+    return m
+
+
 def _start(node, allow_cpu: bool) -> _Match | None:
     """A match for the anchor ``node`` if evtc can run its GEMM, else None."""
     import torch
 
+    if str(node.target) == _GROUPED:
+        return _start_grouped(node, allow_cpu)
     a, b, bias, beta, alpha = _anchor_operands(node)
     va, vb, vy = _val(a), _val(b), _val(node)
     if not all(isinstance(v, torch.Tensor) for v in (va, vb, vy)):
@@ -276,6 +309,8 @@ def _grow(m: _Match, nodes: list, start: int, device) -> None:
         if unsupported_reason(node, extents_known=True, reduce_dim=m.reduce_dim) is not None:
             continue
         row = ATEN[name]
+        if row.reduction and m.offs is not None:
+            continue  # the grouped kernel has no per-group reductions (evtc/grouped.py)
         out = _val(node)
         if name in ("aten.max.dim", "aten.min.dim"):
             if any(not (target_name(u) == "getitem" and u.args[1] == 0) for u in node.users):
@@ -464,7 +499,7 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
 
     A = _a_operand(add, m.a)
     B = _b_operand(add, m.b)
-    args = [A, B]
+    args = [A, B] if m.offs is None else [A, B, m.offs]
     for pname in op.tensor_names:
         x = by_name[pname]
         kind = kinds[pname]
@@ -526,8 +561,11 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         _prune(m)
         dt = _dtype_name(_val(anchor))
         try:
-            graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1]}_{fused}", dt)
-            gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
+            graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1].lstrip('_')}_{fused}", dt)
+            if m.offs is not None:
+                gemm = evtc.GroupedGemm(graph, a=dt, b=dt, c=dt, d=dt)
+            else:
+                gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
             if on_gemm is not None:
                 on_gemm(gemm)
             op = gemm.torch_op()

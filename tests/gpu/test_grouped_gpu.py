@@ -215,3 +215,32 @@ def test_grouped_under_torch_compile(built):
     want = layer(A, C, bias)
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+def test_backend_fuses_grouped_mm_and_its_epilogue():
+    """torch.compile(backend="evtc") turns torch._grouped_mm + bias + SiLU + router weight into
+    one GroupedGemm (built on first call) and computes what eager does within bf16 rounding."""
+    import torch.nn.functional as F
+
+    from evtc.torch.backend import make_backend
+
+    def moe(a, w, offs, bias, weight):
+        y = torch._grouped_mm(a, w.transpose(1, 2), offs=offs)
+        return F.silu(y + bias) * weight
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    T, E = 700, 8
+    a = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
+    offs = torch.tensor([0, 90, 90, 300, 301, 500, 640, 700], dtype=torch.int32, device="cuda")
+    bias = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
+    weight = torch.rand(T, 1, generator=gen, device="cuda").to(torch.bfloat16)
+    torch._dynamo.reset()
+    be = make_backend()
+    got = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs, bias, weight)
+    torch.cuda.synchronize()
+    assert be.fused == 1
+    y = torch.cat([a[lo:hi].double() @ w[e].double().T
+                   for e, (lo, hi) in enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
+    want = F.silu(y + bias.double()) * weight.double()
+    torch.testing.assert_close(got.double(), want, rtol=2 ** -7, atol=2 ** -10)
