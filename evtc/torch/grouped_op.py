@@ -22,7 +22,7 @@ import json
 import threading
 
 from evtc.errors import ArgumentError
-from evtc.torch.ops import _NAME, _RESERVED
+from evtc.torch.ops import _NAME, _RESERVED, k_contiguous, layout_tags
 
 __all__ = ["GroupedTorchOp", "grouped_torch_op"]
 
@@ -64,7 +64,7 @@ class GroupedTorchOp:
         out_names = self.output_names
 
         def run(A, B, offs, *rest):
-            got = gg.run_eager(A, B, offs, **dict(zip(names, rest)))
+            got = gg.run_eager(k_contiguous(A), k_contiguous(B), offs, **dict(zip(names, rest)))
             return got if single else tuple(got[n] for n in out_names)
 
         def fake(A, B, offs, *rest):
@@ -72,7 +72,7 @@ class GroupedTorchOp:
             return outs[0] if single else tuple(outs)
 
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",
-                                          schema=self.schema)
+                                          schema=self.schema, tags=layout_tags(torch))
         self.op.register_fake(fake)
 
     @property

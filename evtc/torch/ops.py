@@ -94,6 +94,7 @@ class TorchOp:
         out_names = self.output_names
 
         def run(A, B, *rest):
+            A, B = k_contiguous(A), k_contiguous(B)
             got = gemm.dispatch.run(A, B, dict(zip(names, rest)))
             if single:
                 return got if not isinstance(got, dict) else got[out_names[0]]
@@ -103,7 +104,7 @@ class TorchOp:
             return self._fake_outputs(A, B, dict(zip(names, rest)))
 
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",
-                                          schema=self.schema)
+                                          schema=self.schema, tags=layout_tags(torch))
         self.op.register_fake(fake)
 
     @property
@@ -159,6 +160,28 @@ class TorchOp:
         if len(self.output_names) == 1:
             return got if self.output_names[0] == "D" else {self.output_names[0]: got}
         return dict(zip(self.output_names, got))
+
+
+def layout_tags(torch) -> tuple:
+    """The op's tags: Inductor passes its tensor arguments with the strides they have in the
+    graph it was given (``needs_exact_strides``, else ``needs_fixed_stride_order`` on older
+    torch), not a layout of its choosing.
+
+    NOTE [Operand layouts under Inductor]: the backend gives the op K-contiguous operands
+    (:func:`evtc.torch.regions._b_operand`: a transposed weight's source, or a contiguous copy);
+    measured on the H200 (2026-11-28, bench_train.py on GPT-2's block under AOTAutograd), a
+    Conv1D weight (in, out) still arrived as its (N, K) transpose with stride 6400 along K, and
+    the Gemm refused it. The tag keeps the copy; :func:`k_contiguous` is the guard behind it."""
+    tag = getattr(torch.Tag, "needs_exact_strides", None) or getattr(torch.Tag, "needs_fixed_stride_order", None)
+    return (tag,) if tag is not None else ()
+
+
+def k_contiguous(t):
+    """``t`` itself when its last axis (K) is contiguous, else a contiguous copy (NOTE
+    [Operand layouts under Inductor])."""
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        return t.contiguous()
+    return t
 
 
 def qualname(gemm) -> str:
