@@ -59,16 +59,7 @@ from evtc.errors import ArgumentError, ConfigError, PlanError, api_boundary
 from evtc.family.spec import KernelSpec
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (
-    Accumulator,
-    AuxLoad,
-    ColBroadcast,
-    Reduction,
-    RowBroadcast,
-    ScalarBroadcast,
-    Source,
-    Store,
-)
+from evtc.ir import nodes as ir_nodes
 from evtc.pipeline import Kernel, Pipeline
 from evtc.plan import GemmConfig
 from evtc.plan.config import RASTER_ORDERS, check_mainloop_dtypes
@@ -104,6 +95,11 @@ def choose_member(tokens: int, groups: int, n: int) -> str:
     return "pp64x128" if tokens <= 64 * max(groups, 1) else "coop128x256"
 
 
+#: the input kinds the grouped kernel takes per group (module docstring)
+_PER_GROUP_LEAVES = (ir_nodes.Accumulator, ir_nodes.Source, ir_nodes.AuxLoad, ir_nodes.RowBroadcast,
+                     ir_nodes.ColBroadcast, ir_nodes.ScalarBroadcast)
+
+
 def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
     """Check that the grouped kernel can run ``graph``'s epilogue.
 
@@ -116,22 +112,23 @@ def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
         PlanError: naming a reduction (the grouped kernel has no per-group reductions yet), an
             input with no per-group form, or an epilogue without an M x N output.
     """
-    mn_inputs = [leaf.name for leaf in graph.used_inputs if isinstance(leaf, (Source, AuxLoad))]
+    mn_inputs = [leaf.name for leaf in graph.used_inputs if isinstance(leaf, (ir_nodes.Source, ir_nodes.AuxLoad))]
     for leaf in graph.used_inputs:
-        if not isinstance(leaf, (Accumulator, Source, AuxLoad, RowBroadcast, ColBroadcast, ScalarBroadcast)):
+        if not isinstance(leaf, _PER_GROUP_LEAVES):
             raise PlanError(f"input '{leaf.name}' ({type(leaf).__name__}) has no per-group form in the grouped kernel",
                             epilogue=graph.name)
     for out in graph.outputs:
-        if isinstance(out, Reduction):
+        if isinstance(out, ir_nodes.Reduction):
             raise PlanError(f"output '{out.name}' is a reduction: the grouped kernel has no per-group reductions yet "
                             "(CUTLASS's and evtc's reduction visitors take one output pointer and a batch stride, "
                             "and their workspace is laid out by uniform tiles)",
-                            epilogue=graph.name, hint="compute it from the outputs afterwards, or run evtc.Gemm per group")
-    stores = [o.name for o in graph.outputs if isinstance(o, Store)]
+                            epilogue=graph.name,
+                            hint="compute it from the outputs afterwards, or run evtc.Gemm per group")
+    stores = [o.name for o in graph.outputs if isinstance(o, ir_nodes.Store)]
     if not stores:
         raise PlanError("the grouped kernel stores at least one M x N output", epilogue=graph.name)
     d = "D" if "D" in stores else stores[0]
-    c = next((n for n in mn_inputs if isinstance(graph.input(n), Source)), mn_inputs[0] if mn_inputs else None)
+    c = next((n for n in mn_inputs if isinstance(graph.input(n), ir_nodes.Source)), mn_inputs[0] if mn_inputs else None)
     direct = [n for n in mn_inputs if n != c] + [n for n in stores if n != d]
     return c, d, direct
 
@@ -337,9 +334,9 @@ class GroupedGemm:
                 (E,) tensors of their dtype.
 
         Returns:
-            D, a (T, N) tensor of dtype ``d`` (several outputs: a dict by name). Inside a ``torch.compile``-d function (no ``out=``,
-            ``member=`` or ``check_offs=``) the call goes through the GroupedGemm's torch op
-            (:mod:`evtc.torch.grouped_op`).
+            D, a (T, N) tensor of dtype ``d`` (several outputs: a dict by name). Inside a
+            ``torch.compile``-d function (no ``out=``, ``member=`` or ``check_offs=``) the call
+            goes through the GroupedGemm's torch op (:mod:`evtc.torch.grouped_op`).
 
         Raises:
             ArgumentError: a tensor of the wrong shape, dtype, device or stride; a missing or
@@ -380,17 +377,17 @@ class GroupedGemm:
         args.p_A, args.ld_A, args.bs_A = A_.data_ptr(), A_.stride(0), 0
         args.p_B, args.ld_B, args.bs_B = B_.data_ptr(), B_.stride(1), B_.stride(0)
         keep = [A_, B_, offs]
-        unknown = set(inputs) - {leaf.name for leaf in self.graph.used_inputs} - {leaf.name for leaf in self.graph.inputs}
+        unknown = set(inputs) - {leaf.name for leaf in self.graph.inputs}
         if unknown:
             raise ArgumentError(f"unknown input(s) {sorted(unknown)}", epilogue=name,
                                 hint=f"the epilogue takes {[leaf.name for leaf in self.graph.used_inputs]}")
         for leaf in self.graph.used_inputs:
-            if isinstance(leaf, Accumulator):
+            if isinstance(leaf, ir_nodes.Accumulator):
                 continue
             if leaf.name not in inputs:
                 raise ArgumentError(f"input '{leaf.name}' is missing", epilogue=name)
             keep.append(_bind_input(args, leaf, inputs[leaf.name], T, N, E, device, name))
-        stores = [o for o in self.graph.outputs if isinstance(o, Store)]
+        stores = [o for o in self.graph.outputs if isinstance(o, ir_nodes.Store)]
         single = len(stores) == 1
         given = {stores[0].name: out} if single else dict(out or {})
         unknown_out = set(given) - {o.name for o in stores}
@@ -506,13 +503,13 @@ def _check_matrix(t, what: str, dt: DType, T: int, N: int, device, name: str) ->
 def _bind_input(args, leaf, value, T: int, N: int, E: int, device, name: str):
     """Set ``leaf``'s fields of ``args`` from ``value``; return what must stay alive."""
     n = leaf.name
-    if isinstance(leaf, (Source, AuxLoad)):
+    if isinstance(leaf, (ir_nodes.Source, ir_nodes.AuxLoad)):
         _check_matrix(value, n, leaf.dtype, T, N, device, name)
         setattr(args, f"p_{n}", value.data_ptr())
         setattr(args, f"ld_{n}", value.stride(0))
         setattr(args, f"bs_{n}", 0)
         return value
-    if isinstance(leaf, ScalarBroadcast) and not leaf.by_pointer:
+    if isinstance(leaf, ir_nodes.ScalarBroadcast) and not leaf.by_pointer:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ArgumentError(f"scalar '{n}' = {value!r}: a finite number", epilogue=name)
         setattr(args, f"s_{n}", float(value))
@@ -520,7 +517,7 @@ def _bind_input(args, leaf, value, T: int, N: int, E: int, device, name: str):
     _check_cuda(value, n, device, name)
     if value.dtype != _torch_dtype(leaf.dtype):
         raise ArgumentError(f"'{n}' is {value.dtype}; the epilogue declares {leaf.dtype.name}", epilogue=name)
-    if isinstance(leaf, RowBroadcast):
+    if isinstance(leaf, ir_nodes.RowBroadcast):
         if value.shape == (N,):
             bs = 0
         elif value.shape == (E, N):
@@ -530,7 +527,7 @@ def _bind_input(args, leaf, value, T: int, N: int, E: int, device, name: str):
                                 epilogue=name)
         if N > 1 and value.stride(-1) != 1:
             raise ArgumentError(f"row vector '{n}' is not contiguous along N", epilogue=name)
-    elif isinstance(leaf, ColBroadcast):
+    elif isinstance(leaf, ir_nodes.ColBroadcast):
         if value.shape != (T,) or (T > 1 and value.stride(0) != 1):
             raise ArgumentError(f"column vector '{n}' is {tuple(value.shape)} (strides {value.stride()}); expected "
                                 f"a contiguous (T,) = ({T},)", epilogue=name)
