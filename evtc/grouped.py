@@ -415,6 +415,50 @@ class GroupedGemm:
         m.launch(args, dev, _stream(dev), name)
         return result
 
+    def run_list(self, As, Bs, **inputs) -> list:
+        """The list-of-problems form: ``D_e = epilogue(As[e] @ Bs[e]^T, ...)`` for every group e.
+
+        The groups are packed into the token layout (``torch.cat``) and run as one grouped call,
+        then D is split back: convenient where the groups come as separate tensors, at the cost
+        of the copies (a caller that already holds the packed layout calls the GroupedGemm).
+
+        Args:
+            As: E tensors (m_e, K) (m_e may be 0). Bs: E tensors (N, K), or one (E, N, K).
+            **inputs: as for a call, with every M x N input and column vector given as a list
+                of E per-group tensors ((m_e, N) and (m_e,)); row vectors, scalars as for a call.
+
+        Returns:
+            A list of E tensors (m_e, N) (dicts of them by output name, with several outputs).
+
+        Raises:
+            ArgumentError: lists of different lengths, or as for a call.
+        """
+        import torch
+
+        E = len(As)
+        if isinstance(Bs, (list, tuple)):
+            if len(Bs) != E:
+                raise ArgumentError(f"{E} A tensors and {len(Bs)} B tensors: one of each per group", epilogue=self.name)
+            Bs = torch.stack(list(Bs)) if E else None
+        if E == 0:
+            return []
+        sizes = [int(a.shape[0]) for a in As]
+        offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).to(As[0].device)
+        packed = {}
+        for name, value in inputs.items():
+            if isinstance(value, (list, tuple)):
+                if len(value) != E:
+                    raise ArgumentError(f"input '{name}' has {len(value)} per-group tensors for {E} groups",
+                                        epilogue=self.name)
+                packed[name] = torch.cat(list(value))
+            else:
+                packed[name] = value
+        got = self(torch.cat(list(As)), Bs, offs, **packed)
+        if isinstance(got, dict):
+            parts = {n: torch.split(t, sizes) for n, t in got.items()}
+            return [{n: parts[n][e] for n in parts} for e in range(E)]
+        return list(torch.split(got, sizes))
+
     def __repr__(self) -> str:
         return f"GroupedGemm({self.name}, members={list(self._members)})"
 

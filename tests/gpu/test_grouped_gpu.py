@@ -244,3 +244,22 @@ def test_backend_fuses_grouped_mm_and_its_epilogue():
                    for e, (lo, hi) in enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
     want = F.silu(y + bias.double()) * weight.double()
     torch.testing.assert_close(got.double(), want, rtol=2 ** -7, atol=2 ** -10)
+
+
+def test_list_of_problems_form(built):
+    """run_list packs per-group tensors, runs one grouped call, and splits D back."""
+    g = built[("residual_scale", "pp64x128")]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    sizes = [5, 0, 70, 1]
+    As = [torch.randn(m, K, generator=gen, device="cuda").to(torch.bfloat16) for m in sizes]
+    Bs = [(torch.randn(N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16) for _ in sizes]
+    R1 = [torch.randn(m, N, generator=gen, device="cuda").to(torch.bfloat16) for m in sizes]
+    R2 = [torch.randn(m, N, generator=gen, device="cuda").to(torch.bfloat16) for m in sizes]
+    scale = [torch.rand(m, generator=gen, device="cuda") for m in sizes]
+    bias = torch.randn(len(sizes), N, generator=gen, device="cuda")
+    got = g.run_list(As, Bs, R1=R1, R2=R2, scale=scale, bias=bias)
+    packed = g(torch.cat(As), torch.stack(Bs), torch.tensor([5, 5, 75, 76], dtype=torch.int32, device="cuda"),
+               R1=torch.cat(R1), R2=torch.cat(R2), scale=torch.cat(scale), bias=bias)
+    torch.cuda.synchronize()
+    assert [tuple(d.shape) for d in got] == [(m, N) for m in sizes]
+    assert torch.equal(torch.cat(got), packed)
