@@ -193,11 +193,12 @@ class GroupedGemm:
 
     Args:
         epilogue: an ``@evtc.epilogue`` function, a Graph, or an expression string; its inputs
-            may be the accumulator, one M x N input (``C`` or an ``evtc.Matrix``), row vectors,
-            column vectors and scalars, and it returns one M x N tensor (see the module's NOTE
-            [The grouped kernel] for what varies per group).
-        a, b: operand dtypes (bf16, f16; e4m3 on both).
-        c: the M x N input's dtype (default: the epilogue's).
+            may be the accumulator, M x N inputs (``C``, ``evtc.Matrix``), row vectors, column
+            vectors and scalars, and it returns M x N tensors, no reductions (see the module's
+            NOTE [The grouped kernel] for what varies per group).
+        a: A's dtype (bf16, f16; e4m3 with an e4m3 B).
+        b: B's dtype (default: A's).
+        c: the M x N inputs' dtype (default: the epilogue's).
         d: D's dtype (default: the epilogue's, else bf16).
         member: pin one of :data:`GROUPED_MEMBERS` (default: :func:`choose_member` per call).
         config: a GemmConfig (or dict) to run instead of the family; ``grouped`` is set.
