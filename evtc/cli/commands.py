@@ -94,8 +94,11 @@ def nvcc_command(arch: str, source: str | Path = "k.cu", output: str | Path | No
                    "--tile, --cluster, --schedule cooperative, --scheduler, --stages and --epilogue-tile pin its "
                    "kernel (without them: the default non-persistent 128x128 kernel)")
 @click.option("--dims", type=click.IntRange(2, 3), default=2, show_default=True, help="with --conv: 2-D or 3-D")
+@click.option("--grouped", type=click.Choice(["pp64x128", "coop128x128", "coop128x256"]), default=None,
+              help="emit the grouped (mixture-of-experts) kernel of evtc.GroupedGemm, this family member "
+                   "(docs/grouped.md); --tile, --cluster, --schedule, --stages and --epilogue-tile pin another")
 def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_nvcc: bool, fragment: bool,
-         fragment_name: str, namespace: str, conv_kind: str | None = None, dims: int = 2):
+         fragment_name: str, namespace: str, conv_kind: str | None = None, dims: int = 2, grouped: str | None = None):
     """Emit the CUDA C++ of a fused GEMM (or, with --conv, of a fused convolution).
 
     The .cu compiles on its own into a shared library with a small C ABI; `evtc emit
@@ -115,22 +118,27 @@ def emit(request: GemmRequest, output: Path | None, print_includes: bool, print_
         from evtc.plugin.cli import emit_fragment
 
         return emit_fragment(request, output, fragment_name, namespace, _write)
-    if conv_kind:
-        g = request.conv(conv_kind, dims)
+    if grouped:
+        from evtc.cli.request import grouped_gemm
+
+        gg = grouped_gemm(request, grouped)
+        name, source, plan = gg.name, gg.source(), gg.kernel().plan
     else:
-        g = request.gemm()
+        g = request.conv(conv_kind, dims) if conv_kind else request.gemm()
+        name, source, plan = g.name, g.source, g.plan
     if output:
-        _write(output, g.source)
-        click.echo(f"wrote {output} ({len(g.source.splitlines())} lines): {g.name} for {request.arch}, "
-                   f"epilogue smem {g.plan.epilogue_smem_bytes} B, {g.plan.mainloop_stages} mainloop stages", err=True)
+        _write(output, source)
+        click.echo(f"wrote {output} ({len(source.splitlines())} lines): {name} for {request.arch}, "
+                   f"epilogue smem {plan.epilogue_smem_bytes} B, {plan.mainloop_stages} mainloop stages", err=True)
     else:
-        click.echo(g.source, nl=False)
+        click.echo(source, nl=False)
 
 
 #: emit's options that only mean something with another (option -> the one it needs)
 _EMIT_NEEDS = {"fragment_name": "fragment", "namespace": "fragment", "dims": "conv_kind"}
 #: emit's modes, at most one at a time, and the options each reads besides itself (None: all)
-_EMIT_MODES = {"print_includes": (), "print_nvcc": ("arch", "output"), "fragment": None, "conv_kind": None}
+_EMIT_MODES = {"print_includes": (), "print_nvcc": ("arch", "output"), "fragment": None, "conv_kind": None,
+               "grouped": None}
 
 
 def _check_emit_options(ctx: click.Context) -> None:

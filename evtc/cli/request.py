@@ -156,6 +156,27 @@ class GemmRequest:
                          config=self.config(), plan=self.plan_arg)
 
 
+def grouped_gemm(request: GemmRequest, member: str):
+    """``evtc.GroupedGemm`` for ``request`` (traced, planned and emitted; not built): the family
+    member ``member``, or, when configuration options are given, that configuration.
+
+    Raises:
+        EvtcError: the epilogue has no grouped form (reductions), or the configuration is wrong.
+        click.UsageError: ``--arch sm80`` (the grouped kernel is sm90's) or a planner option.
+    """
+    import evtc
+
+    if request.arch != "sm90":
+        raise click.UsageError("--grouped is an sm90 kernel (CUTLASS's pointer-array GEMM); drop --arch sm80")
+    if request.plan != "evtc":
+        raise click.UsageError("--grouped plans its epilogue itself (C and D in the collective, other M x N tensors "
+                               "register-direct): drop --plan")
+    fields = request.config_fields()
+    config = evtc.GemmConfig(**{"cluster": (1, 1, 1), **fields}) if fields else None
+    return evtc.GroupedGemm(request.epilogue(), a=request.a, b=request.b or request.a, c=request.c, d=request.d,
+                            member=None if fields else member, config=config)
+
+
 def load_epilogue(spec: str):
     """The epilogue ``FUNC`` of the file ``PATH.py`` named by ``spec`` (``PATH.py:FUNC``)."""
     from evtc.frontend.epilogue import Epilogue

@@ -42,6 +42,25 @@ def test_emit_to_stdout_with_dtypes_and_tile():
     assert "using ElementA = cutlass::half_t;" in r.output and "cute::Shape<cute::_128, cute::_128, cute::_64>" in r.output
 
 
+def test_emit_grouped(tmp_path):
+    """--grouped writes evtc.GroupedGemm's kernel (the member's, or a pinned configuration's);
+    sm80, --conv and a reduction are refused before anything is written."""
+    out = tmp_path / "g.cu"
+    r = run("emit", f"{EX}:bias_relu", "--grouped", "pp64x128", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "KernelPtrArrayTmaWarpSpecializedPingpong" in text and "evtc_group_table_bytes" in text
+    r = run("emit", "--expr", "D = relu(acc + bias[n])", "--grouped", "coop128x128", "--tile", "128x256x64")
+    assert r.exit_code == 0 and "cute::Shape<cute::_128, cute::_256, cute::_64>" in r.output
+    for bad, why in (([f"{EX}:bias_relu", "--arch", "sm80"], "sm90 kernel"), ([f"{EX}:bias_relu", "--conv", "fprop"],
+                                                                                "can't be combined")):
+        r = CliRunner().invoke(main, ["emit", *bad, "--grouped", "pp64x128", "-o", str(tmp_path / "x.cu")])
+        assert r.exit_code == 2 and why in r.output, r.output
+        assert not (tmp_path / "x.cu").exists()
+    r = CliRunner().invoke(main, ["emit", f"{EX}:row_stats", "--grouped", "pp64x128"])
+    assert r.exit_code != 0 and "reduction" in r.output
+
+
 def test_print_includes():
     r = run("emit", "--print-includes")
     assert r.exit_code == 0 and "-I" in r.output and "cutlass_library/source/include" in r.output
