@@ -34,6 +34,24 @@ def _step(fn, block, args, loss_w):
     return run
 
 
+def zero_kernel(g, on_call=None) -> None:
+    """Register a CPU kernel for Gemm ``g``'s op that returns zero outputs of the right shapes
+    (their values don't matter: only the graphs and the shapes are wanted), calling
+    ``on_call(A, B)`` first."""
+    import torch
+
+    op = g.torch_op()
+    names = op.tensor_names + op.scalar_names
+
+    def cpu(A, B, *rest):
+        if on_call is not None:
+            on_call(A, B)
+        outs = op._fake_outputs(A, B, dict(zip(names, rest)))
+        return tuple(o.zero_() for o in outs) if isinstance(outs, tuple) else outs.zero_()
+
+    torch.library.register_kernel(op.qualname, "cpu", cpu)
+
+
 def prebuild(names, tokens):
     import torch
 
@@ -46,19 +64,10 @@ def prebuild(names, tokens):
     problems = []
 
     def on_gemm(g):
-        """A CPU kernel for the Gemm's op that records its problem and returns outputs of the
-        right shapes (their values don't matter: only the graphs and the shapes are wanted)."""
-        op = g.torch_op()
-        names = op.tensor_names + op.scalar_names
+        def record(A, B):
+            problems.append((g, A.shape[-2], B.shape[-2], A.shape[-1], A.shape[0] if A.dim() == 3 else 1))
 
-        def cpu(A, B, *rest):
-            M, K, N = A.shape[-2], A.shape[-1], B.shape[-2]
-            L = A.shape[0] if A.dim() == 3 else 1
-            problems.append((g, M, N, K, L))
-            outs = op._fake_outputs(A, B, dict(zip(names, rest)))
-            return tuple(o.zero_() for o in outs) if isinstance(outs, tuple) else outs.zero_()
-
-        torch.library.register_kernel(op.qualname, "cpu", cpu)
+        zero_kernel(g, record)
 
     for name in names:
         d, ffn = Z.REAL[name]

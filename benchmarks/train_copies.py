@@ -22,6 +22,8 @@ def copies(name: str, tokens: int) -> dict:
     sys.path.insert(0, str(common.ROOT / "tests"))
     import torch_zoo as Z
 
+    from bench_train import zero_kernel
+
     from evtc.torch import regions
     from evtc.torch.backend import make_backend
 
@@ -37,22 +39,12 @@ def copies(name: str, tokens: int) -> dict:
             return out
         return wrapped
 
-    def on_gemm(g):
-        op = g.torch_op()
-        names = op.tensor_names + op.scalar_names
-
-        def cpu(A, B, *rest):
-            outs = op._fake_outputs(A, B, dict(zip(names, rest)))
-            return tuple(o.zero_() for o in outs) if isinstance(outs, tuple) else outs.zero_()
-
-        torch.library.register_kernel(op.qualname, "cpu", cpu)
-
     regions._a_operand, regions._b_operand = record("A", orig_a), record("B", orig_b)
     try:
         d, ffn = Z.REAL[name]
         block, args = Z.make(name, d, ffn, tokens)
         torch._dynamo.reset()
-        be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=False)
+        be = make_backend(allow_cpu=True, on_gemm=zero_kernel, inductor=False)
         x = args[0].detach().requires_grad_(True)
         torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
     finally:
