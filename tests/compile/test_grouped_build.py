@@ -3,15 +3,11 @@ layout probe of each (-DEVTC_LAYOUT_PROBE: the types up to the pointer-array col
 whose ``sizeof(SharedStorage)`` the source static_asserts equal to the plan's) reports every
 buffer where the plan puts it and the plan's total."""
 
-import ctypes
-import json
-
 import pytest
 
 import evtc
 from evtc import f32
 from evtc.grouped import GroupedGemm
-from evtc.plan.target import SM90
 
 pytestmark = pytest.mark.compile
 
@@ -30,18 +26,11 @@ def cases():
 
 @pytest.fixture(scope="module")
 def probes():
-    from evtc.compiler import build_many
+    from test_layout_sm90 import layouts
 
     gg = cases()
-    res = build_many([(g.source(), SM90, g.name) for g in gg.values()], workers=2, extra=("-DEVTC_LAYOUT_PROBE",))
-    out = {}
-    for (name, g), r in zip(gg.items(), res):
-        if isinstance(r, Exception):
-            raise r
-        lib = ctypes.CDLL(str(r.library))
-        lib.evtc_buffer_layout.restype = ctypes.c_char_p
-        out[name] = (g, json.loads(lib.evtc_buffer_layout()))
-    return out
+    found = layouts({name: (g.source(), g.name) for name, g in gg.items()})
+    return {name: (g, found[name]) for name, g in gg.items()}
 
 
 @pytest.mark.parametrize("name", list(cases()))

@@ -42,20 +42,28 @@ def cases():
     return out
 
 
-@pytest.fixture(scope="module")
-def probes():
+def layouts(sources: dict) -> dict:
+    """name -> the compiled ``evtc_buffer_layout()`` of each (source, kernel name) in ``sources``,
+    from layout probe builds (-DEVTC_LAYOUT_PROBE), two at a time."""
     from evtc.compiler import build_many
 
-    gemms = cases()
-    res = build_many([(g.source, SM90, g.name) for g in gemms.values()], workers=2, extra=("-DEVTC_LAYOUT_PROBE",))
+    res = build_many([(src, SM90, kname) for src, kname in sources.values()], workers=2,
+                     extra=("-DEVTC_LAYOUT_PROBE",))
     out = {}
-    for (name, g), r in zip(gemms.items(), res):
+    for name, r in zip(sources, res):
         if isinstance(r, Exception):
             raise r
         lib = ctypes.CDLL(str(r.library))
         lib.evtc_buffer_layout.restype = ctypes.c_char_p
-        out[name] = (g, json.loads(lib.evtc_buffer_layout()))
+        out[name] = json.loads(lib.evtc_buffer_layout())
     return out
+
+
+@pytest.fixture(scope="module")
+def probes():
+    gemms = cases()
+    found = layouts({name: (g.source, g.name) for name, g in gemms.items()})
+    return {name: (g, found[name]) for name, g in gemms.items()}
 
 
 @pytest.mark.parametrize("name", list(cases()))
