@@ -229,6 +229,9 @@ class GroupedGemm:
         if config is not None:
             if isinstance(config, Mapping):
                 config = GemmConfig.from_json(dict(config))
+            if not isinstance(config, GemmConfig):
+                raise ConfigError(f"config = {config!r} is not a GemmConfig", epilogue=self.name,
+                                  hint="pass evtc.GemmConfig(...) or a dict of its fields")
             configs = {"custom": config.replace(grouped=True)}
             member = "custom"
         else:

@@ -104,6 +104,8 @@ def test_grouped_config_rules():
         evtc.Gemm(E.bias_relu, arch="sm80", config=evtc.GemmConfig(grouped=True, tile=(128, 128, 32)))
     with pytest.raises(ConfigError, match="member"):
         GroupedGemm(E.bias_relu, member="huge")
+    with pytest.raises(ConfigError, match="not a GemmConfig"):
+        GroupedGemm(E.bias_relu, config=(128, 128, 64))
     # grouped=False stays out of the config's JSON: the other kernels' sources don't change
     assert "grouped" not in evtc.GemmConfig().to_json()
     assert evtc.GemmConfig(grouped=True).to_json()["grouped"] is True
