@@ -52,14 +52,28 @@ def zero_kernel(g, on_call=None) -> None:
     torch.library.register_kernel(op.qualname, "cpu", cpu)
 
 
-def prebuild(names, tokens):
+def cpu_step(name: str, tokens: int, on_gemm):
+    """One training step (forward and backward) of zoo block ``name`` at its model's real widths
+    under the evtc backend on the CPU, fake data, Inductor off; ``on_gemm`` registers each
+    Gemm's CPU kernel. Returns the backend (``.fused``: the GEMMs it fused)."""
     import torch
 
     sys.path.insert(0, str(common.ROOT / "tests"))
     import torch_zoo as Z
 
-    from evtc.compiler import build_many
     from evtc.torch.backend import make_backend
+
+    d, ffn = Z.REAL[name]
+    block, args = Z.make(name, d, ffn, tokens)
+    torch._dynamo.reset()
+    be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=False)
+    x = args[0].detach().requires_grad_(True)
+    torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
+    return be
+
+
+def prebuild(names, tokens):
+    from evtc.compiler import build_many
 
     problems = []
 
@@ -70,12 +84,7 @@ def prebuild(names, tokens):
         zero_kernel(g, record)
 
     for name in names:
-        d, ffn = Z.REAL[name]
-        block, args = Z.make(name, d, ffn, tokens)
-        torch._dynamo.reset()
-        be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=False)
-        x = args[0].detach().requires_grad_(True)
-        torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
+        be = cpu_step(name, tokens, on_gemm)
         print(f"{name}: {be.fused} fused GEMMs")
     jobs = {}
     for g, M, N, K, L in problems:

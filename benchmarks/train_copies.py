@@ -11,21 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import common  # noqa: F401  (sets sys.path)
 
 
 def copies(name: str, tokens: int) -> dict:
-    import torch
-
-    sys.path.insert(0, str(common.ROOT / "tests"))
-    import torch_zoo as Z
-
-    from bench_train import zero_kernel
+    from bench_train import cpu_step, zero_kernel
 
     from evtc.torch import regions
-    from evtc.torch.backend import make_backend
 
     seen = []
     orig_a, orig_b = regions._a_operand, regions._b_operand
@@ -41,12 +34,7 @@ def copies(name: str, tokens: int) -> dict:
 
     regions._a_operand, regions._b_operand = record("A", orig_a), record("B", orig_b)
     try:
-        d, ffn = Z.REAL[name]
-        block, args = Z.make(name, d, ffn, tokens)
-        torch._dynamo.reset()
-        be = make_backend(allow_cpu=True, on_gemm=zero_kernel, inductor=False)
-        x = args[0].detach().requires_grad_(True)
-        torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
+        be = cpu_step(name, tokens, zero_kernel)
     finally:
         regions._a_operand, regions._b_operand = orig_a, orig_b
     return {"block": name, "tokens": tokens, "fused": be.fused, "copies": len(seen),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import evtc
-from evtc import bf16, e4m3, f32
+from evtc import bf16, f32
 from evtc.grouped import GROUPED_MEMBERS, GroupedGemm
 from evtc.testing.oracle import _exact_accumulator, accumulator_error, failure_report, to_numpy, verify
 
@@ -173,16 +173,22 @@ def test_grouped_no_tokens_and_offsets_checked(built):
         g(A, B, torch.tensor([4, 2, 8], dtype=torch.int32, device="cuda"), check_offs=True)
 
 
-def test_grouped_under_cuda_graph(built):
-    """The setup kernel and the GEMM are captured together; replays follow new offsets."""
-    g = built[("bias_relu", "coop128x128")]
+def _bias_relu_problem(seed):
+    """(T, A, B, C, bias, offs) of a 4-group bias_relu problem with an empty group, fresh data."""
     E, T = 4, 300
-    gen = torch.Generator(device="cuda").manual_seed(7)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     A = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
     B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
     C = torch.randn(T, N, generator=gen, device="cuda").to(torch.bfloat16)
     bias = torch.randn(E, N, generator=gen, device="cuda")
     offs = torch.tensor([100, 100, 250, 300], dtype=torch.int32, device="cuda")
+    return T, A, B, C, bias, offs
+
+
+def test_grouped_under_cuda_graph(built):
+    """The setup kernel and the GEMM are captured together; replays follow new offsets."""
+    g = built[("bias_relu", "coop128x128")]
+    T, A, B, C, bias, offs = _bias_relu_problem(7)
     kw = dict(C=C, alpha=1.0, beta=0.5, bias=bias)
     g(A, B, offs, **kw)  # load and warm up outside the capture
     out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
@@ -200,13 +206,7 @@ def test_grouped_under_cuda_graph(built):
 def test_grouped_under_torch_compile(built):
     """torch.compile(fullgraph=True) holds a GroupedGemm call (its torch op) and the ops around it."""
     g = built[("bias_relu", "coop128x128")]
-    E, T = 4, 300
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    A = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
-    B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
-    C = torch.randn(T, N, generator=gen, device="cuda").to(torch.bfloat16)
-    bias = torch.randn(E, N, generator=gen, device="cuda")
-    offs = torch.tensor([100, 100, 250, 300], dtype=torch.int32, device="cuda")
+    T, A, B, C, bias, offs = _bias_relu_problem(11)
 
     def layer(A, C, bias):
         return g(A * 2, B, offs, C=C, alpha=0.5, beta=1.0, bias=bias).float() * 3  # pointwise: exact either way
