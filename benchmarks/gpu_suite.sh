@@ -58,7 +58,7 @@ CHUNKS=(
   "sm90 fuzz 0-99: prebuild random:0-99; test_fuzz -k sm90-0"
   "sm90 fuzz 100-: prebuild random:100-199; test_fuzz -k 'sm90 and not sm90-0'"
   "sm80 fuzz and the row-phase split: prebuild random80 (50 kernels); test_fuzz -k sm80, test_phase_split_gpu"
-  "the padded staging route, batch invariance, grouped GEMMs: prebuild invariance grouped (32 kernels); test_batch_invariance_gpu, test_grouped_gpu, test_staging_gpu (no prebuild group: its calls build their members)"
+  "the padded staging route, batch invariance, grouped GEMMs, quantized outputs: prebuild invariance grouped quantize (57 kernels); test_batch_invariance_gpu, test_grouped_gpu, test_quantize_gpu, test_staging_gpu (no prebuild group: its calls build their members)"
   "conv but the persistent members: prebuild conv:tests conv:family (86 kernels); test_conv_gpu -k 'not persistent_member'"
   "conv persistent members 1: bias_relu, row_stats, fp8_out (36 kernels); test_conv_gpu -k 'persistent_member and not (many_aux or dgelu_bgrad)'"
   "conv persistent members 2: many_aux, dgelu_bgrad (39 kernels); test_conv_gpu -k 'persistent_member and (many_aux or dgelu_bgrad)'"
@@ -129,8 +129,8 @@ run_chunk() {
     6) chunk_prebuild random80; t1=$SECONDS
        chunk_pytest $G/test_fuzz.py -k sm80
        chunk_pytest $G/test_phase_split_gpu.py ;;
-    7) chunk_prebuild invariance grouped; t1=$SECONDS
-       chunk_pytest $G/test_batch_invariance_gpu.py $G/test_grouped_gpu.py $G/test_staging_gpu.py ;;
+    7) chunk_prebuild invariance grouped quantize; t1=$SECONDS
+       chunk_pytest $G/test_batch_invariance_gpu.py $G/test_grouped_gpu.py $G/test_quantize_gpu.py $G/test_staging_gpu.py ;;
     8) chunk_prebuild conv:tests conv:family; t1=$SECONDS
        chunk_pytest $G/test_conv_gpu.py -k "not persistent_member" ;;
     9) chunk_prebuild_persistent bias_relu,row_stats,fp8_out; t1=$SECONDS

@@ -226,6 +226,15 @@ def grouped_gemms():
     return list(T.gemms().values()) + bench_moe.grouped_gemms()
 
 
+def quantize_gemms():
+    """tests/gpu/test_quantize_gpu.py's kernels (issue 40: evtc.quantize on each member that can
+    run it, and each variant's family)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import test_quantize_gpu as T
+
+    return list(T.gemms().values())
+
+
 def torch_gemms():
     """bench_torch.py's kernels (and tests/gpu/test_torch_gpu.py's backend tests): the families of
     the two epilogues the evtc torch.compile backend makes for an MLP block."""
@@ -236,7 +245,7 @@ def torch_gemms():
 
 GROUPS = {"torch": torch_gemms, "family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms, "degenerate": degenerate_gemms,
-          "invariance": invariance_jobs, "grouped": grouped_gemms,
+          "invariance": invariance_jobs, "grouped": grouped_gemms, "quantize": quantize_gemms,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "reductions": reductions_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}

@@ -184,7 +184,8 @@ def language_page() -> str:
         "rounded to their dtype when written.",
         "",
     ]
-    heads = {"operator": "Operators", "function": "Functions", "reduction": "Reductions", "conversion": "Conversion"}
+    heads = {"operator": "Operators", "function": "Functions", "reduction": "Reductions", "quantization": "Quantization",
+             "conversion": "Conversion"}
     notes = {
         "operator": "Comparisons give 1.0 or 0.0 (a mask in the compute type); `evtc.where` selects where its "
                     "condition is non-zero, so masks compose with arithmetic. `a ** e` needs a constant `e`.",
@@ -193,6 +194,10 @@ def language_page() -> str:
                      "N, one value per row (a *row reduction*, length M); `dim=0` (or -2) over M (a *column "
                      "reduction*, length N); no `dim`: over both (a *scalar reduction*, one value per batch). "
                      "They accumulate in f32; the output is f32 unless converted with `.to(dtype)`.",
+        "quantization": "`q, s = evtc.quantize(y, evtc.e4m3, group=128)` quantizes y per 1 x group of a row "
+                        "inside the epilogue; q and its f32 scales s (M x ceil(N / group), row-major) can only be "
+                        "returned as outputs, together. sm90 only; Python epilogues only. See "
+                        "[numerics.md](numerics.md#in-the-epilogue).",
         "conversion": "`x.to(dtype)` rounds to nearest even; fp8 saturates to its finite range.",
     }
     es = entries()
@@ -212,7 +217,7 @@ def language_page() -> str:
             "The IR's closed vocabulary (`evtc/ir/nodes.py`); the kind is the word the canonical text form uses.",
             "", "| kind | class | what it is |", "| --- | --- | --- |"]
     for cls in (nodes.Accumulator, nodes.Source, nodes.ScalarBroadcast, nodes.RowBroadcast, nodes.ColBroadcast,
-                nodes.AuxLoad, nodes.Immediate, nodes.Compute, nodes.Store, nodes.Reduction):
+                nodes.AuxLoad, nodes.Immediate, nodes.Compute, nodes.Store, nodes.Reduction, nodes.GroupScale):
         out.append(f"| `{cls.kind}` | `{cls.__name__}` | {_cell(plain(cls.__doc__ or ''))} |")
     out.append("")
 

@@ -68,6 +68,7 @@ from evtc.frontend.functions import (
     multiply_add,
     ne,
     pow,
+    quantize,
     relu,
     rsqrt,
     sigmoid,

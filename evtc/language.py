@@ -27,8 +27,9 @@ OPERATORS = {
 }
 
 #: Ops of the table that users never name: ``convert`` is ``x.to(dtype)``; ``first`` keeps a
-#: side-effect-only output inside the visitor tree (inserted by the DAG -> tree lowering).
-INTERNAL_OPS = ("first", "convert")
+#: side-effect-only output inside the visitor tree (inserted by the DAG -> tree lowering);
+#: ``group_quant`` is ``evtc.quantize``'s quantized value.
+INTERNAL_OPS = ("first", "convert", "group_quant")
 
 #: What the functions that are not ops of their own lower to.
 _COMPOSITES = {
@@ -37,6 +38,8 @@ _COMPOSITES = {
     "sum": ("reduction", "sum reduction", "sum over dim, accumulated in f32"),
     "max": ("reduction", "max reduction", "maximum over dim (evtc.maximum is elementwise)"),
     "min": ("reduction", "min reduction", "minimum over dim (evtc.minimum is elementwise)"),
+    "quantize": ("quantization", "group_quant and its scales (a GroupScale output)",
+                 "per 1 x group of a row: (q, f32 scales) as vLLM, SGLang or DeepGEMM compute them"),
     "to": ("conversion", "convert (saturating for fp8)",
            "round to dtype (fp8 saturates to its finite range); also evtc.to(x, dtype)"),
 }
@@ -47,7 +50,7 @@ class Entry:
     """One thing a user can write in an epilogue.
 
     Attributes:
-        kind: ``operator``, ``function``, ``reduction`` or ``conversion``.
+        kind: ``operator``, ``function``, ``reduction``, ``quantization`` or ``conversion``.
         python: how it is written in a Python epilogue, e.g. ``a + b``, ``evtc.relu(x)``.
         text: how it is written in the expression form (``evtc emit --expr``), e.g. ``relu(x)``.
         op: the op-table name it becomes (``add``), or what a composite lowers to.
@@ -110,7 +113,8 @@ def entries() -> list[Entry]:
         if name in _COMPOSITES:
             kind, lowers, doc = _COMPOSITES[name]
             python = "x.to(dtype)" if name == "to" else f"evtc.{name}({sig})"
-            out.append(Entry(kind, python, f"{name}({sig})", lowers, doc or _first_line(fn)))
+            text = "(Python epilogues only)" if name == "quantize" else f"{name}({sig})"
+            out.append(Entry(kind, python, text, lowers, doc or _first_line(fn)))
             continue
         if name in covered:
             continue
@@ -122,5 +126,5 @@ def entries() -> list[Entry]:
     missing = sorted(set(ops.OPS) - covered - set(INTERNAL_OPS))
     if missing:
         raise RuntimeError(f"ops without a spelling users can write: {missing} (evtc/language.py)")
-    order = {"operator": 0, "function": 1, "reduction": 2, "conversion": 3}
+    order = {"operator": 0, "function": 1, "reduction": 2, "quantization": 3, "conversion": 4}
     return sorted(out, key=lambda e: order[e.kind])

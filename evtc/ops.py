@@ -202,6 +202,13 @@ register(OpDef("where", 3, lambda c, a, b: np.where(c != 0, a, b), lambda t, c, 
 # interpreter, which knows the target dtype.
 register(OpDef("convert", 1, lambda a: a, None, None, "cutlass::epilogue::thread::Identity",
                doc="round to the node's dtype (x.to(dtype))"))
+# "group_quant" is a per-token-group quantization (evtc.quantize): its value is y / scale of y's
+# group, clamped and rounded to the node's fp8 dtype, with the scales in the GroupScale output
+# whose value it is. Not elementwise: the interpreter computes it per group (evtc/ir/quant.py);
+# on sm90 its visitor passes y through and the GroupScale visitor at the root quantizes the
+# subtile (include/evtc/sm90_group_quant.hpp).
+register(OpDef("group_quant", 1, lambda a: a, None, None, "cutlass::epilogue::thread::Identity",
+               doc="per-token-group quantization of a (evtc.quantize; not elementwise)"))
 # "first" returns its first operand; it keeps a side-effect-only output (an aux store or a
 # reduction off the path to D) inside the visitor tree. Inserted by the lowering (evtc/lower).
 register(OpDef("first", 2, lambda a, b: a, None, None, "evtc::First", doc="a (b is evaluated for its effects)"))

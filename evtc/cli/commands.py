@@ -364,6 +364,7 @@ def ops(cpp: bool):
         "operator": "operators (in Python and in --expr)",
         "function": "functions: evtc.NAME(...) in Python, NAME(...) in --expr",
         "reduction": "reductions, returned as outputs (dim=1: over N, dim=0: over M, none: both)",
+        "quantization": "quantization, returned as two outputs (Python epilogues only)",
         "conversion": "conversion",
     }
     rows = entries()
@@ -373,7 +374,7 @@ def ops(cpp: bool):
         if e.kind != kind:
             kind = e.kind
             click.echo(heads[kind])
-        spelled = e.python if e.kind in ("operator", "conversion") else e.text
+        spelled = e.python if e.kind in ("operator", "quantization", "conversion") else e.text
         line = f"  {spelled.ljust(width)}  {e.doc}"
         if cpp:
             line += f"  [{e.op}{': ' + e.functor if e.functor else ''}]"

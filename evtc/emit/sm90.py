@@ -21,7 +21,7 @@ from evtc.abi import ABI_VERSION, abi_fields
 from evtc.emit import common
 from evtc.emit.core import NodeTable, TreeEmitter
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import ReduceOp
+from evtc.ir.nodes import QUANT_CONVENTIONS, ReduceOp
 from evtc.ir.printer import print_graph
 from evtc.lower import Role, Visitor
 from evtc.plan.model import Plan
@@ -135,6 +135,9 @@ def node_table(plan: Plan) -> NodeTable:
             return {"bits": common.float_bits(n.value), "value": repr(n.value)}
         if v.role in (Role.COMPUTE, Role.KEEP):
             return {"functor": ops.get(n.op).functor}
+        if v.role is Role.GROUP_SCALE:
+            q = n.value  # the group_quant: its dtype is D's fp8 type
+            return {"convention": QUANT_CONVENTIONS.index(n.convention), "qmax": int(q.dtype.max)}
         if v.role.is_reduction:
             reg, shfl, gmem, atomic = REDUCE_FNS[n.op]
             return {"reg": reg, "shfl": shfl, "gmem": gmem, "atomic": atomic,
@@ -286,4 +289,6 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
         tile_reduction=uses_tile_reduction(plan),
         # evtc/sm90_packed_store.hpp, likewise (NOTE [Stores into packed rows], evtc/plan/sm90_buffers.py)
         packed_store=any(b.mode == "packed" for b in plan.buffers),
+        # evtc/sm90_group_quant.hpp, likewise (NOTE [Per-token-group quantization in the epilogue])
+        group_quant=any(v.role is Role.GROUP_SCALE for v in plan.tree.visitors()),
     )

@@ -110,7 +110,8 @@ from evtc.frontend.builder_rules import (
 from evtc.ir import limits
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.names import name_problem, reserved_output, reserved_parameter
-from evtc.ir.nodes import (Accumulator, AuxLoad, Bcast, Compute, Immediate, Leaf, Node, Output, ReduceOp, Reduction,
+from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, Accumulator, AuxLoad, Bcast, Compute, GroupScale, Immediate,
+                           Leaf, Node, Output, ReduceOp, Reduction,
                            Source, Store)
 
 __all__ = [
@@ -526,6 +527,9 @@ class IRBuilder:
         """
         dt = self.dtype(dtype, dtype_loc or loc)
         if isinstance(x, Pending):
+            if isinstance(x.node, GroupScale) and dt is not f32:
+                self.fail(self.dialect.trace_error, f"converting quantize's scales to {dt.name}: they are f32",
+                          loc, hint="return the scales as they are")
             return Pending(dataclasses.replace(x.node, dtype=dt), loc)
         if is_constant(x):
             return self.fold(f"to({_shown(x)}, {dt.name})", (x,),
@@ -564,6 +568,41 @@ class IRBuilder:
             self.fail(EpilogueTypeError, f"reducing a {node.bcast.value} value; reductions take an M x N value", loc)
         return Pending(Reduction(f32, name="", value=node, op=ReduceOp(op), dim=dim, loc=loc), loc)
 
+    def quantize(self, x: Value, dtype: Any, group: Any, convention: Any, loc: SourceLoc | None) -> tuple[Compute, Pending]:
+        """``evtc.quantize(x, dtype, group=, convention=)``: per-token-group quantization of the
+        M x N value ``x`` (NOTE [Per-token-group quantization conventions], evtc/testing/quant.py).
+
+        Returns:
+            (q, scales): q, the ``group_quant`` :class:`~evtc.ir.nodes.Compute` of dtype
+            ``dtype`` (an M x N value that can only be returned as an output), and the
+            :class:`Pending` :class:`~evtc.ir.nodes.GroupScale` (f32, one per 1 x group of a row).
+
+        Raises:
+            EvtcError (``trace_error``): a dtype that is not fp8, a group outside
+                :data:`~evtc.ir.nodes.QUANT_GROUPS`, an unknown convention;
+                :class:`~evtc.errors.EpilogueTypeError`: ``x`` is a constant or not M x N.
+        """
+        dt = self.dtype(dtype, loc)
+        if not dt.is_fp8:
+            self.fail(self.dialect.trace_error, f"quantize to {dt.name}: per-token-group quantization writes e4m3 "
+                      "or e5m2", loc, hint="pass evtc.e4m3 or evtc.e5m2")
+        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or int(group) not in QUANT_GROUPS:
+            self.fail(self.dialect.trace_error, f"quantize group={group!r}: the epilogue quantizes groups of "
+                      f"{', '.join(map(str, QUANT_GROUPS))} elements of a row", loc, hint="use group=128 (DeepSeek-V3's)")
+        if convention not in QUANT_CONVENTIONS:
+            self.fail(self.dialect.trace_error, f"quantize convention={convention!r}: one of "
+                      f"{', '.join(QUANT_CONVENTIONS)}", loc, hint="vllm's is the default")
+        if is_constant(x):
+            self.fail(EpilogueTypeError, "quantizing a constant; quantize takes an M x N value", loc)
+        node = self.lift(x, loc)
+        if node.bcast is not Bcast.MN:
+            self.fail(EpilogueTypeError, f"quantizing a {node.bcast.value} value; quantize takes an M x N value", loc)
+        attrs = (("convention", str(convention)), ("group", int(group)))
+        q = self.apply("group_quant", (node,), loc, dtype=dt, attrs=attrs)
+        scales = GroupScale(f32, name="", value=q, op=ReduceOp.MAX, dim=1, group=int(group),
+                            convention=str(convention), loc=loc)
+        return q, Pending(scales, loc)
+
     def not_elementwise(self, name: str, loc: SourceLoc | None) -> NoReturn:
         """Raise the error for ``max(a, b)``/``min(a, b)`` written for the elementwise op."""
         raise not_elementwise_error(name, self.dialect, loc, self.epilogue)
@@ -600,7 +639,7 @@ class IRBuilder:
         if node.bcast is not Bcast.MN:
             self.fail(EpilogueTypeError, f"output '{name}' is a {node.bcast.value} value, not an M x N matrix", loc,
                       hint=_OUTPUT_HINT)
-        dt = node.dtype if (isinstance(node, Compute) and node.op == "convert") else self.d
+        dt = node.dtype if (isinstance(node, Compute) and node.op in ("convert", "group_quant")) else self.d
         return self.add_output(Store(dt, name=name, value=node, loc=loc))
 
     def add_output(self, node: Output) -> Output:

@@ -137,6 +137,8 @@ class Pending:
 
     def describe(self) -> str:
         """``max(..., dim=1)``: how the reduction reads in messages."""
+        if self.node.kind == "group_scale":
+            return "quantize(...)'s scales"
         dim = "" if self.node.dim is None else f", dim={self.node.dim}"
         return f"{self.node.op.value}(...{dim})"
 

@@ -24,11 +24,12 @@ from evtc.dtypes import DType
 from evtc.errors import UnknownFunctionError
 from evtc.frontend.builder import PYTHON, _shown, constant_reduction_error, is_constant, unknown_function_error
 from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
+from evtc.frontend import trace as _trace
 
 __all__ = [
     "relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "gelu_grad", "silu", "hardswish",
     "exp", "log", "sqrt", "rsqrt", "abs", "erf", "pow", "maximum", "minimum", "clamp",
-    "leaky_relu", "where", "multiply_add", "sum", "max", "min", "amax",
+    "leaky_relu", "where", "multiply_add", "sum", "max", "min", "amax", "quantize",
     "gt", "ge", "lt", "le", "eq", "ne", "to",
 ]
 
@@ -287,6 +288,27 @@ def min(x, *rest, dim: int | None = None):  # noqa: A001
 def amax(x, dim: int | None = None):
     """max(abs(x)) over ``dim`` (see :func:`sum`): the amax of fp8 scaling recipes."""
     return _reduce("max", abs(x), dim)
+
+
+def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
+    """Per-token-group quantization: ``(q, scales)`` with one f32 scale per 1 x ``group`` group
+    of a row and q = y / scale rounded to ``dtype`` (e4m3 or e5m2), as ``convention`` ("vllm",
+    "sglang", "deepgemm") computes them (NOTE [Per-token-group quantization conventions] in
+    evtc/testing/quant.py; docs/numerics.md). In an epilogue both must be returned as outputs:
+    ``q, s = evtc.quantize(y, evtc.e4m3); return {"D": q, "D_scale": s}``; the scales' shape is
+    (M, ceil(N / group)) per batch, row-major. On torch tensors it runs
+    :func:`evtc.testing.quant.quantize_per_token_group` (the reference).
+
+    Raises:
+        EvtcError: a dtype that is not fp8, a group other than 32, 64 or 128, an unknown
+            convention, or x not M x N.
+    """
+    if isinstance(x, (Value, Reduced)):
+        return _trace.quantize(x, dtype, group, convention)
+    from evtc import dtypes as _dt
+    from evtc.testing.quant import quantize_per_token_group
+
+    return quantize_per_token_group(x, group, _dt.coerce(dtype).name, convention=convention)
 
 
 def _no_elementwise(name: str, x, rest) -> None:

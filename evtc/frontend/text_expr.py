@@ -25,7 +25,7 @@ from evtc.ir.nodes import Accumulator, AuxLoad, ColBroadcast, Leaf, Node, RowBro
 __all__ = ["expr_functions"]
 
 #: ops written as operators or with ``to(...)`` in expressions (and internal ones): not callable
-_OPERATOR_OPS = frozenset({"add", "sub", "mul", "div", "neg", "convert", "first"})
+_OPERATOR_OPS = frozenset({"add", "sub", "mul", "div", "neg", "convert", "first", "group_quant"})
 _REDUCERS = ("sum", "max", "min", "amax")
 
 

@@ -18,7 +18,8 @@ from evtc.errors import GrammarError, SourceLoc
 from evtc.frontend.builder import IR_TEXT, IRBuilder
 from evtc.frontend.text_syntax import _Kwarg, _Source, _TextReader
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import LEAF_KINDS, Immediate, Leaf, Node, Output, ReduceOp, Reduction, ScalarBroadcast, Store
+from evtc.ir.nodes import (LEAF_KINDS, GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, ScalarBroadcast,
+                           Store)
 
 __all__: list[str] = []
 
@@ -160,7 +161,7 @@ class _IRReader(_TextReader):
 
     def _compute(self, op_tok: Token, args: list, attrs: tuple, dt: DType, loc: SourceLoc) -> Node:
         op = str(op_tok)
-        if op == "store" or op in _IR_REDUCERS:
+        if op in ("store", "group_scale") or op in _IR_REDUCERS:
             self.fail(GrammarError, f"'{op}' defines an output: write 'NAME = {op}(...)'", op_tok)
         self.builder.check_op(op, len(args), loc, op_loc=self.loc(op_tok))
         nodes = tuple(self._operand(a, loc) for a in args)
@@ -168,7 +169,7 @@ class _IRReader(_TextReader):
 
     def _output(self, name: str, op_tok: Token, args: list, attrs: Any, dt: DType, loc: SourceLoc) -> Output:
         op = str(op_tok)
-        if op != "store" and op not in _IR_REDUCERS:
+        if op not in ("store", "group_scale") and op not in _IR_REDUCERS:
             self.fail(GrammarError, f"'{name} = {op}(...)': a named line is an output", op_tok,
                       hint="outputs are 'NAME = store(x)' or 'NAME = reduce_sum/max/min(x, dim=...)'; "
                            "computes are '%k = op(...)'")
@@ -183,6 +184,12 @@ class _IRReader(_TextReader):
             if keywords:
                 self.fail(GrammarError, "store takes no keyword arguments", keywords[0].loc)
             return Store(dt, name=name, value=value, loc=loc)
+        if op == "group_scale":  # the scales of a group_quant, whose attributes they take
+            if keywords:
+                self.fail(GrammarError, "group_scale takes no keyword arguments", keywords[0].loc)
+            attr = value.attr if getattr(value, "op", None) == "group_quant" else (lambda k, d: d)
+            return GroupScale(dt, name=name, value=value, op=ReduceOp.MAX, dim=1, group=attr("group", 0),
+                              convention=str(attr("convention", "")), loc=loc)
         dim = None
         for k, kw in enumerate(keywords):
             if kw.name != "dim" or k > 0:

@@ -424,6 +424,14 @@ def reduce(op: str, x: Any, dim: int | None) -> Reduced:
     return Reduced(tracer, tracer.builder.reduce(op, tracer.operand(x, loc), dim, loc))
 
 
+def quantize(x: Any, dtype: Any, group: Any, convention: Any) -> tuple[Value, Reduced]:
+    """Record ``evtc.quantize`` of the traced value ``x``: (the quantized value, its scales)."""
+    tracer = x._tracer
+    loc = user_loc()
+    q, scales = tracer.builder.quantize(tracer.operand(x, loc), dtype, group, convention, loc)
+    return Value(tracer, q), Reduced(tracer, scales)
+
+
 def not_elementwise(name: str, args: tuple) -> EvtcError:
     """The error for ``evtc.max(a, b)`` meant elementwise (traced or not)."""
     tracer = _tracer_of(args)

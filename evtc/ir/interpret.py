@@ -17,7 +17,7 @@ row broadcast      (N,) or (L, N)
 column broadcast   (M,) or (L, M)
 scalar             a number, or (L,) for a device scalar per batch
 outputs            stores (L, M, N); row reductions (L, M); column reductions (L, N);
-                   scalar reductions (L,)
+                   scalar reductions (L,); a GroupScale (L, M, ceil(N / group))
 =================  ==========================================
 """
 
@@ -32,6 +32,7 @@ from evtc.dtypes import round_to
 from evtc.errors import ArgumentError
 from evtc.ir import nodes as N
 from evtc.ir.graph import Graph
+from evtc.ir.quant import quantize_groups
 
 
 def _as_batched(leaf: N.Node, value, L: int) -> np.ndarray:
@@ -66,6 +67,7 @@ def interpret(graph: Graph, acc: np.ndarray, inputs: Mapping[str, object]) -> di
     L = acc.shape[0] if acc.ndim == 3 else 1
     values: dict[int, np.ndarray] = {}
     results: dict[str, np.ndarray] = {}
+    quant: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     with np.errstate(all="ignore"):
         for node in graph.nodes:
             if isinstance(node, N.Accumulator):
@@ -80,11 +82,17 @@ def interpret(graph: Graph, acc: np.ndarray, inputs: Mapping[str, object]) -> di
                 args = [values[id(a)] for a in node.args]
                 if node.op == "convert":
                     values[id(node)] = round_to(args[0], node.dtype)
+                elif node.op == "group_quant":  # (q, scales) of the group, for D and its GroupScale
+                    v = np.broadcast_to(args[0], (L,) + acc.shape[-2:])
+                    quant[id(node)] = quantize_groups(v, node.attr("group"), node.attr("convention"), node.dtype)
+                    values[id(node)] = quant[id(node)][0]
                 else:
                     values[id(node)] = np.asarray(ops.get(node.op).numpy(*args), dtype=np.float64)
             elif isinstance(node, N.Store):
                 v = np.broadcast_to(values[id(node.value)], (L,) + acc.shape[-2:])
                 results[node.name] = round_to(np.array(v), node.dtype)
+            elif isinstance(node, N.GroupScale):
+                results[node.name] = quant[id(node.value)][1]
             elif isinstance(node, N.Reduction):
                 v = np.broadcast_to(values[id(node.value)], (L,) + acc.shape[-2:])
                 axis = node.axis.numpy_axis

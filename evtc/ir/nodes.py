@@ -17,6 +17,7 @@ Immediate          a compile-time constant                                (evtc 
 Compute            an elementwise op from the op table (``evtc.ops``)     ``Sm90Compute``
 Store              an M x N output (D or an aux store)                    collective / ``Sm90AuxStore``
 Reduction          an output reduced over N (row), M (column) or both     ``Sm90ColReduction``...
+GroupScale         the scales of a per-token-group quantized D            (evtc ``Sm90GroupQuant``)
 =================  ====================================================  ======================
 
 Operand order lives in the node (``inputs`` is an ordered tuple), never in graph edge
@@ -449,6 +450,40 @@ class Reduction(Output):
         evtc/plan/sm90_buffers.py; PTX ISA, ``red``: max/min on 32-bit integers, which order IEEE floats
         of one sign)."""
         return self.dim in (0, 1) and self.op in (ReduceOp.MAX, ReduceOp.MIN) and self.dtype.name == "f32"
+
+
+#: the per-token-group quantizations :class:`GroupScale` knows (NOTE [Per-token-group
+#: quantization conventions] in evtc/testing/quant.py gives each one's f32 operations and source)
+QUANT_CONVENTIONS = ("vllm", "sglang", "deepgemm")
+#: the group sizes (elements of a row per scale) the sm90 epilogue quantizes: one epilogue
+#: subtile's N (NOTE [Per-token-group quantization in the epilogue], evtc/plan/sm90_space.py)
+QUANT_GROUPS = (32, 64, 128)
+
+
+@dataclasses.dataclass(**_SLOTS)
+class GroupScale(Reduction):
+    """The f32 scales of a per-token-group quantized output: one per 1 x ``group`` group of a
+    row, shape (M, ceil(N / group)) per batch, row-major. ``value`` is the ``group_quant``
+    :class:`Compute` whose result D is; ``evtc.quantize`` makes the pair.
+
+    It is a row reduction (a max of ``abs`` over each group of a row, then the convention's
+    scale), so the machinery of reductions carries it (an output that is not M x N, no value
+    inside the epilogue), but the kernel computes it inside one epilogue subtile, with no
+    workspace, and the quantization of D's subtile waits for it
+    (``include/evtc/sm90_group_quant.hpp``).
+
+    Attributes:
+        group: elements per group (:data:`QUANT_GROUPS`).
+        convention: :data:`QUANT_CONVENTIONS`.
+    """
+
+    group: int = 128
+    convention: str = "vllm"
+    kind: ClassVar[str] = "group_scale"
+
+    def groups(self, N: int) -> int:
+        """G = ceil(N / group), the scales per row."""
+        return -(-N // self.group)
 
 
 #: leaf kinds by the word used for them in the canonical text form

@@ -16,7 +16,8 @@ Example::
 One node per line in the graph's topological order; inputs by parameter name, intermediate
 values as ``%k`` numbered in that order, outputs by name. Constants are written inline as
 float literals (``repr`` of the float64, which round-trips exactly). A reduction prints as
-``reduce_<op>(value, dim=1)``; a device-pointer scalar's kind is ``devscalar``.
+``reduce_<op>(value, dim=1)``, a quantization's scales ``group_scale(q)`` (its group and
+convention are q's attributes); a device-pointer scalar's kind is ``devscalar``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import Compute, Immediate, Leaf, Node, Reduction, ScalarBroadcast, Store
+from evtc.ir.nodes import Compute, GroupScale, Immediate, Leaf, Node, Reduction, ScalarBroadcast, Store
 
 
 def leaf_kind(leaf: Leaf) -> str:
@@ -82,6 +83,8 @@ def format_node(node: Node, names: dict[int, str]) -> str | None:
         if node.attrs:
             attrs = " {" + ", ".join(f"{k}={_attr(v)}" for k, v in node.attrs) + "}"
         return f"{names[id(node)]} = {node.op}({args}){attrs} : {node.dtype}"
+    if isinstance(node, GroupScale):
+        return f"{node.name} = group_scale({_operand(node.value, names)}) : {node.dtype}"
     if isinstance(node, Reduction):
         dim = "" if node.dim is None else f", dim={node.dim}"
         return f"{node.name} = reduce_{node.op.value}({_operand(node.value, names)}{dim}) : {node.dtype}"

@@ -32,6 +32,9 @@ pow-exponent            ``pow``'s exponent is a constant                        
 unique-output-names     output names differ from each other and the parameters      IRVerificationError
 output-mn               every output's value is M x N                               EpilogueTypeError
 reduction-dim           a reduction's ``dim`` is 0, 1 or None                       EpilogueTypeError
+quantize-pair           a ``group_quant`` (``evtc.quantize``) is an fp8 value       EpilogueTypeError
+                        stored as one output, with its scales (a GroupScale of
+                        the same group) as another, and used by nothing else
 ======================  ==========================================================  =================
 
 Two users of the table, so that no rule is written twice:
@@ -62,7 +65,8 @@ import numpy as np
 from evtc import dtypes, ops
 from evtc.errors import EpilogueTypeError, EvtcError, IRVerificationError, UnsupportedOpError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import Accumulator, Bcast, Compute, Immediate, Leaf, Node, Output, Reduction, Store
+from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, Accumulator, Bcast, Compute, GroupScale, Immediate, Leaf,
+                           Node, Output, Reduction, Store)
 from evtc.ir.printer import window
 
 __all__ = ["RULES", "Violation", "bcast_classes", "format_violation", "verify", "violations"]
@@ -90,6 +94,7 @@ RULES: dict[str, tuple[str, type[EvtcError]]] = {
     "unique-output-names": ("output names are unique and differ from the parameters", IRVerificationError),
     "output-mn": ("every output's value is M x N", EpilogueTypeError),
     "reduction-dim": ("a reduction's dim is 0, 1 or None", EpilogueTypeError),
+    "quantize-pair": ("a quantized value is one stored output with its scales as another", EpilogueTypeError),
 }
 
 
@@ -206,6 +211,44 @@ def violations(graph: Graph) -> Iterator[Violation]:
                                 hint="dim=1 reduces over N (one value per row), dim=0 over M, None over both")
         else:
             yield Violation("inputs-are-leaves", f"unknown node kind {type(node).__name__}", node)
+    yield from _quantize_violations(graph)
+
+
+_PAIR_HINT = ("write q, s = evtc.quantize(y, evtc.e4m3) and return both, e.g. {'D': q, 'D_scale': s}, "
+              "using q for nothing else")
+
+
+def _quantize_violations(graph: Graph) -> Iterator[Violation]:
+    """The rule ``quantize-pair``: the kernel quantizes the stored subtile once its group's
+    scales are known, so a quantized value exists only as that output pair."""
+    users: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            users.setdefault(id(i), []).append(node)
+    for node in graph.nodes:
+        if isinstance(node, GroupScale):
+            v = node.value
+            if not (isinstance(v, Compute) and v.op == "group_quant"):
+                yield Violation("quantize-pair", f"output '{node.name}' holds quantize's scales of a value "
+                                "that is not quantized", node, hint=_PAIR_HINT)
+            elif (v.attr("group"), v.attr("convention")) != (node.group, node.convention):
+                yield Violation("quantize-pair", f"scales '{node.name}' (group {node.group}, {node.convention}) "
+                                f"differ from their quantization's (group {v.attr('group')}, "
+                                f"{v.attr('convention')})", node, hint=_PAIR_HINT)
+            if node.group not in QUANT_GROUPS or node.convention not in QUANT_CONVENTIONS or node.dtype is not dtypes.f32:
+                yield Violation("quantize-pair", f"scales '{node.name}': group {node.group} of "
+                                f"{QUANT_GROUPS}, convention '{node.convention}' of {QUANT_CONVENTIONS}, f32 "
+                                f"(not {node.dtype})", node, hint=_PAIR_HINT)
+        elif isinstance(node, Compute) and node.op == "group_quant":
+            us = users.get(id(node), [])
+            stores = [u for u in us if isinstance(u, Store)]
+            scales = [u for u in us if isinstance(u, GroupScale)]
+            if len(stores) != 1 or len(scales) != 1 or len(us) != 2:
+                what = ", ".join(sorted({getattr(u, 'name', '') or u.kind for u in us})) or "nothing"
+                yield Violation("quantize-pair", "a quantized value must be returned once, with its scales, and "
+                                f"used by nothing else; here it is used by: {what}", node, hint=_PAIR_HINT)
+            if not node.dtype.is_fp8:
+                yield Violation("quantize-pair", f"quantize writes e4m3 or e5m2, not {node.dtype}", node)
 
 
 def _as_f32(v: float) -> float:
@@ -220,7 +263,9 @@ def _compute_violations(node: Compute) -> Iterator[Violation]:
         return
     if len(node.args) != op.arity:
         yield Violation("arity", f"op '{node.op}' takes {op.arity} operands, got {len(node.args)}", node)
-    if node.op == "convert":
+    if node.op == "group_quant":
+        pass  # its dtype is the quantized element's (rule quantize-pair)
+    elif node.op == "convert":
         if node.dtype not in dtypes.TENSOR_DTYPES:
             yield Violation("convert-target", f"can't convert to {node.dtype}", node)
     elif node.dtype is not dtypes.f32:

@@ -39,6 +39,7 @@ class Role(str, enum.Enum):
     ROW_REDUCTION = "row_reduction"
     COL_REDUCTION = "col_reduction"
     SCALAR_REDUCTION = "scalar_reduction"
+    GROUP_SCALE = "group_scale"
 
     def __str__(self) -> str:
         return self.value
@@ -98,6 +99,9 @@ ROLES: dict[Role, RoleSpec] = {s.role: s for s in (
     RoleSpec(Role.COL_REDUCTION, "output", "Sm90RowReduction", "VisitorRowReduction", "col_reduction", ReduceAxis.COLUMN),
     RoleSpec(Role.SCALAR_REDUCTION, "output", "Sm90ScalarReduction", "VisitorScalarReduction", "scalar_reduction",
              ReduceAxis.SCALAR),
+    # evtc.quantize's scales, written by the root visitor that quantizes D's subtile (sm90 only:
+    # the legalize pass refuses it elsewhere)
+    RoleSpec(Role.GROUP_SCALE, "output", "evtc::Sm90GroupQuant", "", "group_scale"),
 )}
 
 _LEAF_ROLES: dict[type, Role] = {
@@ -130,6 +134,8 @@ def role_of(node: N.Node, c_input: N.Leaf | None = None) -> Role:
         return role
     if isinstance(node, N.Store):
         return Role.AUX_STORE
+    if isinstance(node, N.GroupScale):
+        return Role.GROUP_SCALE
     if isinstance(node, N.Reduction):
         return reduction_role(ReduceAxis.of(node.dim))
     if isinstance(node, N.Compute):

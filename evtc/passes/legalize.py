@@ -19,6 +19,12 @@ emit is this table, one row per arch (:data:`ARCH_RULES`):
   combine partial results with atomics "performed in the output type"
   (``sm90_visitor_store_tma_warpspecialized.hpp``), and CUDA has no fp8 atomics; the sm80
   kernels round a float workspace into f16 and bf16 outputs only.
+* **per-token-group quantization** (``evtc.quantize``, sm90 only): the sm90 collective hands
+  the root visitor a whole epilogue subtile in registers before it converts and stores it
+  (``reduce(..., visit_results)`` in ``sm90_epilogue_tma_warpspecialized.hpp``), where a group's
+  amax can feed back into its own elements (NOTE [Per-token-group quantization in the
+  epilogue], include/evtc/sm90_group_quant.hpp); sm80's visitors see one fragment at a time and
+  have no such hook.
 
 These rules hold for every user, whatever the verification setting: the pass manager always
 runs this pass when it is given an arch (``evtc.Gemm`` always gives one).
@@ -35,7 +41,7 @@ from evtc import dtypes
 from evtc.dtypes import DType
 from evtc.errors import ConfigError, LegalizeError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import Reduction, Store
+from evtc.ir.nodes import GroupScale, Reduction, Store
 from evtc.passes.manager import Pass, PassResult, visit
 
 __all__ = ["ARCH_RULES", "ArchRules", "legalize", "legalize_pass"]
@@ -50,19 +56,21 @@ class ArchRules:
         collective_stores_d: the epilogue needs an M x N output (the collective stores D).
         reduction_dtypes: dtypes a row or column reduction can be written in.
         scalar_reduction_dtypes: dtypes a scalar reduction can be written in.
+        group_quant: ``evtc.quantize`` (a per-token-group quantized D) can be emitted.
     """
 
     arch: str
     collective_stores_d: bool
     reduction_dtypes: tuple[DType, ...]
     scalar_reduction_dtypes: tuple[DType, ...]
+    group_quant: bool = False
 
 
 _REDUCTION_DTYPES = (dtypes.f32, dtypes.f16, dtypes.bf16)
 
 #: the rules of each arch
 ARCH_RULES: dict[str, ArchRules] = {
-    "sm90": ArchRules("sm90", True, _REDUCTION_DTYPES, (dtypes.f32,)),
+    "sm90": ArchRules("sm90", True, _REDUCTION_DTYPES, (dtypes.f32,), group_quant=True),
     "sm80": ArchRules("sm80", False, _REDUCTION_DTYPES, (dtypes.f32,)),
 }
 
@@ -97,6 +105,14 @@ def legalize(graph: Graph, rules: ArchRules) -> PassResult:
         )
     for node in visit(graph.outputs):
         if not isinstance(node, Reduction):
+            continue
+        if isinstance(node, GroupScale):
+            if not rules.group_quant:
+                raise LegalizeError(
+                    f"'{node.name}': evtc.quantize (per-token-group quantization) is built for sm90 only, "
+                    f"not {rules.arch}", loc=node.loc, epilogue=graph.name,
+                    hint="quantize after the GEMM on this arch (evtc.testing.quant.quantize_per_token_group "
+                         "computes the same bits)")
             continue
         if node.dim is None and node.dtype not in rules.scalar_reduction_dtypes:
             raise LegalizeError(

@@ -528,6 +528,21 @@ def column_reduction_tile_ok(graph, config: GemmConfig) -> bool:
     return tn <= 32 or tn % 64 == 0 or not any(isinstance(o, Reduction) and o.dim == 0 for o in graph.outputs)
 
 
+def group_quant_config_ok(graph, config: GemmConfig) -> bool:
+    """Whether ``config`` can run an epilogue that quantizes D per token group (``evtc.quantize``):
+    the tile N a multiple of the group, no swap-AB (a row's groups would lie along the
+    accumulator's M), a collective D store (not the unaligned or packed-rows variants), not
+    grouped. The sm90 planner raises the same conditions as a PlanError
+    (NOTE [Per-token-group quantization in the epilogue], evtc/plan/sm90_space.py)."""
+    from evtc.ir.nodes import GroupScale
+
+    scales = next((o for o in graph.outputs if isinstance(o, GroupScale)), None)
+    if scales is None:
+        return True
+    return (config.tile[1] % scales.group == 0 and not config.swap_ab and not config.unaligned
+            and not config.packed_stores and not config.grouped)
+
+
 def check_mainloop_dtypes(arch: str, a: DType, b: DType) -> None:
     """Refuse operand dtypes ``arch``'s mainloop can't take (:data:`evtc.dtypes.MAINLOOP_DTYPES`).
 

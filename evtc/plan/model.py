@@ -231,6 +231,8 @@ def _why_sm90(plan: Plan, b: Buffer) -> str:
         if b.mode == "direct":
             return "each thread loads its columns a subtile ahead, no smem (evtc)"
         return "one CTA-N row in shared memory (stock Sm90RowBroadcast)"
+    if b.role == "group_scale":
+        return b.why
     if b.mode == "direct":
         return "register-direct (Stages=0): frees its buffer for mainloop stages"
     if b.mode == "packed":
@@ -274,7 +276,7 @@ _WHY_SM80 = {
 def _extra_tensors(plan: Plan, known: set[str]) -> list[tuple[str, str, DType]]:
     """(name, role, dtype) of the column broadcasts, device-pointer scalars and reductions of the
     plan's visitor tree that have no Buffer (sm90's Buffers cover C, D, aux and row broadcasts)."""
-    from evtc.ir.nodes import ColBroadcast, Reduction, ScalarBroadcast
+    from evtc.ir.nodes import ColBroadcast, GroupScale, Reduction, ScalarBroadcast
 
     tree = plan.tree
     if tree is None or not hasattr(tree, "visitors"):
@@ -289,6 +291,8 @@ def _extra_tensors(plan: Plan, known: set[str]) -> list[tuple[str, str, DType]]:
             role = "col_broadcast"
         elif isinstance(n, ScalarBroadcast) and n.by_pointer:
             role = "scalar"
+        elif isinstance(n, GroupScale):
+            role = "group_scale"
         elif isinstance(n, Reduction):
             role = {"M": "row_reduction", "N": "col_reduction", None: "scalar_reduction"}[n.axis.extent]
         else:

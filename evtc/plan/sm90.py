@@ -83,7 +83,8 @@ from evtc.plan.config import GemmConfig, check_plan_decisions, column_reduction_
 from evtc.plan.model import Plan
 from evtc.plan.sm90_buffers import make_plan, plan_packed, plan_unaligned, reduction_mode
 from evtc.plan.sm90_layout import GROUPED_MAINLOOP_CARVEOUT, SLOT_C, SLOT_D, aux_label, row_label, shared_storage
-from evtc.plan.sm90_space import Candidate, PlanRequest, candidates, mainloop_stages
+from evtc.plan.sm90_space import (Candidate, PlanRequest, candidates, group_quant_tile, group_scale_of,
+                                  mainloop_stages)
 from evtc.plan.smem import CType
 from evtc.plan.target import Target
 
@@ -142,6 +143,7 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
                         "tile N of at most 32 or a multiple of 64 (CUTLASS's Sm90RowReduction divides each lane's "
                         "share of the row evenly: sm90_visitor_store_tma_warpspecialized.hpp)", epilogue=graph.name,
                         hint="use a tile N of 64, 128, 192 or 256")
+    _check_group_quant(graph, config)
     if config.grouped:
         # the pointer-array mainloop keeps A's and B's tensor maps in shared memory too
         target = dataclasses.replace(target, smem_capacity=target.smem_capacity - GROUPED_MAINLOOP_CARVEOUT)
@@ -176,6 +178,34 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
                          f"within {STOCK_MARGIN:.1%} of them ({s.terms['total_us']:.0f} us)",)
                 best = s
     return make_plan(req, best.cand, best.storage, best.stages, best.terms, notes)
+
+
+def _check_group_quant(graph: Graph, config: GemmConfig) -> None:
+    """What a quantizing epilogue (``evtc.quantize``) needs of the kernel (NOTE [Per-token-group
+    quantization in the epilogue], evtc/plan/sm90_space.py).
+
+    Raises:
+        PlanError: naming the configuration and what to use instead.
+    """
+    scales = group_scale_of(graph)
+    if scales is None:
+        return
+    g, tn = scales.group, config.tile[1]
+    why = None
+    if config.swap_ab:
+        why = "swap-AB transposes the tile: a row's groups would lie along the accumulator's M"
+    elif config.unaligned or config.packed_stores:
+        why = "its store variant (unaligned or packed rows) has no collective D store to quantize"
+    elif config.grouped:
+        why = "the grouped kernel does not quantize yet"
+    elif tn % g:
+        why = f"the tile N {tn} is not a multiple of the group {g}"
+    elif config.epilogue_tile is not None and tuple(config.epilogue_tile) != group_quant_tile(config, scales):
+        why = f"epilogue_tile {tuple(config.epilogue_tile)} is not one group wide ({group_quant_tile(config, scales)})"
+    if why:
+        raise PlanError(f"'{scales.name}': evtc.quantize with group {g} can't run on this configuration: {why}",
+                        epilogue=graph.name, hint=f"use a tile N that is a multiple of {g}, without swap-AB and "
+                        "without epilogue_tile (or let the family choose)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,6 +139,10 @@ def make_plan(req: PlanRequest, cand: Candidate, storage: CType, stages: int, co
                 and not any(bb.name == v.name for bb in buffers):
             buffers.append(Buffer(v.name, "scalar", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ScalarBroadcast: read once per batch"))
+        elif v.role is Role.GROUP_SCALE:
+            buffers.append(Buffer(v.name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
+                                  "register-direct: one f32 per row and group, from the thread holding the "
+                                  "group's first column (evtc::Sm90GroupQuant)"))
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
@@ -183,6 +187,10 @@ def plan_unaligned(req: PlanRequest) -> Plan:
             label = row_label(v.name)
             buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
                                   "one CTA-N row (Sm90RowBroadcast, element-wise predicated)"))
+        elif v.role is Role.GROUP_SCALE:
+            buffers.append(Buffer(v.name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
+                                  "register-direct: one f32 per row and group, from the thread holding the "
+                                  "group's first column (evtc::Sm90GroupQuant)"))
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
@@ -315,6 +323,10 @@ def plan_packed(req: PlanRequest) -> Plan:
         elif v.role is Role.COL and not any(b.name == v.name for b in buffers):
             buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ColBroadcast: each thread loads its rows into registers"))
+        elif v.role is Role.GROUP_SCALE:
+            buffers.append(Buffer(v.name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
+                                  "register-direct: one f32 per row and group, from the thread holding the "
+                                  "group's first column (evtc::Sm90GroupQuant)"))
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from evtc.dtypes import DType
 from evtc.errors import IRVerificationError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import AuxLoad, Leaf, Reduction, RowBroadcast, Source, Store
+from evtc.ir.nodes import AuxLoad, GroupScale, Leaf, Reduction, RowBroadcast, Source, Store
 from evtc.plan.config import GemmConfig
 from evtc.plan.smem import round_up
 from evtc.plan.target import Target
@@ -53,6 +53,29 @@ def default_epilogue_tile(config: GemmConfig, d_bits: int) -> tuple[int, int]:
         return (min(128, tm), math.gcd(min(32, tn), tn))
     n_perf = 64 if d_bits == 8 and tn % 64 == 0 else 32
     return (min(64, tm), math.gcd(min(n_perf, tn), tn))
+
+
+def group_scale_of(graph: Graph) -> GroupScale | None:
+    """The scales output of ``evtc.quantize``, if the epilogue quantizes D (at most one:
+    the quantization is D's)."""
+    return next((o for o in graph.outputs if isinstance(o, GroupScale)), None)
+
+
+def group_quant_tile(config: GemmConfig, scales: GroupScale) -> tuple[int, int]:
+    """The epilogue subtile of a quantizing epilogue: the schedule's rows by one group.
+
+    NOTE [Per-token-group quantization in the epilogue]: the collective hands the root visitor
+    one subtile's values in registers before it converts them to D's type and stores them
+    (``reduce(..., visit_results)`` in ``sm90_epilogue_tma_warpspecialized.hpp``). A subtile N
+    wide of exactly one group (32, 64 or 128 columns, aligned to the group since the tile N is a
+    multiple of it) holds every element of each of its row's groups, so the group's amax is a
+    reduction over the subtile's row: over the thread's own elements of that row, then across
+    the four lanes of a quad, which hold a row's columns in the WGMMA accumulator layout (PTX
+    ISA, "Register fragment wgmma .m64nNk16": row = 16 warp + lane / 4 (+ 8), column = 2 (lane
+    % 4) (+ 1, + 8 j)). The scale then quantizes the subtile in place before the conversion,
+    and D's TMA store writes fp8 (include/evtc/sm90_group_quant.hpp)."""
+    tm = config.tile[0]
+    return (min(128, tm) if config.schedule == "cooperative" else min(64, tm), scales.group)
 
 
 def stock_stages(epi_tiles: int, reuse: bool) -> tuple[int, int]:
@@ -221,6 +244,10 @@ def slot_choices(graph: Graph, policy: str, fixed: Mapping[str, Any] = {}) -> li
                                   epilogue=graph.name)
     sources = [n for n in graph.used_inputs if isinstance(n, Source)]
     named_d = next((s for s in stores if s.name == "D"), stores[0])
+    scales = group_scale_of(graph)
+    if scales is not None:  # the quantized output is D (NOTE [Per-token-group quantization in the epilogue])
+        named_d = next(s for s in stores if s.value is scales.value)
+        stores = [named_d]
     if policy == "cutlass":
         return [(sources[0] if sources else None, named_d)]
     c_options: list[Leaf | None] = list(sources) if sources else [None, *_aux_loads(graph)]
@@ -255,16 +282,18 @@ def _bases(req: PlanRequest):
     """Every base candidate the policy allows, in the search's order."""
     graph, config, fixed = req.graph, req.config, req.fixed
     tm, tn, _ = config.tile
+    scales = group_scale_of(graph)
+    quant_tile = group_quant_tile(config, scales) if scales is not None else None
     for c_slot, d_slot in slot_choices(graph, req.policy, fixed):
         reuse_ok = c_slot is not None and _bits(c_slot) == _bits(d_slot) and _bits(d_slot) > 8
         if req.policy == "cutlass":
-            et = config.epilogue_tile or default_epilogue_tile(config, d_slot.dtype.bits)
+            et = quant_tile or config.epilogue_tile or default_epilogue_tile(config, d_slot.dtype.bits)
             epi_tiles = (tm // et[0]) * (tn // et[1])
             sc, sd = stock_stages(epi_tiles, reuse_ok)
             if column_reduction_fits(graph, config, et, d_slot):
                 yield _Base(c_slot, d_slot, et, sc, sd, reuse_ok, c_slot is None and not config.grouped)
             continue
-        tiles = [config.epilogue_tile] if config.epilogue_tile else _tile_options(config)
+        tiles = [quant_tile] if quant_tile else [config.epilogue_tile] if config.epilogue_tile else _tile_options(config)
         has_loads = c_slot is not None or bool(_aux_loads(graph))
         for et in tiles:
             if not column_reduction_fits(graph, config, et, d_slot):

@@ -64,6 +64,7 @@ from evtc.ir.nodes import (
     Accumulator,
     AuxLoad,
     ColBroadcast,
+    GroupScale,
     Leaf,
     RowBroadcast,
     ScalarBroadcast,
@@ -400,11 +401,13 @@ class Binder:
                 self._bind_store(o, given.get(n), x, ops, values, allocs)
                 continue
             label = f"out['{n}']"
-            ext = o.axis.shape(x.M, x.N)
+            ext = (x.M, o.groups(x.N)) if isinstance(o, GroupScale) else o.axis.shape(x.M, x.N)
             shape = ((x.L,) + ext) if x.batched else ext
-            strides = (ext[0], 1) if (x.batched and ext) else ((1,) if x.batched or ext else ())
+            strides = _packed_strides(shape)
             if n in given:
                 v = tensors.view(given[n], label, self.graph.name, writable=True)
+                if isinstance(o, GroupScale) and tuple(v.shape) == shape:  # its layout named first
+                    _check_scale_layout(v, label, shape, self.graph.name)
                 self._check(v, label, o.dtype, [shape], x.device, False, tma=self.arch == "sm90", output=True,
                             align16=self.mn_tma)
                 ops.add(v, label, f"p_{n}", o.dtype, output=True, mask=o.dtype.bytes - 1, mn=False, inplace=False)
@@ -575,3 +578,31 @@ class Binder:
         args = self.fill_args(sig, ptrs, scalars)
         outputs = {o: given.get(o) for o in self.output_names}
         return args, outputs, [A, B, *kwargs.values(), *given.values()], tensors.view(A, "A", self.graph.name)
+
+
+def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides (elements) of a packed ``shape``."""
+    out, step = [], 1
+    for extent in reversed(shape):
+        out.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(out))
+
+
+def _check_scale_layout(v, label: str, shape: tuple[int, ...], epilogue: str) -> None:
+    """A caller's scales of ``evtc.quantize`` must be row-major (M, G): the kernel writes scale
+    (m, g) at ``m * G + g`` (``ScaleLayout.ROW_MAJOR`` of evtc.testing.quant).
+
+    Raises:
+        ArgumentError: naming the layout expected and the one given (DeepGEMM's column-major
+            ``COL_MAJOR_TMA`` is recognised by name).
+    """
+    M, G = shape[-2:]
+    got = tuple(v.strides[-2:])
+    if M <= 1 and G <= 1 or got == (G, 1) or (M <= 1 and got[1] == 1) or (G <= 1 and got[0] == 1):
+        return
+    what = "column-major (ScaleLayout.COL_MAJOR_TMA, DeepGEMM's TMA layout)" if got[0] == 1 else f"strides {got}"
+    raise ArgumentError(f"output {label}: quantize's scales are written row-major (ScaleLayout.ROW_MAJOR: (M, G) "
+                        f"with strides ({G}, 1)); the tensor given is {what}", epilogue=epilogue,
+                        hint="pass a contiguous (M, G) f32 tensor (evtc.testing.quant.allocate_scales(..., "
+                             "ScaleLayout.ROW_MAJOR)), or let evtc allocate it")

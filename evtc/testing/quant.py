@@ -150,12 +150,13 @@ def quantize_per_token_group(x: Any, group: int = 128, dtype: str = "e4m3", *, c
         raise ArgumentError(f"ue8m0=True with convention '{convention}': only vLLM's power-of-two scales are "
                             "written down here", hint="use convention='vllm', or quantize_mx(rounding='ceil')")
     _dtype(dtype)
-    qmax = torch.tensor(ELEMENT_MAX[dtype], dtype=torch.float32)
-    eps_t = torch.tensor(EPS[convention] if eps is None else eps, dtype=torch.float32)
+    dev = x.device  # the constants beside x: the reference runs on the CPU or the GPU alike
+    qmax = torch.tensor(ELEMENT_MAX[dtype], dtype=torch.float32, device=dev)
+    eps_t = torch.tensor(EPS[convention] if eps is None else eps, dtype=torch.float32, device=dev)
     g, G = _groups(x, group)
     M, N = x.shape
     amax = torch.maximum(_amax(g), eps_t)  # NaN propagates through torch.maximum
-    one = torch.tensor(1.0, dtype=torch.float32)
+    one = torch.tensor(1.0, dtype=torch.float32, device=dev)
     if convention == "vllm":
         scale = amax * (one / qmax)
         if ue8m0:

@@ -63,7 +63,7 @@ class TorchOp:
     def __init__(self, gemm) -> None:
         import torch
 
-        from evtc.ir.nodes import Reduction, Store
+        from evtc.ir.nodes import GroupScale, Reduction, Store
 
         binder = gemm.dispatch.prober
         graph = gemm.graph
@@ -86,6 +86,8 @@ class TorchOp:
             dtype = getattr(torch, o.dtype.torch)
             if isinstance(o, Store):
                 specs.append(("store", None, dtype))
+            elif isinstance(o, GroupScale):
+                specs.append(("group_scale", o, dtype))
             elif isinstance(o, Reduction):
                 specs.append(("reduction", o.axis, dtype))
         self._specs = specs
@@ -130,7 +132,8 @@ class TorchOp:
         packed = follows_packed_inputs(N, mn)  # False without M x N inputs
         outs = []
         for kind, axis, dtype in self._specs:
-            shape = (M, N) if kind == "store" else tuple(axis.shape(M, N))
+            shape = (M, N) if kind == "store" else (M, axis.groups(N)) if kind == "group_scale" else \
+                tuple(axis.shape(M, N))
             if batched:
                 shape = (L,) + tuple(shape)
             if kind == "store":

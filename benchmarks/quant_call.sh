@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call of the GPU machine for issue 40's evtc.quantize: build test_quantize_gpu's and
+# bench_quant's kernels on every core, run tests/gpu/test_quantize_gpu.py and the grouped
+# GEMM's run_list test, then benchmarks/bench_quant.py; each part stops at its share of
+# DEADLINE_S. Logs and JSON go to OUT.
+#   bash benchmarks/quant_call.sh [DEADLINE_S]
+set -u
+DEADLINE=${1:-560}
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+T0=$SECONDS
+left() { local l=$(( DEADLINE - (SECONDS - T0) )); echo $(( l > 5 ? l : 5 )); }
+export EVTC_TEST_SOURCE=1 EVTC_BUILD_JOBS=$(nproc)
+S="$OUT/summary.txt"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  git rev-parse --short HEAD 2>/dev/null; echo "nproc $(nproc)"; } > "$S" 2>&1
+( cd benchmarks && timeout "$(( $(left) - 300 ))" python3 prebuild.py quantize && \
+  timeout "$(( $(left) - 280 ))" python3 bench_quant.py --prebuild ) > "$OUT/build.log" 2>&1
+echo "built rc $? at $((SECONDS - T0)) s" >> "$S"
+timeout -s INT "$(( $(left) - 250 ))" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_quantize_gpu.py \
+  > "$OUT/pytest_quantize.log" 2>&1
+echo "pytest quantize rc $? at $((SECONDS - T0)) s: $(tail -1 "$OUT/pytest_quantize.log")" >> "$S"
+timeout -s INT "$(( $(left) - 220 ))" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_gpu.py -k list_of_problems \
+  > "$OUT/pytest_run_list.log" 2>&1
+echo "pytest run_list rc $? at $((SECONDS - T0)) s: $(tail -1 "$OUT/pytest_run_list.log")" >> "$S"
+timeout -s INT "$(( $(left) - 5 ))" python3 benchmarks/bench_quant.py --json "$OUT/quant.json" ${BENCH_ARGS:-} \
+  > "$OUT/quant.log" 2>&1
+echo "bench rc $? at $((SECONDS - T0)) s" >> "$S"
+python3 -m evtc cache export "$OUT/quant_cache.tar.xz" >> "$S" 2>&1; ls -la "$OUT/quant_cache.tar.xz" >> "$S" 2>&1
+cat "$S"; tail -15 "$OUT/pytest_quantize.log"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_quantize.log" | head
+tail -5 "$OUT/pytest_run_list.log"; tail -40 "$OUT/quant.log"

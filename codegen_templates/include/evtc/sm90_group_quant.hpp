@@ -1,0 +1,204 @@
+// evtc::Sm90GroupQuant: per-token-group quantization of D inside the sm90 epilogue
+// (evtc.quantize). The root visitor of the tree: it passes the value y through in visit(), and
+// in reduce(), where the collective hands it the whole epilogue subtile of y in registers
+// before converting it to D's fp8 type and storing it (sm90_epilogue_tma_warpspecialized.hpp:
+// cst_callbacks.reduce(..., tRS_rCompute_frg), then NumericArrayConverter, then the TMA store),
+// it computes each row's scale from the row's amax, writes the scale, and replaces y by the
+// quotient that the collective's cvt.rn.satfinite rounds to fp8.
+//
+// NOTE [Per-token-group quantization in the epilogue] (evtc/plan/sm90_space.py): the subtile is
+// exactly one group wide (Group = EpiN, aligned to the group since the tile N is a multiple of
+// it), so a group is one row of the subtile. Its amax is the max over the thread's elements of
+// that row, then over the four lanes of its quad, which hold the row's other columns in the
+// WGMMA accumulator layout (PTX ISA, "Register fragment wgmma .m64nNk16": row 16 warp + lane/4
+// (+ 8), columns 2 (lane % 4) (+ 1, + 8 j)). Which of the thread's elements share a row is
+// static: tCcD, the collective's coordinates relative to the thread's first element, has a
+// static layout (make_coord_tensor), so the row comparisons below fold at compile time.
+//
+// The f32 operations are those of the conventions of evtc/testing/quant.py (NOTE
+// [Per-token-group quantization conventions]), each correctly rounded (__fdiv_rn, __fmul_rn:
+// no fast-math reciprocal, no contraction), with NaN-propagating max and clamp (max.NaN.f32,
+// PTX ISA "max": torch's amax, maximum and clamp propagate NaN). Elements outside the problem
+// (N or M ragged) count 0 in the amax and are not stored.
+#pragma once
+
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+
+namespace evtc {
+
+// the convention codes (GroupScale.convention; evtc/emit/sm90.py)
+enum class QuantConvention : int { kVllm = 0, kSglang = 1, kDeepgemm = 2 };
+
+CUTLASS_DEVICE float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+CUTLASS_DEVICE float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Group: elements per scale (the subtile's N); Convention: a QuantConvention; Qmax: the largest
+// finite value of D's fp8 type (448 for e4m3, 57344 for e5m2: OCP 8-bit Floating Point v1.0)
+template <int Group, int Convention, int Qmax>
+struct Sm90GroupQuant {
+  static constexpr QuantConvention kConvention = static_cast<QuantConvention>(Convention);
+  // the floor of a group's amax: the sources' epsilons (evtc/ir/quant.py EPS)
+  static constexpr float kEps = kConvention == QuantConvention::kDeepgemm ? 1e-4f : 1e-10f;
+
+  struct SharedStorage {};
+
+  struct Arguments {
+    float* ptr_scale = nullptr;  // (L, M, G) f32, row-major, G = ceil(N / Group)
+    int64_t batch_stride = 0;    // elements between batches (0 when L == 1)
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    return args.ptr_scale != nullptr;
+  }
+
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE Sm90GroupQuant() {}
+  CUTLASS_HOST_DEVICE Sm90GroupQuant(Params const& params, SharedStorage const&) : params_ptr(&params) {}
+
+  Params const* params_ptr = nullptr;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class CTensor, class Residue>
+  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tCcD, Residue residue, int M, int N, int l, Params const* params_ptr)
+        : tCcD(tCcD), residue(residue), M(M), N(N), l(l), params_ptr(params_ptr) {}
+
+    CTensor tCcD;      // (CPY,CPY_M,CPY_N,EPI_M,EPI_N) coordinates relative to the thread's first element
+    Residue residue;   // (M, N) minus the thread's first element's coordinates
+    int M, N, l;
+    Params const* params_ptr;
+
+    template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize>
+    visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int, int, int,
+          cutlass::Array<ElementInput, FragmentSize> const& frg_input) {
+      return frg_input;
+    }
+
+    CUTLASS_DEVICE static float quad_max(float v) {
+      v = max_nan(v, __shfl_xor_sync(0xffffffff, v, 1));
+      return max_nan(v, __shfl_xor_sync(0xffffffff, v, 2));
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void
+    reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
+      using namespace cute;
+      static_assert(cute::is_same_v<typename VTensor::value_type::Element, float>,
+                    "evtc.quantize needs the f32 values of the subtile (the root's visit returns f32)");
+      Tensor crd = tCcD(_, _, _, epi_m, epi_n);
+      constexpr int Size = decltype(size(crd))::value;
+      constexpr int Frg = decltype(size(visit_results))::value * VTensor::value_type::kElements;
+      static_assert(Size == Frg, "one coordinate per value of the subtile");
+      // the subtile's values: the collective's compact register fragment (tRS_rCompute), whose
+      // element i is the one at coordinate crd(i)
+      Tensor vals = make_tensor(reinterpret_cast<float*>(visit_results.data()), make_layout(Int<Size>{}));
+      constexpr float qmax = float(Qmax);
+      constexpr float eps = kEps;
+      int const row0 = M - int(get<0>(residue));  // the thread's first element's row and column
+      int const col0 = N - int(get<1>(residue));
+      int const G = (N + Group - 1) / Group;
+      float* scales = params_ptr->ptr_scale + int64_t(l) * params_ptr->batch_stride;
+
+      float a[Size];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Size; ++i) {
+        a[i] = elem_less(crd(i), residue) ? fabsf(vals(i)) : 0.f;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Size; ++i) {
+        int const r = int(get<0>(crd(i)));
+        bool leader = true;  // the thread's first element of its row (static after unrolling)
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < i; ++j) {
+          leader = leader && int(get<0>(crd(j))) != r;
+        }
+        if (!leader) {
+          continue;
+        }
+        float amax = a[i];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = i + 1; j < Size; ++j) {
+          if (int(get<0>(crd(j))) == r) {
+            amax = max_nan(amax, a[j]);
+          }
+        }
+        amax = max_nan(quad_max(amax), eps);
+        float scale, mult = 0.f;
+        if constexpr (kConvention == QuantConvention::kVllm) {
+          constexpr float inv = 1.0f / qmax;  // torch: one / qmax, rounded to f32
+          scale = __fmul_rn(amax, inv);
+        } else if constexpr (kConvention == QuantConvention::kSglang) {
+          scale = __fdiv_rn(amax, qmax);
+          mult = __fdiv_rn(1.0f, scale);
+        } else {
+          mult = __fdiv_rn(qmax, amax);
+          scale = __fdiv_rn(amax, qmax);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = i; j < Size; ++j) {
+          if (int(get<0>(crd(j))) != r) {
+            continue;
+          }
+          float q;
+          if constexpr (kConvention == QuantConvention::kVllm) {
+            q = min_nan(max_nan(__fdiv_rn(vals(j), scale), -qmax), qmax);
+          } else if constexpr (kConvention == QuantConvention::kSglang) {
+            q = min_nan(max_nan(__fmul_rn(vals(j), mult), -qmax), qmax);
+          } else {
+            q = __fmul_rn(vals(j), mult);  // no clamp: the cvt saturates what torch's cast keeps finite
+          }
+          vals(j) = q;
+          // the scale, from the thread that holds the group's first column
+          int const row = row0 + r, col = col0 + int(get<1>(crd(j)));
+          if (col % Group == 0 && row < M && col < N) {
+            scales[int64_t(row) * G + col / Group] = scale;
+          }
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto
+  get_consumer_store_callbacks(cutlass::epilogue::fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto [m, n, k, l] = args.tile_coord_mnkl;
+    static_assert(cute::size<1>(decltype(args.epi_tile){}) == Group, "the epilogue subtile is one group wide");
+    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
+        args.tCcD, args.residue_tCcD, int(M), int(N), int(l), params_ptr);
+  }
+};
+
+}  // namespace evtc

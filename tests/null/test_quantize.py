@@ -1,0 +1,163 @@
+"""evtc.quantize without a GPU: the numpy quantizer of the interpreter against the torch
+reference (bit for bit), the frontend's and the verifier's errors, the plan (one group per
+epilogue subtile, D quantized), the members that can't run it, sm80's refusal, the emitted
+visitor and the IR text round trip."""
+
+import numpy as np
+import pytest
+
+import evtc
+from evtc import dtypes
+from evtc.errors import EpilogueTypeError, EvtcError, LegalizeError, PlanError
+from evtc.ir.interpret import interpret
+from evtc.ir.quant import quantize_groups
+
+torch = pytest.importorskip("torch")
+from evtc.testing.quant import quantize_per_token_group  # noqa: E402
+
+
+def _y(M, N, seed):
+    rng = np.random.default_rng(seed)
+    y = (rng.standard_normal((M, N)) * rng.choice([1e-3, 1.0, 300.0], size=(M, 1))).astype(np.float32)
+    if M > 4 and N > 70:
+        y[1, :] = 0.0                 # amax 0: the epsilon
+        y[2, 5] = np.inf              # inf in group 0
+        y[3, 66] = np.nan             # NaN in group 1 (of 64)
+        y[4, :] = 1e-12               # below the epsilon
+    return y
+
+
+@pytest.mark.parametrize("convention", ["vllm", "sglang", "deepgemm"])
+@pytest.mark.parametrize("dtype", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("shape", [(9, 300), (5, 128), (1, 1000), (16, 77)])
+def test_numpy_quantizer_is_bitwise_the_reference(convention, dtype, group, shape):
+    y = _y(*shape, seed=hash((convention, dtype, group, shape)) % 1000)
+    q, s = quantize_groups(y[None], group, convention, dtypes.coerce(dtype))
+    q_ref, s_ref = quantize_per_token_group(torch.from_numpy(y), group, dtype, convention=convention)
+    want_q = q_ref.float().numpy().astype(np.float64)
+    assert np.array_equal(q[0], want_q, equal_nan=True)
+    assert np.array_equal(s[0].astype(np.float32).view(np.int32)[~np.isnan(s[0])],
+                          s_ref.numpy().view(np.int32)[~np.isnan(s[0])])
+    assert np.array_equal(np.isnan(s[0]), np.isnan(s_ref.numpy()))
+    # not vacuous: some quotient saturates at the dtype's max, and groups differ in scale
+    assert np.nanmax(np.abs(q)) == dtypes.coerce(dtype).max
+    assert len(np.unique(s[np.isfinite(s)])) > 1
+
+
+@evtc.epilogue
+def quant(acc, bias: evtc.RowVector[evtc.f32]):
+    y = acc + bias
+    q, s = evtc.quantize(y, evtc.e4m3, group=128)
+    return {"D": q, "D_scale": s, "Y": y.to(evtc.f32)}
+
+
+def test_interpreter_quantizes_per_group():
+    rng = np.random.default_rng(1)
+    acc, bias = rng.standard_normal((2, 33, 300)), rng.standard_normal(300)
+    out = interpret(quant.graph, acc, {"bias": bias})
+    assert out["D_scale"].shape == (2, 33, 3)
+    for b in range(2):
+        q_ref, s_ref = quantize_per_token_group(torch.from_numpy(out["Y"][b].astype(np.float32)), 128, "e4m3")
+        assert np.array_equal(out["D"][b], q_ref.float().numpy())
+        assert np.array_equal(out["D_scale"][b].astype(np.float32), s_ref.numpy())
+
+
+def test_ir_text_round_trips():
+    from evtc.ir.printer import print_graph
+
+    text = print_graph(quant.graph)
+    assert "group_quant(%0) {convention=vllm, group=128} : e4m3" in text
+    assert "D_scale = group_scale(%1) : f32" in text
+    assert evtc.parse_ir(text) == quant.graph
+
+
+def _error(fn) -> EvtcError:
+    with pytest.raises(EvtcError) as e:
+        evtc.Gemm(evtc.epilogue(fn))
+    return e.value
+
+
+def test_frontend_refuses_bad_arguments():
+    def not_fp8(acc):
+        q, s = evtc.quantize(acc, evtc.bf16)
+        return {"D": q, "S": s}
+
+    def odd_group(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=100)
+        return {"D": q, "S": s}
+
+    def bad_convention(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, convention="fbgemm")
+        return {"D": q, "S": s}
+
+    def constant(acc):
+        q, s = evtc.quantize(2.0, evtc.e4m3)
+        return {"D": q, "S": s}
+
+    def scales_converted(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3)
+        return {"D": q, "S": s.to(evtc.bf16)}
+
+    assert "e4m3 or e5m2" in str(_error(not_fp8))
+    assert "group=100" in str(_error(odd_group))
+    assert "fbgemm" in str(_error(bad_convention))
+    assert "constant" in str(_error(constant))
+    assert "f32" in str(_error(scales_converted))
+
+
+def test_quantized_value_is_only_an_output_pair():
+    def used_inside(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3)
+        return {"D": q * 2.0, "S": s}
+
+    def no_scales(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3)
+        return {"D": q}
+
+    def stored_twice(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3)
+        return {"D": q, "E": q, "S": s}
+
+    for fn in (used_inside, no_scales, stored_twice):
+        err = _error(fn)
+        assert isinstance(err, EpilogueTypeError), (fn.__name__, err)
+        assert "quantize" in str(err), fn.__name__
+
+
+def test_plan_quantizes_d_one_group_per_subtile():
+    for cfg, tile in ((evtc.GemmConfig(tile=(128, 128, 64), schedule="cooperative"), (128, 128)),
+                      (evtc.GemmConfig(tile=(128, 256, 64), schedule="cooperative"), (128, 128)),
+                      (evtc.GemmConfig(tile=(64, 128, 64), schedule="pingpong", cluster=(1, 1, 1)), (64, 128))):
+        g = evtc.Gemm(quant, config=cfg)
+        assert tuple(g.plan.epilogue_tile) == tile
+        assert g.plan.d_slot == "D"
+        assert "evtc::Sm90GroupQuant<128, 0, 448>" in g.source
+        assert "#include <evtc/sm90_group_quant.hpp>" in g.source
+
+
+def test_configurations_that_cant_quantize_are_refused_before_any_build():
+    swap = evtc.GemmConfig(tile=(64, 16, 64), cluster=(1, 1, 1), schedule="pingpong", swap_ab=True)
+    odd_n = evtc.GemmConfig(tile=(128, 176, 64), schedule="pingpong", cluster=(1, 1, 1))
+    for cfg, why in ((swap, "swap-AB"), (odd_n, "not a multiple of the group")):
+        with pytest.raises(PlanError, match=why):
+            evtc.Gemm(quant, config=cfg).plan
+    with pytest.raises(LegalizeError, match="sm90 only"):
+        evtc.Gemm(quant, arch="sm80").plan
+
+
+def test_family_keeps_only_members_that_can_quantize():
+    fam = evtc.Gemm(quant).family
+    assert fam, "no member left"
+    for name, spec in fam.items():
+        cfg = spec.config
+        assert not cfg.swap_ab and cfg.tile[1] % 128 == 0, name
+    plain = evtc.Gemm("D = acc + bias[n]").family
+    assert set(fam) < set(plain)
+
+
+def test_eager_quantize_is_the_reference():
+    y = torch.randn(4, 256)
+    q, s = evtc.quantize(y, evtc.e4m3, group=128)
+    q_ref, s_ref = quantize_per_token_group(y, 128, "e4m3")
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
