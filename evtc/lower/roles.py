@@ -101,7 +101,7 @@ ROLES: dict[Role, RoleSpec] = {s.role: s for s in (
              ReduceAxis.SCALAR),
     # evtc.quantize's scales, written by the root visitor that quantizes D's subtile (sm90 only:
     # the legalize pass refuses it elsewhere)
-    RoleSpec(Role.GROUP_SCALE, "output", "evtc::Sm90GroupQuant", "", "group_scale"),
+    RoleSpec(Role.GROUP_SCALE, "output", "evtc::Sm90GroupQuant", "none (LegalizeError: sm90 only)", "group_scale"),
 )}
 
 _LEAF_ROLES: dict[type, Role] = {

@@ -69,7 +69,10 @@ def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -
         if isinstance(o, Store):
             out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
         elif isinstance(o, Reduction):
-            ext = (p.M, o.groups(p.N)) if o.kind == "group_scale" else o.axis.shape(p.M, p.N)
+            if o.kind == "group_scale":  # row-major and packed, as the kernel writes them
+                out[o.name] = torch.full(lead + (p.M, o.groups(p.N)), float("nan"), dtype=torch.float32, device=device)
+                continue
+            ext = o.axis.shape(p.M, p.N)
             shape = lead + ext
             t = padded_empty(torch, shape or (1,), o.dtype, device)
             out[o.name] = t if shape else t[0]

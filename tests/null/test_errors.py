@@ -263,7 +263,8 @@ def test_typo_in_an_op_name_is_located_with_close_matches():
     with pytest.raises(evtc.GrammarError) as ex:  # the expression form says the same
         evtc.from_expr("D = rleu(acc)")
     assert ex.value.message == "unknown function 'rleu'" and "did you mean 'relu'" in ex.value.hint
-    assert ex.value.hint.split("? ")[1] == ei.value.hint.split("? ")[1]  # the same list of functions
+    # the same list of functions, but evtc.quantize, which only Python epilogues call
+    assert ex.value.hint.split("? ")[1] == ei.value.hint.split("? ")[1].replace(" quantize,", "")
 
 
 def test_unknown_evtc_attribute_is_still_an_attribute_error():

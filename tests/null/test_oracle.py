@@ -64,7 +64,8 @@ def test_lipschitz_table_bounds_every_derivative():
 
 
 def test_every_op_has_an_f32_error_row():
-    missing = sorted(set(ops.OPS) - set(T.F32_ERROR) - {"convert"})
+    # group_quant: the oracle refuses evtc.quantize (checked bitwise against evtc.testing.quant)
+    missing = sorted(set(ops.OPS) - set(T.F32_ERROR) - {"convert", "group_quant"})
     assert not missing, f"add rows to evtc.testing.F32_ERROR for {missing}"
 
 

@@ -12,7 +12,7 @@ import pytest
 import sympy
 
 import evtc
-from evtc import bf16, f32, passes
+from evtc import bf16, e4m3, f32, passes
 from evtc.dtypes import DType
 from evtc.errors import EvtcError, IRVerificationError, LegalizeError, PassError, SourceLoc
 from evtc.ir import verify
@@ -282,6 +282,10 @@ def _rule_cases() -> dict[str, tuple[Graph, int]]:
         "unique-output-names": (g([store(acc, "D", line=3), store(relu, "D", line=4)]), 4),
         "output-mn": (g([store(bias := RowBroadcast(f32, name="bias"), line=5)], inputs=(acc, bias)), 5),
         "reduction-dim": (g([store(acc), Reduction(f32, name="S", value=acc, op=ReduceOp.SUM, dim=2, loc=_loc(6))]), 6),
+        # a quantized value stored without its scales
+        "quantize-pair": (g([store(Compute(e4m3, op="group_quant", args=(acc,), attrs=(("convention", "vllm"),
+                                                                                        ("group", 128)), loc=_loc(2)),
+                                   dtype=e4m3)]), 2),
     }
 
 

@@ -131,11 +131,6 @@ struct Sm90GroupQuant {
       int const G = (N + Group - 1) / Group;
       float* scales = params_ptr->ptr_scale + int64_t(l) * params_ptr->batch_stride;
 
-      float a[Size];
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < Size; ++i) {
-        a[i] = elem_less(crd(i), residue) ? fabsf(vals(i)) : 0.f;
-      }
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < Size; ++i) {
         int const r = int(get<0>(crd(i)));
@@ -147,11 +142,13 @@ struct Sm90GroupQuant {
         if (!leader) {
           continue;
         }
-        float amax = a[i];
+        // no array of |y|: the values are read where they are (the accumulators and this
+        // subtile's values already hold most of the thread's registers)
+        float amax = 0.f;
         CUTLASS_PRAGMA_UNROLL
-        for (int j = i + 1; j < Size; ++j) {
+        for (int j = i; j < Size; ++j) {
           if (int(get<0>(crd(j))) == r) {
-            amax = max_nan(amax, a[j]);
+            amax = max_nan(amax, elem_less(crd(j), residue) ? fabsf(vals(j)) : 0.f);
           }
         }
         amax = max_nan(quad_max(amax), eps);
