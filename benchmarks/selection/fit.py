@@ -4,10 +4,11 @@ halves side by side (the validation half is used for nothing else).
 
     python benchmarks/selection/fit.py benchmarks/ground_truth/H200.json \\
         --table evtc/dispatch/tables/H200.json --report benchmarks/selection/H200_report.json \\
-        --plot docs/img/selection_H200.png
+        --plot docs/img/selection_H200.png [--cv 5]
 
-A dev-only script: scipy fits the wave model's coefficients (robust least squares on log time);
-the package evaluates the table in plain Python.
+A dev-only script: scipy fits the wave model's coefficients (robust least squares on log time),
+LightGBM (``pip install lightgbm``; 4.7.0 here) the ranker's trees (lambdarank, one thread,
+deterministic); the package evaluates the table in plain Python.
 
 What it reports, per half and epilogue class, over the problems whose rows TMA can address
 (the unaligned ones take the staging route, whose own cost model decides; they are reported
@@ -16,7 +17,10 @@ apart): the chosen candidate's time / the fastest candidate's (geomean, share wi
 how many problems the choice leaves slower than eager unfused or torch.compile default (each
 measured in the same run); and the chosen time / cuBLAS's plain GEMM, with and without the
 problems where cuBLAS itself falls off the unaligned cliff (slower than 2x the model of its own
-aligned neighbour: here, N or K not a multiple of 8).
+aligned neighbour: here, N or K not a multiple of 8). The calibration half's figures are
+in-sample; ``--cv k`` adds them cross-validated (``calibration_cv``: each of k folds of the
+calibration problems, by a hash of the problem, chosen by a model fitted on the other folds),
+the estimate of the validation figures that choices of features and settings were made on.
 """
 
 from __future__ import annotations
@@ -61,8 +65,23 @@ def _specs(g, row, sms, members):
                                                         members=members)}
 
 
-def fit(rows, split, graphs, sms):
-    """Coefficients per (class, row of the wave model) and the calibration residuals."""
+#: the ranker's relevance grades by time / the fastest candidate's (NOTE [The selection model])
+GRADES = (1.02, 1.05, 1.15)
+#: LightGBM's settings of the ranker (chosen by 5-fold cross-validation on the calibration half)
+RANKER = dict(objective="lambdarank", lambdarank_truncation_level=5, label_gain=[0, 1, 3, 7], learning_rate=0.05,
+              num_leaves=31, min_data_in_leaf=20, num_threads=1, deterministic=True, force_row_wise=True, seed=0,
+              verbose=-1)
+ROUNDS = 400
+
+
+def grade(ratio):
+    """3, 2, 1 or 0: within each of :data:`GRADES` of the fastest, or slower."""
+    return sum(ratio <= g for g in GRADES)
+
+
+def fit(rows, split, graphs, sms, half="calibration"):
+    """The table's coefficients per (class, row of the wave model) and the ranker's trees, from
+    the rows of ``split``'s ``half`` (``split``: problem id -> half)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -70,10 +89,11 @@ def fit(rows, split, graphs, sms):
     from evtc.family.spec import Problem
 
     samples = collections.defaultdict(list)  # (class, kind) -> [(features, ms)]
-    specs_of = {}
+    specs_of, row_of = {}, {}
     for r in rows:
-        if split[r["id"]] != "calibration":
+        if split[r["id"]] != half:
             continue
+        row_of[(r["id"], r["epilogue"])] = r
         specs = specs_of[(r["id"], r["epilogue"])] = _specs(graphs[r["epilogue"]], r, sms, "trial")
         p = Problem(r["M"], r["N"], r["K"], r["L"], True, True, sms)
         for lab, ms in r["ms"].items():
@@ -91,22 +111,68 @@ def fit(rows, split, graphs, sms):
 
         sol = least_squares(res, x0=[0.005, 0.001, 0.001, 0.001, 0.0003], loss="soft_l1", f_scale=0.1)
         coef[cls][kind] = [float(f"{abs(x):.6g}") for x in sol.x]
-    table_rows = collections.defaultdict(list)
-    for r in rows:
-        key = (r["id"], r["epilogue"])
-        if key not in specs_of:
-            continue
-        specs = specs_of[key]
+    coef = dict(coef)
+    members = sorted({s.name for specs in specs_of.values() for s in specs.values()})
+    shell = select.Table({"device": "-", "sm_count": sms, "coef": coef,
+                          "ranker": {"features": select.FEATURES, "members": members, "trees": []}})
+    X, y, groups = [], [], []
+    for (pid, cls), specs in specs_of.items():
+        r = row_of[(pid, cls)]
         p = Problem(r["M"], r["N"], r["K"], r["L"], True, True, sms)
-        residuals = {}
-        for lab, ms in r["ms"].items():
-            kind = select.variant_kind(specs[lab]) if lab in specs else None
-            if lab in BASELINES or not ms or kind not in coef[r["epilogue"]]:
-                continue
-            pred = select.predict(coef[r["epilogue"]][kind], select.features(specs[lab], p))
-            residuals[lab] = round(math.log(ms) - math.log(pred), 3)
-        table_rows[r["epilogue"]].append([r["M"], r["N"], r["K"], r["L"], residuals])
-    return dict(coef), dict(table_rows)
+        runtime = {lab for lab in _specs(graphs[cls], r, sms, None) if r["ms"].get(lab)}
+        base = {lab: shell.wave_model(cls, s, p) for lab, s in specs.items() if r["ms"].get(lab)}
+        base = {lab: b for lab, b in base.items() if b is not None}
+        least = min(base[lab] for lab in runtime if lab in base)
+        best = min(r["ms"][lab] for lab in runtime)
+        for lab, b in sorted(base.items()):
+            X.append(select.ranker_features(specs[lab], p, cls, members) + [b, b - least])
+            y.append(grade(r["ms"][lab] / best))
+        groups.append(len(base))
+    return coef, ranker(np.array(X), np.array(y), groups, members)
+
+
+def ranker(X, y, groups, members):
+    """The ranker's table entry: LightGBM's lambdarank trees as arrays (select.Table.trees)."""
+    import lightgbm as lgb
+
+    from evtc.dispatch import select
+
+    cat = [select.FEATURES.index(f) for f in select.CATEGORICAL]
+    model = lgb.train(RANKER, lgb.Dataset(X, y, group=groups, categorical_feature=cat,
+                                          feature_name=list(select.FEATURES)), num_boost_round=ROUNDS)
+    trees = []
+    for info in model.dump_model()["tree_info"]:
+        feature, threshold, left, right, leaf = [], [], [], [], []
+
+        def walk(n):
+            if "leaf_index" in n or "leaf_value" in n:
+                leaf.append(n["leaf_value"])
+                return ~(len(leaf) - 1)
+            i = len(feature)
+            assert n["missing_type"] in ("None", None), n  # no feature is ever missing
+            feature.append(n["split_feature"])
+            if n["decision_type"] == "==":
+                threshold.append(sorted(int(c) for c in str(n["threshold"]).split("||")))
+            else:
+                assert n["decision_type"] == "<=", n
+                threshold.append(n["threshold"])
+            left.append(None)
+            right.append(None)
+            left[i] = walk(n["left_child"])
+            right[i] = walk(n["right_child"])
+            return i
+
+        root = walk(info["tree_structure"])
+        if root < 0:  # a tree of one leaf
+            feature, threshold, left, right = [0], [math.inf], [root], [root]
+        trees.append([feature, threshold, left, right, leaf])
+    table = {"features": list(select.FEATURES), "members": members, "grades": list(GRADES), "trees": trees}
+    # the arrays give LightGBM's own scores
+    check = select.Table({"device": "-", "sm_count": 1, "coef": {}, "ranker": table})
+    got = [check.ranker_score(list(x)) for x in X[:2000]]
+    want = model.predict(X[:2000])
+    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-6, "the exported trees disagree with LightGBM"
+    return table
 
 
 def evaluate(rows, split, graphs, table, sms):
@@ -168,13 +234,36 @@ def summary(items):
     }
 
 
+def fold(problem_id, k):
+    """The cross-validation fold of a problem: by its hash, past the bit that splits the halves."""
+    return (int(problem_id, 16) >> 1) % k
+
+
+def cross_validate(rows, aligned_rows, split, graphs, sms, k):
+    """Per ("calibration_cv", class): each calibration problem chosen by a table fitted on the
+    other k - 1 folds of the calibration half (the validation half is not read)."""
+    from evtc.dispatch import select
+
+    out = collections.defaultdict(list)
+    cal = [r for r in rows if split[r["id"]] == "calibration"]
+    for i in range(k):
+        train = {pid: ("calibration" if h == "calibration" and fold(pid, k) != i else "-") for pid, h in split.items()}
+        coef, ranker_table = fit(aligned_rows, train, graphs, sms)
+        table = select.Table({"device": "-", "sm_count": sms, "coef": coef, "ranker": ranker_table})
+        held = [r for r in cal if fold(r["id"], k) == i]
+        for (_, cls), items in evaluate(held, {r["id"]: "calibration_cv" for r in held}, graphs, table, sms).items():
+            out[("calibration_cv", cls)] += items
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ground_truth")
     ap.add_argument("--table", required=True)
     ap.add_argument("--report")
     ap.add_argument("--plot")
-    ap.add_argument("-k", type=int, default=8)
+    ap.add_argument("--cv", type=int, default=0, metavar="K",
+                    help="also report K-fold cross-validated figures of the calibration half")
     args = ap.parse_args()
     from benchmarks import corpus
     from evtc.dispatch import select
@@ -185,18 +274,20 @@ def main() -> None:
     rows = gt["rows"]
     graphs = _graphs()
     aligned_rows = [r for r in rows if r["N"] % 8 == 0 and r["K"] % 8 == 0]
-    coef, table_rows = fit(aligned_rows, split, graphs, sms)
-    data = {"device": gt["device"], "sm_count": sms, "k": args.k, "date": gt.get("date"),
+    coef, ranker_table = fit(aligned_rows, split, graphs, sms)
+    data = {"device": gt["device"], "sm_count": sms, "date": gt.get("date"),
             "source": f"{Path(args.ground_truth).name}: the calibration half of benchmarks/corpus "
                       "(fit by benchmarks/selection/fit.py)",
-            "coef": coef, "rows": table_rows}
+            "coef": coef, "ranker": ranker_table}
     Path(args.table).parent.mkdir(parents=True, exist_ok=True)
     Path(args.table).write_text(json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n")
     table = select.Table(data)
     res = evaluate(rows, split, graphs, table, sms)
+    if args.cv:
+        res.update(cross_validate(rows, aligned_rows, split, graphs, sms, args.cv))
     report = {"device": gt["device"], "halves": {f"{h}/{c}": summary(v) for (h, c), v in sorted(res.items())}}
     for key, s in report["halves"].items():
-        print(f"{key:22s} n={s['aligned']:3d}  chosen/best gm {s['chosen_over_best_gm']:.3f}  "
+        print(f"{key:25s} n={s['aligned']:3d}  chosen/best gm {s['chosen_over_best_gm']:.3f}  "
               f"<=1.05 {100 * s['within_1.05']:.1f}%  <=1.15 {100 * s['within_1.15']:.1f}%  worst {s['worst']:.2f} | "
               f"top{TOP} <=1.02 {100 * s['top4_within_1.02']:.1f}% worst {s['top4_worst']:.2f} | heuristic gm "
               f"{s['heuristic_over_best_gm']:.3f} <=1.05 {100 * s['heuristic_within_1.05']:.1f}% | "
@@ -204,7 +295,7 @@ def main() -> None:
               f"{s['best_slower_than_compile']}) | /cuBLAS {s['over_cublas_gm']:.3f} "
               f"(aligned {s['over_cublas_gm_aligned_only']:.3f})")
     if args.report:
-        report["problems"] = {f"{h}/{c}": v for (h, c), v in sorted(res.items())}
+        report["problems"] = {f"{h}/{c}": v for (h, c), v in sorted(res.items()) if h != "calibration_cv"}
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
         plot(res, args.plot, gt["device"])

@@ -8,21 +8,35 @@ package (``evtc/dispatch/tables/<device>.json``), fitted offline by
 ``benchmarks/selection/fit.py`` on the calibration half of the problem corpus only.
 
 # NOTE [The selection model]
-A candidate's time is predicted in two steps (docs/performance.md, "The selection model"):
+Candidates are ranked in two steps (docs/performance.md, "The selection model"):
 
-1. an analytic wave model per (member, run-time variant kind, epilogue class): the persistent
-   scheduler hands out ``units`` = scheduled tiles (CUTLASS's cluster and swizzle padding
-   counted, :func:`~evtc.family.spec.scheduled_tiles`) x K splits in ``waves`` of the SM count;
-   a wave costs ``a + b * mainloop + c * epilogue + d * split-K reduction`` (the reduction a
-   serial turnstile of ``splits - 1`` read-modify-writes of the tile, CUTLASS's
-   ``fixup`` in ``sm90_tile_scheduler_stream_k.hpp``), the stream-K decomposition spreads the
-   K tiles over the SMs, and the time is at least ``e * bytes`` (A, B and D once through HBM).
-   Five coefficients per row, fitted by a robust least squares on log time;
-2. a correction learned from the nearest calibration problems: the mean of the model's log
-   residual for the same candidate over the ``k`` problems nearest in (log M, log N, log K,
-   log L / 2), weighted by 1 / (distance + 0.25). What the wave model misses (L2 reuse, TMA
-   multicast, a schedule's epilogue overlap) varies smoothly with the shape; this learns it
-   locally without moving the model where it has no neighbours.
+1. an analytic wave model per (member, run-time variant kind, epilogue class) predicts each
+   candidate's time: the persistent scheduler hands out ``units`` = scheduled tiles (CUTLASS's
+   cluster and swizzle padding counted, :func:`~evtc.family.spec.scheduled_tiles`) x K splits in
+   ``waves`` of the SM count; a wave costs ``a + b * mainloop + c * epilogue + d * split-K
+   reduction`` (the reduction a serial turnstile of ``splits - 1`` read-modify-writes of the
+   tile, CUTLASS's ``fixup`` in ``sm90_tile_scheduler_stream_k.hpp``), the stream-K
+   decomposition spreads the K tiles over the SMs, and the time is at least ``e * bytes`` (A, B
+   and D once through HBM). Five coefficients per row, fitted by a robust least squares on log
+   time;
+2. a ranker, gradient-boosted regression trees fitted with a pairwise ranking objective
+   (LightGBM's lambdarank, offline) over all three epilogue classes at once, scores each
+   candidate from :func:`ranker_features`: the shape, the member and its variant, the tile's
+   waves, wave fill, padding and K loop per split, and the wave model's log time, absolute and
+   relative to the fastest the wave model predicts among the problem's candidates. The trees
+   learn how the candidates of one problem order (what the wave model misses: L2 reuse, TMA
+   multicast, a schedule's epilogue overlap, the cost of a split), with relevance grades by
+   time / the fastest candidate's: <= 1.02, <= 1.05, <= 1.15, slower; the candidate of the
+   highest score is chosen. The table holds the trees as arrays; :meth:`Table.ranker_score`
+   walks them.
+
+The ranker replaced a correction by the nearest calibration problems (the wave model's log
+residual of the same candidate averaged over the 8 nearest problems). In 5-fold
+cross-validation on the calibration half (benchmarks/selection/fit.py ``--cv 5``; the settings
+were chosen so, the validation half read once at the end) that chose within 1.05 of the fastest
+on 83-86 % of problems per epilogue class, the ranker on 88-92 %. The table is larger (the
+trees: 400 of at most 31 leaves) and a problem's ranking costs a few ms of Python (once per
+shape: the dispatcher keeps its routes).
 
 The epilogue class of a Gemm is ``reduce`` (row or column reductions), ``aux`` (aux loads or
 stores besides C and D), else ``pointwise``: the three classes of the ground truth
@@ -39,13 +53,22 @@ from typing import Mapping, Sequence
 
 from evtc.family.spec import KernelSpec, Problem, scheduled_tiles
 
-__all__ = ["Table", "epilogue_class", "features", "load_table", "predict", "rank", "variant_kind"]
+__all__ = ["CLASSES", "FEATURES", "Table", "epilogue_class", "features", "load_table", "predict", "rank",
+           "ranker_features", "variant_kind"]
 
 TABLES = Path(__file__).with_name("tables")
-#: feature weights of the neighbour distance: log2 of M, N, K and L
-WEIGHTS = (1.0, 1.0, 1.0, 0.5)
-#: a candidate no neighbour measured gets the model's prediction plus this (log) penalty
-UNSEEN_PENALTY = 0.05
+#: the epilogue classes, in the order of the ranker's ``cls`` feature
+CLASSES = ("pointwise", "aux", "reduce")
+#: the ranker's features, in order (:func:`ranker_features`, then the wave model's log time and
+#: that minus the least among the problem's candidates)
+FEATURES = ("cls", "log2_M", "log2_N", "log2_K", "log2_L", "log2_MNL", "member", "variant", "log2_splits",
+            "tile_m", "tile_n", "swap_ab", "cluster_m", "cluster_n", "log2_tiles", "log2_scheduled_tiles",
+            "padding", "tile_fill", "waves", "wave_fill", "units_per_sm", "log2_k_tiles",
+            "log2_k_tiles_per_split", "log2_mainloop", "log2_epilogue", "log2_reduction", "log2_mbytes",
+            "log2_flops_per_byte", "m_tile_remainder", "n_tile_remainder", "swizzle", "wave_model",
+            "wave_model_over_least")
+#: the categorical features (a tree's split on one is a set of values that go left)
+CATEGORICAL = ("cls", "member", "variant")
 
 
 def epilogue_class(graph) -> str:
@@ -72,6 +95,11 @@ def variant_kind(spec: KernelSpec) -> str:
     return base + (":sk" if cfg.decomposition == "stream_k" else ":dp")
 
 
+def _splits(spec: KernelSpec) -> int:
+    cfg = spec.config
+    return cfg.split_k if cfg.scheduler == "streamk" and cfg.decomposition == "split_k" else 1
+
+
 def features(spec: KernelSpec, p: Problem) -> tuple[float, float, float, float]:
     """(mainloop, epilogue, reduction, bytes) of the wave model for ``spec`` on ``p``: mainloop
     and epilogue in waves x (tile area / 128^2) x (K loop / 64) and waves x (tile area / 128^2),
@@ -83,7 +111,7 @@ def features(spec: KernelSpec, p: Problem) -> tuple[float, float, float, float]:
     k_tiles = math.ceil(p.K / tk)
     area = tm * tn / (128 * 128)
     stream_k = cfg.scheduler == "streamk" and cfg.decomposition == "stream_k"
-    splits = cfg.split_k if cfg.scheduler == "streamk" and cfg.decomposition == "split_k" else 1
+    splits = _splits(spec)
     if stream_k:  # the K tiles of every output tile spread evenly over the SMs
         waves = math.ceil(tiles * k_tiles / p.sm_count) / k_tiles
         k_loop = k_tiles * tk
@@ -102,48 +130,83 @@ def predict(coef: Sequence[float], f: Sequence[float]) -> float:
     return max(a + b * f[0] + c * f[1] + d * f[2], e * f[3])
 
 
-def _point(M: int, N: int, K: int, L: int) -> tuple[float, ...]:
-    return tuple(w * math.log2(max(x, 1)) for w, x in zip(WEIGHTS, (M, N, K, L)))
+def ranker_features(spec: KernelSpec, p: Problem, cls: str, members: Sequence[str]) -> list[float]:
+    """The ranker's features of ``spec`` on ``p`` (:data:`FEATURES` but the last two, which
+    :func:`rank` appends): ``members`` numbers the member (-1: one the ranker never saw)."""
+    cfg = spec.config
+    tm, tn, tk = cfg.tile
+    M, N, K, L = p.M, p.N, p.K, p.L
+    Mk, Nk = (N, M) if cfg.swap_ab else (M, N)
+    cm, cn = tuple(cfg.cluster[:2]) if cfg.cluster else (1, 1)
+    tiles = scheduled_tiles(cfg, Mk, Nk, L, swizzle=cfg.swizzle or 0)
+    raw = math.ceil(Mk / tm) * math.ceil(Nk / tn) * L
+    splits = _splits(spec)
+    k_tiles = math.ceil(K / tk)
+    units = tiles * splits
+    waves = math.ceil(units / p.sm_count)
+    if cfg.scheduler != "streamk":
+        variant = 0
+    elif cfg.decomposition == "stream_k":
+        variant = 2
+    else:
+        variant = 3 if splits > 1 else 1
+    f0, f1, f2, f3 = features(spec, p)
+    name = spec.name.split(":")[0]
+    return [CLASSES.index(cls), math.log2(M), math.log2(N), math.log2(K), math.log2(L), math.log2(M * N * L),
+            members.index(name) if name in members else -1, variant, math.log2(splits), tm, tn,
+            int(bool(cfg.swap_ab)), cm, cn, math.log2(raw), math.log2(tiles), tiles / raw,
+            Mk * Nk * L / (raw * tm * tn), waves, units / (waves * p.sm_count), units / p.sm_count,
+            math.log2(k_tiles), math.log2(max(k_tiles / splits, 1e-3)), math.log2(f0 + 1e-9),
+            math.log2(f1 + 1e-9), math.log2(f2 + 1e-3), math.log2(f3), math.log2(2.0 * M * N * K * L / (f3 * 1e6)),
+            (Mk / tm) % 1, (Nk / tn) % 1, cfg.swizzle or 0]
 
 
 class Table:
-    """One device's fitted model: per epilogue class, the wave model's coefficients per row and
-    the calibration problems with the model's log residual per candidate label.
+    """One device's fitted model: per epilogue class, the wave model's coefficients per row; the
+    ranker's trees.
 
     Attributes:
         device: the GPU it was measured on (``torch.cuda.get_device_name()``).
         sm_count: its multiprocessors.
-        k: neighbours averaged.
+        coef: class -> wave-model row (:func:`variant_kind`) -> five coefficients.
+        members: the member names the ranker's ``member`` feature numbers.
+        trees: the ranker's trees, each ``[feature, threshold, left, right, leaf]`` arrays: node
+            ``i`` sends ``x`` to ``left[i]`` where ``x[feature[i]] <= threshold[i]`` (or, for a
+            categorical feature, where ``int(x[feature[i]])`` is in the list ``threshold[i]``),
+            else to ``right[i]``; a child ``c < 0`` is the leaf ``leaf[~c]``.
     """
 
     def __init__(self, data: Mapping) -> None:
         self.device = data["device"]
         self.sm_count = int(data["sm_count"])
-        self.k = int(data.get("k", 8))
         self.coef: dict[str, dict[str, list[float]]] = data["coef"]
-        self.rows: dict[str, list[tuple[tuple[float, ...], dict[str, float]]]] = {
-            cls: [(_point(*r[:4]), r[4]) for r in rows] for cls, rows in data["rows"].items()}
+        ranker = data["ranker"]
+        if tuple(ranker["features"]) != FEATURES:
+            raise ValueError(f"the table's ranker was fitted on other features: {ranker['features']}")
+        self.members: list[str] = list(ranker["members"])
+        self.trees = [(f, [frozenset(t) if isinstance(t, list) else t for t in th], lo, hi, leaf)
+                      for f, th, lo, hi, leaf in ranker["trees"]]
 
-    def score(self, cls: str, p: Problem, spec: KernelSpec, label: str, near) -> float | None:
-        """The predicted log time of ``spec`` (labelled ``label``), or None where the table has
-        no coefficients for its row."""
+    def wave_model(self, cls: str, spec: KernelSpec, p: Problem) -> float | None:
+        """The wave model's log time (ms) of ``spec`` on ``p``, or None where the table has no
+        coefficients for its row."""
         coef = self.coef.get(cls, {}).get(variant_kind(spec))
         if coef is None:
             return None
-        base = math.log(max(predict(coef, features(spec, p)), 1e-6))
-        num = den = 0.0
-        for w, residuals in near:
-            r = residuals.get(label)
-            if r is not None:
-                num += w * r
-                den += w
-        return base + (num / den if den else UNSEEN_PENALTY)
+        return math.log(max(predict(coef, features(spec, p)), 1e-6))
 
-    def neighbours(self, cls: str, p: Problem) -> list[tuple[float, dict[str, float]]]:
-        """The ``k`` calibration problems of ``cls`` nearest ``p``: (weight, residuals)."""
-        x = _point(p.M, p.N, p.K, p.L)
-        dist = sorted(((math.dist(x, pt), res) for pt, res in self.rows.get(cls, ())), key=lambda t: t[0])
-        return [(1.0 / (dd + 0.25), res) for dd, res in dist[:self.k]]
+    def ranker_score(self, x: Sequence[float]) -> float:
+        """The ranker's score of a candidate's :data:`FEATURES` ``x``: higher is faster."""
+        s = 0.0
+        for feature, threshold, left, right, leaf in self.trees:
+            i = 0
+            while i >= 0:
+                t = threshold[i]
+                v = x[feature[i]]
+                go_left = (v >= 0 and int(v) in t) if isinstance(t, frozenset) else v <= t
+                i = left[i] if go_left else right[i]
+            s += leaf[~i]
+        return s
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,18 +224,26 @@ def load_table(device: str | None) -> Table | None:
     return Table(json.loads(chosen.read_text()))  # package data, written by benchmarks/selection/fit.py
 
 
-def rank(p: Problem, cls: str, candidates: Sequence[KernelSpec], table: Table | None) -> list[KernelSpec]:
-    """``candidates`` ordered by predicted time, fastest first (their given order where the
-    table has no row for them, after those it ranks)."""
-    from evtc.dispatch.space import label
+def scores(p: Problem, cls: str, candidates: Sequence[KernelSpec], table: Table) -> list[float | None]:
+    """The ranker's score of each of ``candidates`` (higher: faster), None where the table has no
+    wave-model row for it."""
+    base = [table.wave_model(cls, s, p) for s in candidates]
+    least = min((b for b in base if b is not None), default=0.0)
+    out: list[float | None] = []
+    for spec, b in zip(candidates, base):
+        if b is None:
+            out.append(None)
+            continue
+        out.append(table.ranker_score(ranker_features(spec, p, cls, table.members) + [b, b - least]))
+    return out
 
+
+def rank(p: Problem, cls: str, candidates: Sequence[KernelSpec], table: Table | None) -> list[KernelSpec]:
+    """``candidates`` ordered by the ranker's score, best first (their given order among equal
+    scores, and where the table has no row for them, after those it ranks)."""
     if table is None:
         return list(candidates)
-    near = table.neighbours(cls, p)
-    scored = []
-    for i, spec in enumerate(candidates):
-        s = table.score(cls, p, spec, label(spec), near)
-        scored.append((s if s is not None else math.inf, i, spec))
+    scored = [(-s if s is not None else math.inf, i, spec)
+              for i, (spec, s) in enumerate(zip(candidates, scores(p, cls, candidates, table)))]
     scored.sort(key=lambda t: (t[0], t[1]))
     return [s for _, _, s in scored]
-

@@ -66,25 +66,40 @@ def test_choices_respect_the_rules_the_space_encodes(gemms):
     assert g.choose(128, 4096, 4095, aligned_k=False).arch == "sm80"
 
 
-def test_the_neighbours_correct_the_wave_model():
-    """A candidate's score is the wave model's log time plus its residual averaged over the
-    nearest calibration problems; one no neighbour measured pays UNSEEN_PENALTY."""
+def test_the_ranker_walks_its_trees_over_the_wave_model():
+    """A candidate's score is the sum of its trees' leaves over :data:`select.FEATURES` (the
+    wave model's log time and that minus the problem's least among them the last two); the
+    highest score ranks first; a candidate without a wave-model row is unranked, last."""
     from evtc.family.spec import default_family
 
     fam = {s.name: s for s in default_family("sm90", bf16, bf16)}
-    large = fam["large"]
-    data = {"device": "X", "sm_count": 132, "k": 2,
-            "coef": {"pointwise": {"large": [0.01, 0.001, 0.002, 0.0, 0.0001]}},
-            "rows": {"pointwise": [[1024, 1024, 1024, 1, {"large": 0.5}], [8192, 8192, 8192, 1, {"large": -0.5}]]}}
+    large, pingpong = fam["large"], fam["pingpong"]
+    nf = len(select.FEATURES)
+    wave, over_least, member = nf - 2, nf - 1, select.FEATURES.index("member")
+    # tree 1: the wave model's time over the least <= 0.01 -> +1; tree 2: member in {1} -> +0.5
+    data = {"device": "X", "sm_count": 132,
+            "coef": {"pointwise": {"large": [0.01, 0.001, 0.002, 0.0, 0.0001],
+                                   "small": [0.02, 0.001, 0.002, 0.0, 0.0001]}},
+            "ranker": {"features": list(select.FEATURES), "members": ["large", "small"],
+                       "trees": [[[over_least], [0.01], [-1], [-2], [1.0, 0.0]],
+                                 [[member], [[1]], [-1], [-2], [0.5, 0.0]]]}}
     t = select.Table(data)
     p = Problem(1024, 1024, 1024)
-    base = math.log(select.predict(data["coef"]["pointwise"]["large"], select.features(large, p)))
-    near = t.neighbours("pointwise", p)
-    got = t.score("pointwise", p, large, "large", near)
-    w1, w2 = 1 / 0.25, 1 / (math.dist(select._point(1024, 1024, 1024, 1), select._point(8192, 8192, 8192, 1)) + 0.25)
-    assert got == pytest.approx(base + (0.5 * w1 - 0.5 * w2) / (w1 + w2))
-    assert t.score("pointwise", p, large, "large_unseen", near) == pytest.approx(base + select.UNSEEN_PENALTY)
-    assert t.score("pointwise", p, fam["pingpong"], "pingpong", near) is None  # no coefficients: unranked
+    small = fam["small"]
+    base = {s.name: math.log(select.predict(data["coef"]["pointwise"][s.name], select.features(s, p)))
+            for s in (large, small)}
+    assert t.wave_model("pointwise", large, p) == pytest.approx(base["large"])
+    assert t.wave_model("pointwise", pingpong, p) is None  # no coefficients: unranked
+    fastest = min(base, key=base.get)
+    got = select.scores(p, "pointwise", [large, small, pingpong], t)
+    want = {n: (1.0 if n == fastest else 0.0) + (0.5 if n == "small" else 0.0) for n in ("large", "small")}
+    assert got == [pytest.approx(want["large"]), pytest.approx(want["small"]), None]
+    x = select.ranker_features(large, p, "pointwise", t.members) + [base["large"], 0.0]
+    assert len(x) == nf and x[wave] == pytest.approx(base["large"])
+    order = [s.name for s in select.rank(p, "pointwise", [pingpong, large, small], t)]
+    assert order == sorted(("large", "small"), key=lambda n: -want[n]) + ["pingpong"]
+    with pytest.raises(ValueError):  # a table fitted on other features is refused
+        select.Table({**data, "ranker": {**data["ranker"], "features": ["cls"]}})
 
 
 def test_the_report_is_what_the_shipped_table_gives():
