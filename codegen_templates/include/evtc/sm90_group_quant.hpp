@@ -131,60 +131,73 @@ struct Sm90GroupQuant {
       int const G = (N + Group - 1) / Group;
       float* scales = params_ptr->ptr_scale + int64_t(l) * params_ptr->batch_stride;
 
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < Size; ++i) {
-        int const r = int(get<0>(crd(i)));
-        bool leader = true;  // the thread's first element of its row (static after unrolling)
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < i; ++j) {
-          leader = leader && int(get<0>(crd(j))) != r;
+      // which of the thread's elements share a row: static (the layout of the coordinates
+      // relative to the thread's first element); lead[i] is the first element of i's row
+      using RelLayout = decltype(tCcD(_, _, _, Int<0>{}, Int<0>{}).layout());
+      using Lead = RowLeaders<RelLayout, Size>;
+      float amax[Size], scale[Size], mult[Size];  // used at leaders only (static indices: registers)
+      cute::for_each(cute::make_int_sequence<Size>{}, [&](auto I) {
+        if constexpr (Lead::value[I] == I) {
+          amax[I] = 0.f;
         }
-        if (!leader) {
-          continue;
-        }
-        // no array of |y|: the values are read where they are (the accumulators and this
-        // subtile's values already hold most of the thread's registers)
-        float amax = 0.f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = i; j < Size; ++j) {
-          if (int(get<0>(crd(j))) == r) {
-            amax = max_nan(amax, elem_less(crd(j), residue) ? fabsf(vals(j)) : 0.f);
-          }
-        }
-        amax = max_nan(quad_max(amax), eps);
-        float scale, mult = 0.f;
-        if constexpr (kConvention == QuantConvention::kVllm) {
-          constexpr float inv = 1.0f / qmax;  // torch: one / qmax, rounded to f32
-          scale = __fmul_rn(amax, inv);
-        } else if constexpr (kConvention == QuantConvention::kSglang) {
-          scale = __fdiv_rn(amax, qmax);
-          mult = __fdiv_rn(1.0f, scale);
-        } else {
-          mult = __fdiv_rn(qmax, amax);
-          scale = __fdiv_rn(amax, qmax);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = i; j < Size; ++j) {
-          if (int(get<0>(crd(j))) != r) {
-            continue;
-          }
-          float q;
+      });
+      cute::for_each(cute::make_int_sequence<Size>{}, [&](auto I) {
+        amax[Lead::value[I]] = max_nan(amax[Lead::value[I]], elem_less(crd(I), residue) ? fabsf(vals(I)) : 0.f);
+      });
+      cute::for_each(cute::make_int_sequence<Size>{}, [&](auto I) {
+        if constexpr (Lead::value[I] == I) {
+          float m = max_nan(quad_max(amax[I]), eps);
           if constexpr (kConvention == QuantConvention::kVllm) {
-            q = min_nan(max_nan(__fdiv_rn(vals(j), scale), -qmax), qmax);
+            constexpr float inv = 1.0f / qmax;  // torch: one / qmax, rounded to f32
+            scale[I] = __fmul_rn(m, inv);
           } else if constexpr (kConvention == QuantConvention::kSglang) {
-            q = min_nan(max_nan(__fmul_rn(vals(j), mult), -qmax), qmax);
+            scale[I] = __fdiv_rn(m, qmax);
+            mult[I] = __fdiv_rn(1.0f, scale[I]);
           } else {
-            q = __fmul_rn(vals(j), mult);  // no clamp: the cvt saturates what torch's cast keeps finite
+            mult[I] = __fdiv_rn(qmax, m);
+            scale[I] = __fdiv_rn(m, qmax);
           }
-          vals(j) = q;
-          // the scale, from the thread that holds the group's first column
-          int const row = row0 + r, col = col0 + int(get<1>(crd(j)));
-          if (col % Group == 0 && row < M && col < N) {
-            scales[int64_t(row) * G + col / Group] = scale;
+        }
+      });
+      cute::for_each(cute::make_int_sequence<Size>{}, [&](auto I) {
+        constexpr int L0 = Lead::value[I];
+        float q;
+        if constexpr (kConvention == QuantConvention::kVllm) {
+          q = min_nan(max_nan(__fdiv_rn(vals(I), scale[L0]), -qmax), qmax);
+        } else if constexpr (kConvention == QuantConvention::kSglang) {
+          q = min_nan(max_nan(__fmul_rn(vals(I), mult[L0]), -qmax), qmax);
+        } else {
+          q = __fmul_rn(vals(I), mult[L0]);  // no clamp: the cvt saturates what torch's cast keeps finite
+        }
+        vals(I) = q;
+        // the scale, from the thread that holds the group's first column
+        int const row = row0 + int(get<0>(crd(I))), col = col0 + int(get<1>(crd(I)));
+        if (col % Group == 0 && row < M && col < N) {
+          scales[int64_t(row) * G + col / Group] = scale[L0];
+        }
+      });
+    }
+
+  };
+
+  // value[i]: the first j whose row offset under the static layout L is i's (the leader of i's row)
+  template <class L, int Size>
+  struct RowLeaders {
+    template <int... Is>
+    static constexpr cute::array<int, Size> make(cute::int_sequence<Is...>) {
+      constexpr int rows[] = {int(cute::get<0>(L{}(cute::Int<Is>{})))...};
+      cute::array<int, Size> out{};
+      for (int i = 0; i < Size; ++i) {
+        out[i] = i;
+        for (int j = i - 1; j >= 0; --j) {
+          if (rows[j] == rows[i]) {
+            out[i] = j;
           }
         }
       }
+      return out;
     }
+    static constexpr cute::array<int, Size> value = make(cute::make_int_sequence<Size>{});
   };
 
   template <bool ReferenceSrc, class... Args>
