@@ -136,11 +136,11 @@ def main() -> None:
                "min_vs_compile": min(r["vs_compile"] for r in rows), "min_vs_compile_1024_up": min(r["vs_compile"] for r in big),
                "geomean_vs_eager_all": gm(rows, "vs_eager"), "geomean_vs_mm_all": gm(rows, "vs_mm"),
                "geomean_quant_cost": gm(rows, "quant_cost"),
-               "bitwise_rows": sum(r["bitwise"] for r in rows), "rows": len(rows)}
+               "bitwise_rows": sum(r["bitwise"] for r in rows), "row_count": len(rows)}
     print("speed-up vs GEMM + torch.compile quant: geomean all {geomean_vs_compile_all:.3f}, >= 1024 tokens "
           "{geomean_vs_compile_1024_up:.3f} (target >= 1.3), min all {min_vs_compile:.3f} (target >= 1.0), "
           "min >= 1024 {min_vs_compile_1024_up:.3f}; vs eager {geomean_vs_eager_all:.3f}; evtc / mm alone "
-          "{geomean_vs_mm_all:.3f}; fused / evtc's bf16 GEMM {geomean_quant_cost:.3f}; bitwise {bitwise_rows}/{rows}"
+          "{geomean_vs_mm_all:.3f}; fused / evtc's bf16 GEMM {geomean_quant_cost:.3f}; bitwise {bitwise_rows}/{row_count}"
           .format(**summary))
     common.write_json(args.json, {"device": common.device_name(), "rows": rows, **summary})
 
