@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
-import common  # noqa: F401  (sets sys.path)
+import common  # (also sets sys.path)
 
 import evtc
 
@@ -37,17 +37,7 @@ def gemms() -> dict:
 
 
 def prebuild() -> None:
-    from evtc.compiler import build_many
-
-    jobs = {}
-    for g in gemms().values():
-        for _, _, N, K in SHAPES:
-            for M in TOKENS:
-                k = g.kernel(g.choose(M, N, K, device=DEVICE))
-                jobs.setdefault(k.source, k.job())
-    print(f"building {len(jobs)} kernels", flush=True)
-    res = build_many(list(jobs.values()))
-    print(f"built {sum(not isinstance(r, Exception) for r in res)}/{len(res)}")
+    common.build_chosen(gemms().values(), SHAPES, TOKENS, DEVICE)
 
 
 def main() -> None:

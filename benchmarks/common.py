@@ -62,6 +62,23 @@ def build_all(gemms, label=""):
     return [g for g in gemms if id(g) not in bad_gemms]
 
 
+def build_chosen(gemms, shapes, tokens, device: str) -> None:
+    """Build, in parallel, the kernel each Gemm's dispatch chooses on ``device`` (a GPU's name)
+    for every (M, N, K) of ``tokens`` x ``shapes`` ((..., N, K) tuples: the last two entries),
+    each source once; prints what it builds and what built."""
+    from evtc.compiler import build_many
+
+    jobs = {}
+    for g in gemms:
+        for *_, N, K in shapes:
+            for M in tokens:
+                k = g.kernel(g.choose(M, N, K, device=device))
+                jobs.setdefault(k.source, k.job())
+    print(f"building {len(jobs)} kernels", flush=True)
+    res = build_many(list(jobs.values()))
+    print(f"built {sum(not isinstance(r, Exception) for r in res)}/{len(res)}")
+
+
 def table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         if isinstance(v, float):

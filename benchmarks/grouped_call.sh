@@ -7,14 +7,7 @@
 set -u
 DEADLINE=${1:-540}
 TOKENS=${2:-1,64,512,4096,16384}
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-T0=$SECONDS
-left() { local l=$(( DEADLINE - (SECONDS - T0) )); echo $(( l > 5 ? l : 5 )); }
-export EVTC_TEST_SOURCE=1 EVTC_BUILD_JOBS=$(nproc)
-S="$OUT/summary.txt"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  git rev-parse --short HEAD 2>/dev/null; echo "nproc $(nproc)"; } > "$S" 2>&1
+. "$(dirname "$0")/call_prelude.sh"
 for t in .carry/grouped*.tar.xz; do [ -e "$t" ] && python3 -m evtc cache import "$t" >> "$S" 2>&1; done
 ( cd benchmarks && timeout "$(( $(left) - 200 ))" python3 prebuild.py grouped ) > "$OUT/build.log" 2>&1
 echo "built rc $? at $((SECONDS - T0)) s" >> "$S"

@@ -6,14 +6,7 @@
 #   bash benchmarks/quant_call.sh [DEADLINE_S]
 set -u
 DEADLINE=${1:-560}
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-T0=$SECONDS
-left() { local l=$(( DEADLINE - (SECONDS - T0) )); echo $(( l > 5 ? l : 5 )); }
-export EVTC_TEST_SOURCE=1 EVTC_BUILD_JOBS=$(nproc)
-S="$OUT/summary.txt"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  git rev-parse --short HEAD 2>/dev/null; echo "nproc $(nproc)"; } > "$S" 2>&1
+. "$(dirname "$0")/call_prelude.sh"
 ( cd benchmarks && timeout "$(( $(left) - 300 ))" python3 prebuild.py quantize && \
   timeout "$(( $(left) - 280 ))" python3 bench_quant.py --prebuild ) > "$OUT/build.log" 2>&1
 echo "built rc $? at $((SECONDS - T0)) s" >> "$S"
