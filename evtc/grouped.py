@@ -118,6 +118,10 @@ def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
             raise PlanError(f"input '{leaf.name}' ({type(leaf).__name__}) has no per-group form in the grouped kernel",
                             epilogue=graph.name)
     for out in graph.outputs:
+        if isinstance(out, ir_nodes.GroupScale):
+            raise PlanError(f"output '{out.name}': the grouped kernel does not quantize (evtc.quantize) yet",
+                            epilogue=graph.name, hint="quantize the grouped GEMM's output after it, or run evtc.Gemm "
+                            "per group")
         if isinstance(out, ir_nodes.Reduction):
             raise PlanError(f"output '{out.name}' is a reduction: the grouped kernel has no per-group reductions yet "
                             "(CUTLASS's and evtc's reduction visitors take one output pointer and a batch stride, "

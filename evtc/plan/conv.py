@@ -291,8 +291,13 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
     16-byte vectors anyway).
 
     Raises:
-        PlanError: nothing fits.
+        PlanError: nothing fits; an epilogue that quantizes D (``evtc.quantize``: built and
+            checked for GEMMs only).
     """
+    if any(getattr(o, "kind", "") == "group_scale" for o in graph.outputs):
+        raise PlanError("evtc.quantize is built for GEMMs only: the conv kernels' epilogue was not checked with it",
+                        epilogue=graph.name, hint="quantize the convolution's output after it "
+                        "(evtc.testing.quant.quantize_per_token_group), or run the conv as a GEMM")
     target = get_target(arch)
     if arch == "sm90" and is_persistent(config):
         from evtc.plan.sm90 import plan_sm90

@@ -146,6 +146,13 @@ def test_configurations_that_cant_quantize_are_refused_before_any_build():
         evtc.Gemm(quant, arch="sm80").plan
 
 
+def test_convolutions_and_grouped_gemms_refuse_quantize():
+    with pytest.raises(PlanError, match="GEMMs only"):
+        evtc.Conv(quant, kind="fprop").plan
+    with pytest.raises(PlanError, match="grouped kernel does not quantize"):
+        evtc.GroupedGemm(quant).plan
+
+
 def test_family_keeps_only_members_that_can_quantize():
     fam = evtc.Gemm(quant).family
     assert fam, "no member left"
