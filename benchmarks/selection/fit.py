@@ -8,7 +8,8 @@ halves side by side (the validation half is used for nothing else).
 
 A dev-only script: scipy fits the wave model's coefficients (robust least squares on log time),
 LightGBM (``pip install lightgbm``; 4.7.0 here) the ranker's trees (lambdarank, one thread,
-deterministic); the package evaluates the table in plain Python.
+deterministic) and the fuse gate's (NOTE [The fuse gate]: binary, from the calibration half's
+out-of-fold choices of 5 folds); the package evaluates the table in plain Python.
 
 What it reports, per half and epilogue class, over the problems whose rows TMA can address
 (the unaligned ones take the staging route, whose own cost model decides; they are reported
@@ -21,6 +22,13 @@ aligned neighbour: here, N or K not a multiple of 8). The calibration half's fig
 in-sample; ``--cv k`` adds them cross-validated (``calibration_cv``: each of k folds of the
 calibration problems, by a hash of the problem, chosen by a model fitted on the other folds),
 the estimate of the validation figures that choices of features and settings were made on.
+
+The fuse gate (``gate`` in the report), per half and class, over every problem: the decided time
+(the chosen kernel's where the gate fuses, torch.compile's where it does not) / the faster of
+the two (geomean), how many problems it leaves more than 5 % (and at all) slower than
+torch.compile, how many it leaves unfused, beside fusing always; cross-validated on the
+calibration half (each fold decided by a gate fitted on the other folds) and on the validation
+half (the shipped table).
 """
 
 from __future__ import annotations
@@ -140,6 +148,17 @@ def ranker(X, y, groups, members):
     cat = [select.FEATURES.index(f) for f in select.CATEGORICAL]
     model = lgb.train(RANKER, lgb.Dataset(X, y, group=groups, categorical_feature=cat,
                                           feature_name=list(select.FEATURES)), num_boost_round=ROUNDS)
+    table = {"features": list(select.FEATURES), "members": members, "grades": list(GRADES), "trees": trees_of(model)}
+    # the arrays give LightGBM's own scores
+    check = select.Table({"device": "-", "sm_count": 1, "coef": {}, "ranker": table})
+    got = [check.ranker_score(list(x)) for x in X[:2000]]
+    want = model.predict(X[:2000])
+    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-6, "the exported trees disagree with LightGBM"
+    return table
+
+
+def trees_of(model):
+    """A LightGBM model's trees as the arrays :func:`evtc.dispatch.select.tree_score` walks."""
     trees = []
     for info in model.dump_model()["tree_info"]:
         feature, threshold, left, right, leaf = [], [], [], [], []
@@ -149,7 +168,8 @@ def ranker(X, y, groups, members):
                 leaf.append(n["leaf_value"])
                 return ~(len(leaf) - 1)
             i = len(feature)
-            assert n["missing_type"] in ("None", None), n  # no feature is ever missing
+            # no feature is ever missing; a category outside a split's set goes right, as in the walker
+            assert n["missing_type"] in ("None", None) or (n["decision_type"] == "==" and not n["default_left"]), n
             feature.append(n["split_feature"])
             if n["decision_type"] == "==":
                 threshold.append(sorted(int(c) for c in str(n["threshold"]).split("||")))
@@ -166,13 +186,7 @@ def ranker(X, y, groups, members):
         if root < 0:  # a tree of one leaf
             feature, threshold, left, right = [0], [math.inf], [root], [root]
         trees.append([feature, threshold, left, right, leaf])
-    table = {"features": list(select.FEATURES), "members": members, "grades": list(GRADES), "trees": trees}
-    # the arrays give LightGBM's own scores
-    check = select.Table({"device": "-", "sm_count": 1, "coef": {}, "ranker": table})
-    got = [check.ranker_score(list(x)) for x in X[:2000]]
-    want = model.predict(X[:2000])
-    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-6, "the exported trees disagree with LightGBM"
-    return table
+    return trees
 
 
 def evaluate(rows, split, graphs, table, sms):
@@ -239,12 +253,12 @@ def fold(problem_id, k):
     return (int(problem_id, 16) >> 1) % k
 
 
-def cross_validate(rows, aligned_rows, split, graphs, sms, k):
-    """Per ("calibration_cv", class): each calibration problem chosen by a table fitted on the
-    other k - 1 folds of the calibration half (the validation half is not read)."""
+def out_of_fold(rows, aligned_rows, split, graphs, sms, k):
+    """Each calibration (problem, class) chosen by a table fitted on the other k - 1 folds of the
+    calibration half (the validation half is not read): [(class, evaluate's item, that table)]."""
     from evtc.dispatch import select
 
-    out = collections.defaultdict(list)
+    out = []
     cal = [r for r in rows if split[r["id"]] == "calibration"]
     for i in range(k):
         train = {pid: ("calibration" if h == "calibration" and fold(pid, k) != i else "-") for pid, h in split.items()}
@@ -252,7 +266,107 @@ def cross_validate(rows, aligned_rows, split, graphs, sms, k):
         table = select.Table({"device": "-", "sm_count": sms, "coef": coef, "ranker": ranker_table})
         held = [r for r in cal if fold(r["id"], k) == i]
         for (_, cls), items in evaluate(held, {r["id"]: "calibration_cv" for r in held}, graphs, table, sms).items():
-            out[("calibration_cv", cls)] += items
+            out += [(cls, item, table) for item in items]
+    return out
+
+
+def cross_validate(oof):
+    """Per ("calibration_cv", class): the items of :func:`out_of_fold`."""
+    out = collections.defaultdict(list)
+    for cls, item, _ in oof:
+        out[("calibration_cv", cls)].append(item)
+    return out
+
+
+#: the fuse gate's settings (NOTE [The fuse gate] in evtc/dispatch/select.py; chosen by 5-fold
+#: cross-validation on the calibration half): a binary classifier of "the chosen kernel is
+#: faster than torch.compile", each (problem, class) weighted by |log(chosen / compile)| + 0.01,
+#: so that its log-odds weigh what a wrong decision costs in the geomean
+GATE = dict(objective="binary", learning_rate=0.05, num_leaves=15, min_data_in_leaf=20, num_threads=1,
+            deterministic=True, force_row_wise=True, seed=0, verbose=-1)
+GATE_ROUNDS = 300
+#: the log-odds above which the gate fuses (p > 0.82): in cross-validation, 0-2 gave the same
+#: geomean within 0.2 %; 1.5 leaves fewer problems slower than torch.compile than 0 does
+GATE_THRESHOLD = 1.5
+#: the folds of the out-of-fold choices the gate learns from (and is cross-validated on)
+GATE_FOLDS = 5
+
+
+def gate_samples(entries, rows, graphs, sms):
+    """The gate's features of each (class, item, table) of ``entries`` (the item's chosen kernel,
+    the features by that table) and log(chosen / torch.compile)."""
+    import numpy as np
+
+    from evtc.dispatch import select
+    from evtc.family.spec import Problem
+
+    row_of = {(r["id"], r["epilogue"]): r for r in rows}
+    X, z = [], []
+    for cls, item, table in entries:
+        r = row_of[(item["id"], cls)]
+        p = Problem(r["M"], r["N"], r["K"], r["L"], True, True, sms)
+        chosen = _specs(graphs[cls], r, sms, None)[item["pick"]] if item["aligned"] else None
+        X.append(select.gate_features(p, cls, chosen, table))
+        z.append(math.log(item["chosen"] / item["compile"]))
+    return np.array(X), np.array(z)
+
+
+def fit_gate(X, z, members):
+    """The gate's table entry: LightGBM's binary trees (NOTE [The fuse gate]) as arrays."""
+    import lightgbm as lgb
+    import numpy as np
+
+    from evtc.dispatch import select
+
+    cat = [select.GATE_FEATURES.index(f) for f in select.CATEGORICAL]
+    model = lgb.train(GATE, lgb.Dataset(X, (z < 0).astype(int), weight=np.abs(z) + 0.01, categorical_feature=cat,
+                                        feature_name=list(select.GATE_FEATURES)), num_boost_round=GATE_ROUNDS)
+    gate = {"features": list(select.GATE_FEATURES), "members": members, "threshold": GATE_THRESHOLD,
+            "trees": trees_of(model)}
+    trees = select.Table({"device": "-", "sm_count": 1, "coef": {},
+                          "ranker": {"features": select.FEATURES, "members": members, "trees": []},
+                          "gate": gate}).gate_trees
+    got = [select.tree_score(trees, list(x)) for x in X]
+    want = model.predict(X, raw_score=True)
+    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-6, "the exported gate disagrees with LightGBM"
+    return gate
+
+
+def gate_summary(items, fuse):
+    """The gate's figures over ``items`` (evaluate's) decided by ``fuse`` (the chosen kernel where
+    True, torch.compile where False), beside always fusing."""
+    def figures(dec):
+        return {"decided_over_faster_gm": gm([d / min(i["chosen"], i["compile"]) for d, i in zip(dec, items)]),
+                "slower_than_compile_by_5pc": sum(d > 1.05 * i["compile"] for d, i in zip(dec, items)),
+                "slower_than_compile": sum(d > i["compile"] for d, i in zip(dec, items))}
+    gate = figures([i["chosen"] if f else i["compile"] for i, f in zip(items, fuse)])
+    return {"problems": len(items), "unfused": sum(not f for f in fuse), "gate": gate,
+            "always_fuse": figures([i["chosen"] for i in items])}
+
+
+def gate_report(oof, val, rows, graphs, sms, table):
+    """The gate cross-validated on the calibration half (each fold's problems decided by a gate
+    fitted on the other folds' out-of-fold choices) and on the validation half (the shipped table,
+    its gate fitted on every calibration fold): per half and class, :func:`gate_summary`."""
+    from evtc.dispatch import select
+
+    X, z = gate_samples(oof, rows, graphs, sms)
+    folds = [fold(item["id"], GATE_FOLDS) for _, item, _ in oof]
+    score = [0.0] * len(oof)
+    for i in range(GATE_FOLDS):
+        train = [j for j, f in enumerate(folds) if f != i]
+        trees = select._parse_trees(fit_gate(X[train], z[train], table.members)["trees"])
+        for j, f in enumerate(folds):
+            if f == i:
+                score[j] = select.tree_score(trees, list(X[j]))
+    out = {}
+    for cls in select.CLASSES:
+        idx = [j for j, (c, _, _) in enumerate(oof) if c == cls]
+        out[f"calibration_cv/{cls}"] = gate_summary([oof[j][1] for j in idx], [score[j] > GATE_THRESHOLD for j in idx])
+        entries = [(cls, item, table) for item in val[cls]]
+        Xv, _ = gate_samples(entries, rows, graphs, sms)
+        fuse = [table.gate_score(list(x)) > table.gate_threshold for x in Xv]
+        out[f"validation/{cls}"] = gate_summary(val[cls], fuse)
     return out
 
 
@@ -275,16 +389,21 @@ def main() -> None:
     graphs = _graphs()
     aligned_rows = [r for r in rows if r["N"] % 8 == 0 and r["K"] % 8 == 0]
     coef, ranker_table = fit(aligned_rows, split, graphs, sms)
+    # the gate learns from the calibration half's out-of-fold choices: what the model chooses
+    # on problems it was not fitted on
+    oof = out_of_fold(rows, aligned_rows, split, graphs, sms, GATE_FOLDS)
+    X, z = gate_samples(oof, rows, graphs, sms)
     data = {"device": gt["device"], "sm_count": sms, "date": gt.get("date"),
             "source": f"{Path(args.ground_truth).name}: the calibration half of benchmarks/corpus "
                       "(fit by benchmarks/selection/fit.py)",
-            "coef": coef, "ranker": ranker_table}
+            "coef": coef, "ranker": ranker_table, "gate": fit_gate(X, z, ranker_table["members"])}
     Path(args.table).parent.mkdir(parents=True, exist_ok=True)
     Path(args.table).write_text(json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n")
     table = select.Table(data)
     res = evaluate(rows, split, graphs, table, sms)
     if args.cv:
-        res.update(cross_validate(rows, aligned_rows, split, graphs, sms, args.cv))
+        res.update(cross_validate(oof if args.cv == GATE_FOLDS else
+                                  out_of_fold(rows, aligned_rows, split, graphs, sms, args.cv)))
     report = {"device": gt["device"], "halves": {f"{h}/{c}": summary(v) for (h, c), v in sorted(res.items())}}
     for key, s in report["halves"].items():
         print(f"{key:25s} n={s['aligned']:3d}  chosen/best gm {s['chosen_over_best_gm']:.3f}  "
@@ -294,6 +413,12 @@ def main() -> None:
               f">eager {s['slower_than_eager']} >compile {s['slower_than_compile']} (best>compile "
               f"{s['best_slower_than_compile']}) | /cuBLAS {s['over_cublas_gm']:.3f} "
               f"(aligned {s['over_cublas_gm_aligned_only']:.3f})")
+    report["gate"] = gate_report(oof, {c: res[("validation", c)] for c in select.CLASSES}, rows, graphs, sms, table)
+    for key, g in report["gate"].items():
+        a, b = g["gate"], g["always_fuse"]
+        print(f"gate {key:25s} n={g['problems']:3d}  decided/faster gm {a['decided_over_faster_gm']:.4f} "
+              f">compile+5% {a['slower_than_compile_by_5pc']:3d} unfused {g['unfused']:3d} | always fuse "
+              f"{b['decided_over_faster_gm']:.4f} >compile+5% {b['slower_than_compile_by_5pc']:3d}")
     if args.report:
         report["problems"] = {f"{h}/{c}": v for (h, c), v in sorted(res.items()) if h != "calibration_cv"}
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")

@@ -41,6 +41,42 @@ shape: the dispatcher keeps its routes).
 The epilogue class of a Gemm is ``reduce`` (row or column reductions), ``aux`` (aux loads or
 stores besides C and D), else ``pointwise``: the three classes of the ground truth
 (benchmarks/ground_truth.py).
+
+# NOTE [The fuse gate]
+Even the fastest evtc kernel loses to torch.compile's own cuBLAS GEMM + one fused Triton
+epilogue on many problems (the ground truth, H200, the model's choice cross-validated: 65, 65
+and 152 of 341 calibration problems for pointwise, aux and reduce, up to 6x slower), so a backend
+that fused every match could make a graph slower. :func:`fuse_gain` / :func:`should_fuse` say whether to fuse: a binary classifier
+of "the kernel the Gemm chooses is faster than torch.compile's time" (LightGBM, offline; 300
+trees of at most 15 leaves in the table, walked by :func:`tree_score` like the ranker's) over
+:func:`gate_features`: the chosen kernel's :func:`ranker_features` and wave-model log time (the
+problem's own features on the staging route). Each (problem, class) is weighted by
+``|log(chosen / compile)|``, so the log-odds weigh what a wrong decision costs; it fuses above a
+log-odds of 1.5 (p > 0.82: cross-validated, thresholds of 0-2 gave the same geomean within
+0.2 % and 1.5 left fewer problems slower than torch.compile than 0). It learns from the
+calibration half's out-of-fold choices (each problem chosen by a selection model fitted without
+its fold: what the model chooses on a problem it never saw), settings and threshold chosen by
+5-fold cross-validation there (benchmarks/selection/fit.py, ``GATE``).
+
+Decided time = the chosen kernel's where the gate fuses, else torch.compile's; geomean of
+decided / the faster of the two, problems left > 5 % slower than torch.compile, and problems
+left unfused, against fusing always (benchmarks/selection/H200_report.json, ``gate``):
+
+=========================  ==============================  ==============================
+class                      calibration, 5-fold CV (341)    validation, read once (327)
+=========================  ==============================  ==============================
+pointwise: gate            1.007, 6 slower, 68 unfused     1.010, 7 slower, 81 unfused
+pointwise: always fuse     1.043, 49 slower                1.050, 45 slower
+aux: gate                  1.008, 7 slower, 67 unfused     1.012, 6 slower, 83 unfused
+aux: always fuse           1.048, 51 slower                1.053, 41 slower
+reduce: gate               1.026, 12 slower, 167 unfused   1.016, 7 slower, 177 unfused
+reduce: always fuse        1.144, 137 slower               1.143, 141 slower
+=========================  ==============================  ==============================
+
+Measured on the H200 only: a device without its own table (the H100, which ranks with the
+H200's) gets no answer, and fusing stays the default. The figures are per GEMM + epilogue as
+the ground truth times them (CUDA graphs, one problem at a time), not whole graphs: Inductor
+may fuse an unfused epilogue with more of the graph than the ground truth's compile did.
 """
 
 from __future__ import annotations
@@ -53,8 +89,9 @@ from typing import Mapping, Sequence
 
 from evtc.family.spec import KernelSpec, Problem, scheduled_tiles
 
-__all__ = ["CLASSES", "FEATURES", "Table", "epilogue_class", "features", "load_table", "predict", "rank",
-           "ranker_features", "variant_kind"]
+__all__ = ["CLASSES", "FEATURES", "GATE_FEATURES", "Table", "epilogue_class", "features", "fuse_gain",
+           "gate_features", "load_table", "predict", "rank", "ranker_features", "should_fuse", "tree_score",
+           "variant_kind"]
 
 TABLES = Path(__file__).with_name("tables")
 #: the epilogue classes, in the order of the ranker's ``cls`` feature
@@ -69,6 +106,12 @@ FEATURES = ("cls", "log2_M", "log2_N", "log2_K", "log2_L", "log2_MNL", "member",
             "wave_model_over_least")
 #: the categorical features (a tree's split on one is a set of values that go left)
 CATEGORICAL = ("cls", "member", "variant")
+#: the fuse gate's features (:func:`gate_features`): whether the selection model ranked the chosen
+#: kernel (0: the staging route of rows TMA can't address), then the chosen kernel's
+#: :data:`FEATURES` but the last (the least among the other candidates is not needed to decide)
+GATE_FEATURES = ("ranked",) + FEATURES[:-1]
+#: a candidate's feature of the fuse gate where no ranked candidate runs the problem
+ABSENT = -1000.0
 
 
 def epilogue_class(graph) -> str:
@@ -161,9 +204,47 @@ def ranker_features(spec: KernelSpec, p: Problem, cls: str, members: Sequence[st
             (Mk / tm) % 1, (Nk / tn) % 1, cfg.swizzle or 0]
 
 
+def gate_features(p: Problem, cls: str, chosen: KernelSpec | None, table: "Table") -> list[float]:
+    """The fuse gate's features (:data:`GATE_FEATURES`) of ``p`` run by ``chosen`` (what the
+    Gemm's ``choose`` returns): the chosen kernel's :func:`ranker_features` and wave-model time
+    where the table has a wave-model row for it, else (the staging route: an unaligned member or
+    the sm80 kernel, or ``chosen`` None) the problem's own features, the kernel's :data:`ABSENT`
+    (its categorical ``member`` and ``variant`` a value no candidate has)."""
+    b = table.wave_model(cls, chosen, p) if chosen is not None else None
+    if b is not None:
+        return [1.0] + ranker_features(chosen, p, cls, table.members) + [b]
+    M, N, K, L = p.M, p.N, p.K, p.L
+    x = [ABSENT] * len(FEATURES[:-1])
+    mbytes = ((M * K + N * K) * 2 + M * N * 2) * L / 1e6
+    for name, v in (("cls", CLASSES.index(cls)), ("log2_M", math.log2(M)), ("log2_N", math.log2(N)),
+                    ("log2_K", math.log2(K)), ("log2_L", math.log2(L)), ("log2_MNL", math.log2(M * N * L)),
+                    ("member", len(table.members)), ("variant", 4), ("log2_mbytes", math.log2(mbytes)),
+                    ("log2_flops_per_byte", math.log2(2.0 * M * N * K * L / (mbytes * 1e6)))):
+        x[FEATURES.index(name)] = v
+    return [0.0] + x
+
+
+def _parse_trees(raw) -> list:
+    return [(f, [frozenset(t) if isinstance(t, list) else t for t in th], lo, hi, leaf) for f, th, lo, hi, leaf in raw]
+
+
+def tree_score(trees, x: Sequence[float]) -> float:
+    """The sum of the leaves ``x`` reaches in ``trees`` (:attr:`Table.trees`' arrays)."""
+    s = 0.0
+    for feature, threshold, left, right, leaf in trees:
+        i = 0
+        while i >= 0:
+            t = threshold[i]
+            v = x[feature[i]]
+            go_left = (v >= 0 and int(v) in t) if isinstance(t, frozenset) else v <= t
+            i = left[i] if go_left else right[i]
+        s += leaf[~i]
+    return s
+
+
 class Table:
     """One device's fitted model: per epilogue class, the wave model's coefficients per row; the
-    ranker's trees.
+    ranker's trees; the fuse gate's trees.
 
     Attributes:
         device: the GPU it was measured on (``torch.cuda.get_device_name()``).
@@ -174,6 +255,9 @@ class Table:
             ``i`` sends ``x`` to ``left[i]`` where ``x[feature[i]] <= threshold[i]`` (or, for a
             categorical feature, where ``int(x[feature[i]])`` is in the list ``threshold[i]``),
             else to ``right[i]``; a child ``c < 0`` is the leaf ``leaf[~c]``.
+        gate_trees: the fuse gate's trees (the same arrays over :data:`GATE_FEATURES`), None
+            where the table has no gate.
+        gate_threshold: the gate's score above which fusing is predicted to pay.
     """
 
     def __init__(self, data: Mapping) -> None:
@@ -184,8 +268,14 @@ class Table:
         if tuple(ranker["features"]) != FEATURES:
             raise ValueError(f"the table's ranker was fitted on other features: {ranker['features']}")
         self.members: list[str] = list(ranker["members"])
-        self.trees = [(f, [frozenset(t) if isinstance(t, list) else t for t in th], lo, hi, leaf)
-                      for f, th, lo, hi, leaf in ranker["trees"]]
+        self.trees = _parse_trees(ranker["trees"])
+        gate = data.get("gate")
+        self.gate_trees = self.gate_threshold = None
+        if gate is not None:
+            if tuple(gate["features"]) != GATE_FEATURES or list(gate["members"]) != self.members:
+                raise ValueError("the table's fuse gate was fitted on other features")
+            self.gate_trees = _parse_trees(gate["trees"])
+            self.gate_threshold = float(gate["threshold"])
 
     def wave_model(self, cls: str, spec: KernelSpec, p: Problem) -> float | None:
         """The wave model's log time (ms) of ``spec`` on ``p``, or None where the table has no
@@ -197,16 +287,12 @@ class Table:
 
     def ranker_score(self, x: Sequence[float]) -> float:
         """The ranker's score of a candidate's :data:`FEATURES` ``x``: higher is faster."""
-        s = 0.0
-        for feature, threshold, left, right, leaf in self.trees:
-            i = 0
-            while i >= 0:
-                t = threshold[i]
-                v = x[feature[i]]
-                go_left = (v >= 0 and int(v) in t) if isinstance(t, frozenset) else v <= t
-                i = left[i] if go_left else right[i]
-            s += leaf[~i]
-        return s
+        return tree_score(self.trees, x)
+
+    def gate_score(self, x: Sequence[float]) -> float:
+        """The fuse gate's score (log-odds) of :data:`GATE_FEATURES` ``x``: higher, fusing is
+        more likely to beat torch.compile (the table must have a gate)."""
+        return tree_score(self.gate_trees, x)
 
 
 @functools.lru_cache(maxsize=None)
@@ -247,3 +333,37 @@ def rank(p: Problem, cls: str, candidates: Sequence[KernelSpec], table: Table | 
               for i, (spec, s) in enumerate(zip(candidates, scores(p, cls, candidates, table)))]
     scored.sort(key=lambda t: (t[0], t[1]))
     return [s for _, _, s in scored]
+
+
+def fuse_gain(M: int, N: int, K: int, L: int, epilogue_class: str, chosen: KernelSpec | None,
+              device: str | None = None) -> float | None:
+    """How sure the fuse gate is that the fused evtc Gemm beats torch.compile's own GEMM and
+    fused epilogue on this problem (NOTE [The fuse gate]): its score minus its threshold, > 0
+    to fuse, <= 0 to leave the match to Inductor; None where it has no answer (no ``device``, a
+    device without its own table, or a table without a gate): fusing stays the default.
+
+    Args:
+        M, N, K, L: the problem (L the batch, 1 unbatched).
+        epilogue_class: ``pointwise``, ``aux`` or ``reduce`` (:func:`epilogue_class` of the
+            Gemm's graph).
+        chosen: the kernel the Gemm runs the problem on (its ``choose(M, N, K, L, ...)``);
+            one the selection model doesn't rank (the unaligned members, the sm80 kernel) or
+            None: decided on the problem's features alone.
+        device: the GPU's name (``torch.cuda.get_device_name()``).
+    """
+    if device is None or epilogue_class not in CLASSES:
+        return None
+    if not any(f.stem.replace("_", " ").lower() in device.lower() for f in TABLES.glob("*.json")):
+        return None  # the gate compares with torch.compile on one device: no other's table answers
+    table = load_table(device)
+    if table is None or table.gate_trees is None:
+        return None
+    p = Problem(M, N, K, L, True, True, table.sm_count)
+    return table.gate_score(gate_features(p, epilogue_class, chosen, table)) - table.gate_threshold
+
+
+def should_fuse(M: int, N: int, K: int, L: int, epilogue_class: str, chosen: KernelSpec | None,
+                device: str | None = None) -> bool:
+    """Whether to fuse the match (:func:`fuse_gain` > 0, or True where it has no answer)."""
+    gain = fuse_gain(M, N, K, L, epilogue_class, chosen, device)
+    return gain is None or gain > 0

@@ -123,7 +123,96 @@ def test_the_report_is_what_the_shipped_table_gives():
         for k in ("chosen_over_best_gm", "within_1.05", "within_1.15", "worst", "top4_within_1.02",
                   "slower_than_eager", "slower_than_compile"):
             assert got[k] == pytest.approx(w[k], rel=1e-9), (key, k)
+    # the fuse gate's validation figures are the shipped gate's decisions (walked in plain
+    # Python; benchmarks/selection/fit.py checked the walk against LightGBM's own scores)
+    for cls in select.CLASSES:
+        items = res[("validation", cls)]
+        X, _ = fit.gate_samples([(cls, item, table) for item in items], gt["rows"], fit._graphs(), gt["sm_count"])
+        got = fit.gate_summary(items, [table.gate_score(list(x)) > table.gate_threshold for x in X])
+        assert got == json.loads(REPORT.read_text())["gate"][f"validation/{cls}"], cls
+        assert got["gate"]["decided_over_faster_gm"] < got["always_fuse"]["decided_over_faster_gm"]
+        assert got["gate"]["slower_than_compile_by_5pc"] < got["always_fuse"]["slower_than_compile_by_5pc"]
     # and what the issue asks of it, on the half it never saw, as measured
     for cls in ("pointwise", "aux", "reduce"):
         v = want[f"validation/{cls}"]
         assert v["chosen_over_best_gm"] < v["heuristic_over_best_gm"]  # the model beats the rules it replaced
+
+
+def test_the_fuse_gate_walks_its_trees():
+    """The gate's score is the sum of its trees' leaves over :data:`select.GATE_FEATURES` (the
+    walker the ranker uses): the chosen kernel's ranker features and wave-model time where the
+    table has a row for it, the problem's own features and ABSENT on the staging route."""
+    from evtc.family.spec import default_family, on_demand
+
+    large = {s.name: s for s in default_family("sm90", bf16, bf16)}["large"]
+    unaligned = on_demand("sm90", bf16, bf16, "unaligned")
+    ranked, member = select.GATE_FEATURES.index("ranked"), select.GATE_FEATURES.index("member")
+    wave = select.GATE_FEATURES.index("wave_model")
+    # tree 1: ranked <= 0.5 -> -2 else +1; tree 2: member in {0} -> +0.25
+    data = {"device": "X", "sm_count": 132, "coef": {"reduce": {"large": [0.01, 0.001, 0.002, 0.0, 0.0001]}},
+            "ranker": {"features": list(select.FEATURES), "members": ["large", "small"], "trees": []},
+            "gate": {"features": list(select.GATE_FEATURES), "members": ["large", "small"], "threshold": 0.5,
+                     "trees": [[[ranked], [0.5], [-1], [-2], [-2.0, 1.0]],
+                               [[member], [[0]], [-1], [-2], [0.25, 0.0]]]}}
+    t = select.Table(data)
+    p = Problem(1024, 1024, 1024)
+    x = select.gate_features(p, "reduce", large, t)
+    assert len(x) == len(select.GATE_FEATURES) and x[ranked] == 1.0 and x[member] == 0
+    assert x[1:-1] == select.ranker_features(large, p, "reduce", t.members)
+    assert x[wave] == pytest.approx(t.wave_model("reduce", large, p))
+    assert t.gate_score(x) == pytest.approx(1.25) and t.gate_threshold == 0.5
+    for chosen in (unaligned, None):  # the staging route: the problem's features only
+        y = select.gate_features(p, "reduce", chosen, t)
+        assert y[ranked] == 0.0 and y[member] == len(t.members) and y[wave] == select.ABSENT
+        assert y[select.GATE_FEATURES.index("log2_K")] == 10.0
+        assert t.gate_score(y) == pytest.approx(-2.0)
+    # the walker is the ranker's
+    assert select.tree_score(t.gate_trees, x) == t.gate_score(x)
+    assert select.Table({**data, "gate": None}).gate_trees is None
+    with pytest.raises(ValueError):  # a gate fitted on other features is refused
+        select.Table({**data, "gate": {**data["gate"], "features": ["ranked"]}})
+
+
+def test_the_fuse_gate_on_measured_problems(gemms):
+    """The shipped gate on validation problems of the ground truth (H200): it fuses where the
+    chosen kernel was measured well ahead of torch.compile and leaves the match to Inductor where
+    it was well behind; no answer for a device without its own table."""
+    by_shape = {(r["M"], r["N"], r["K"], r["L"], r["epilogue"]): r for r in json.loads(GT.read_text())["rows"]}
+    cases = [((16384, 6144, 1536, 1), "pointwise", True), ((4096, 16384, 2048, 1), "aux", True),
+             ((1, 768, 768, 1), "reduce", False), ((6, 144, 25744, 1), "pointwise", False),
+             ((8192, 50257, 768, 1), "pointwise", True),  # N unaligned: the staging route
+             ((64, 60, 2048, 1), "aux", False)]
+    for (M, N, K, L), cls, want in cases:
+        r = by_shape[(M, N, K, L, cls)]
+        chosen = gemms[cls].choose(M, N, K, L, aligned_mn=N % 8 == 0)
+        gain = select.fuse_gain(M, N, K, L, cls, chosen, "NVIDIA H200")
+        assert gain is not None and (gain > 0) == want, (M, N, K, L, cls, gain)
+        assert select.should_fuse(M, N, K, L, cls, chosen, "NVIDIA H200") == want
+        # the chosen kernel's time as measured (the family's call on the staging route)
+        ratio = r["ms"][space.label(chosen) if N % 8 == 0 else "evtc"] / r["ms"]["compile"]
+        assert (ratio < 0.9) if want else (ratio > 1.1), (M, N, K, L, cls, ratio)
+        for device in (None, "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"):
+            assert select.fuse_gain(M, N, K, L, cls, chosen, device) is None
+            assert select.should_fuse(M, N, K, L, cls, chosen, device)
+    assert select.fuse_gain(16, 4096, 4096, 1, "other", None, "NVIDIA H200") is None
+
+
+def test_the_fuse_gate_defaults_to_fusing_without_a_table(monkeypatch, tmp_path, gemms):
+    """No table ships, or the table has no gate: no answer, and fusing stays the default."""
+    chosen = gemms["reduce"].choose(1, 768, 768)
+    assert not select.should_fuse(1, 768, 768, 1, "reduce", chosen, "NVIDIA H200")  # the shipped gate
+    monkeypatch.setattr(select, "TABLES", tmp_path)
+    select.load_table.cache_clear()
+    try:
+        assert select.fuse_gain(1, 768, 768, 1, "reduce", chosen, "NVIDIA H200") is None
+        assert select.should_fuse(1, 768, 768, 1, "reduce", chosen, "NVIDIA H200")
+        data = json.loads((ROOT / "evtc" / "dispatch" / "tables" / "H200.json").read_text())
+        del data["gate"]
+        (tmp_path / "H200.json").write_text(json.dumps(data))
+        select.load_table.cache_clear()
+        assert select.load_table("NVIDIA H200").gate_trees is None
+        assert select.fuse_gain(1, 768, 768, 1, "reduce", chosen, "NVIDIA H200") is None
+        assert select.should_fuse(1, 768, 768, 1, "reduce", chosen, "NVIDIA H200")
+    finally:
+        monkeypatch.undo()
+        select.load_table.cache_clear()
