@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from evtc.torch.regions import _symbolic, fuse, to_aten
 
-__all__ = ["GEMM_OPTIONS", "evtc_backend", "fuse", "make_backend", "to_aten"]
+__all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "to_aten"]
 
 
 def _has_symbolic_shapes(gm, example_inputs) -> bool:
@@ -196,16 +196,42 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
 #: the :class:`evtc.Gemm` keyword arguments the backend passes on (``torch.compile(...,
 #: backend="evtc", options={...})`` or :func:`make_backend`'s ``gemm_options``)
 GEMM_OPTIONS = ("batch_invariant", "autotune")
+#: the backend's own options: ``fuse_all`` fuses every match (no fuse gate)
+BACKEND_OPTIONS = ("fuse_all",)
+
+
+def fuse_gate(backend) -> Callable:
+    """The backend's gate for :func:`fuse`: leave a GEMM match to Inductor where the fuse gate
+    predicts evtc's kernel slower than torch.compile's own GEMM and fused epilogue on that
+    problem (:func:`evtc.dispatch.select.should_fuse`; NOTE [The fuse gate] says what it was
+    fitted and validated on). It answers on CUDA devices with a table of their own (the H200
+    today); elsewhere every match is fused. Counts what it leaves in ``backend.left_unfused``."""
+
+    def gate(gemm, M: int, N: int, K: int, L: int, device) -> bool:
+        if getattr(device, "type", None) != "cuda":
+            return True
+        import torch
+
+        from evtc.dispatch import select
+
+        name = torch.cuda.get_device_name(device)
+        ok = select.should_fuse(M, N, K, L, select.epilogue_class(gemm.graph), gemm.choose(M, N, K, L, device=name),
+                                name)
+        if not ok:
+            backend.left_unfused += 1
+        return ok
+
+    return gate
 
 
 def _gemm_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     from evtc.errors import ArgumentError
 
     options = dict(options or {})
-    unknown = sorted(set(options) - set(GEMM_OPTIONS))
+    unknown = sorted(set(options) - set(GEMM_OPTIONS) - set(BACKEND_OPTIONS))
     if unknown:
         raise ArgumentError(f"torch.compile(backend='evtc', options=...): unknown option(s) {', '.join(unknown)}",
-                            hint=f"the evtc backend takes {', '.join(GEMM_OPTIONS)}")
+                            hint=f"the evtc backend takes {', '.join(GEMM_OPTIONS + BACKEND_OPTIONS)}")
     for k, v in options.items():
         if not isinstance(v, bool):
             raise ArgumentError(f"torch.compile(backend='evtc', options={{'{k}': {v!r}}}): a bool is expected")
@@ -213,7 +239,7 @@ def _gemm_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, inductor: bool = True,
-                 gemm_options: Mapping[str, Any] | None = None):
+                 gemm_options: Mapping[str, Any] | None = None, fuse_all: bool = False, gate: Callable | None = None):
     """A Dynamo backend: :func:`to_aten` and :func:`fuse`, then Inductor (or the graph as it is,
     ``inductor=False``); a graph that needs gradients goes through AOTAutograd with its forward
     and backward graphs fused (NOTE [Fusion in training]). ``backend.fused`` counts the matches of
@@ -224,11 +250,18 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         inductor: compile with Inductor (else run the fused graph as it is).
         gemm_options: keyword arguments of every Gemm made (:data:`GEMM_OPTIONS`:
             ``batch_invariant``, ``autotune``).
+        fuse_all: fuse every match; by default :func:`fuse_gate` leaves the matches it predicts
+            slower fused than unfused to Inductor (``backend.left_unfused`` counts them).
+        gate: a gate of :func:`fuse`'s form instead of :func:`fuse_gate` (tests).
 
     Raises:
         ArgumentError: an option not in :data:`GEMM_OPTIONS`, or not a bool.
     """
     how = {"allow_cpu": allow_cpu, "on_gemm": on_gemm, "gemm_options": _gemm_options(gemm_options)}
+    if set(how["gemm_options"]) & set(BACKEND_OPTIONS):
+        from evtc.errors import ArgumentError
+
+        raise ArgumentError("make_backend(gemm_options=...): fuse_all is make_backend's own argument")
 
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):
@@ -244,13 +277,18 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         return _compile(agm, example_inputs, inductor)
 
     backend.fused = 0
+    backend.left_unfused = 0
+    if not fuse_all:
+        how["gate"] = gate or fuse_gate(backend)
     return backend
 
 
 def evtc_backend(gm, example_inputs, *, options: Mapping[str, Any] | None = None, mode: str | None = None):
     """``torch.compile(model, backend="evtc")``: fuse GEMMs with their epilogues (:func:`fuse`),
     hand the rest to Inductor. ``options={"batch_invariant": True}`` (or ``"autotune"``) is passed
-    to every :class:`evtc.Gemm` the backend makes.
+    to every :class:`evtc.Gemm` the backend makes; ``options={"fuse_all": True}`` fuses every
+    match, where by default the fuse gate leaves to Inductor the matches it predicts slower fused
+    (:func:`fuse_gate`).
 
     Raises:
         ArgumentError: a ``mode`` (the evtc backend has none) or an unknown option.
@@ -259,13 +297,15 @@ def evtc_backend(gm, example_inputs, *, options: Mapping[str, Any] | None = None
         from evtc.errors import ArgumentError
 
         raise ArgumentError(f"torch.compile(backend='evtc', mode={mode!r}): the evtc backend has no modes",
-                            hint=f"leave mode out; options={{...}} takes {', '.join(GEMM_OPTIONS)}")
+                            hint=f"leave mode out; options={{...}} takes {', '.join(GEMM_OPTIONS + BACKEND_OPTIONS)}")
     if not options:
         return _DEFAULT(gm, example_inputs)
     key = tuple(sorted(_gemm_options(options).items()))
     backend = _BY_OPTIONS.get(key)
     if backend is None:
-        backend = _BY_OPTIONS[key] = make_backend(gemm_options=dict(key))
+        opts = dict(key)
+        fuse_all = bool(opts.pop("fuse_all", False))
+        backend = _BY_OPTIONS[key] = make_backend(gemm_options=opts, fuse_all=fuse_all)
     return backend(gm, example_inputs)
 
 

@@ -528,7 +528,7 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
 
 
 def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
-         gemm_options: Mapping[str, Any] | None = None) -> int:
+         gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None) -> int:
     """Replace every match in the ATen graph ``gm`` (from :func:`to_aten`) by an evtc Gemm's
     op, in place.
 
@@ -537,6 +537,9 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         on_gemm: called with each Gemm made (tests register their kernel there).
         gemm_options: keyword arguments of every :class:`evtc.Gemm` made (``batch_invariant``,
             ``autotune``: :data:`GEMM_OPTIONS`).
+        gate: ``gate(gemm, M, N, K, L, device) -> bool``, asked for each GEMM match (not the
+            grouped ones) once its Gemm is made: False leaves the match unfused, for Inductor
+            (the backend's is the fuse gate: NOTE [The fuse gate] in evtc/dispatch/select.py).
 
     Returns:
         The number of matches fused.
@@ -566,6 +569,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                 gemm = evtc.GroupedGemm(graph, a=dt, b=dt, c=dt, d=dt)
             else:
                 gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
+                if gate is not None and not gate(gemm, m.M, m.N, m.K, m.L or 1, _val(anchor).device):
+                    continue  # predicted slower than leaving it to Inductor
             if on_gemm is not None:
                 on_gemm(gemm)
             op = gemm.torch_op()

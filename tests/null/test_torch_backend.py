@@ -338,3 +338,58 @@ def test_grouped_mm_with_its_epilogue_is_one_grouped_op():
     torch.testing.assert_close(h.double(), ref, rtol=2 ** -7, atol=1e-3)
     # the amax reads the f32 value the kernel stored beside h (one rounding: NOTE in regions.py)
     torch.testing.assert_close(amax, h.float().amax(dim=-1), rtol=2 ** -7, atol=0)
+
+
+# ---- the fuse gate (NOTE [The fuse gate] in evtc/dispatch/select.py) ----------------------------
+
+
+def test_a_match_the_gate_refuses_is_left_to_inductor():
+    torch.manual_seed(4)
+    m = LinearGelu().to(torch.bfloat16)
+    x = torch.randn(3, 5, 32).bfloat16()
+    asked = []
+
+    def gate(gemm, M, N, K, L, device):
+        asked.append((M, N, K, L, device.type))
+        return False
+
+    y, fused = compiled(m, x, gate=gate)
+    assert fused == 0 and asked == [(15, 64, 32, 1, "cpu")]
+    with torch.no_grad():
+        torch.testing.assert_close(y, m(x), rtol=0, atol=0)  # the graph as eager runs it
+    y, fused = compiled(m, x, fuse_all=True, gate=gate)  # fuse_all: the gate is not asked
+    assert fused == 1 and len(asked) == 1
+
+
+def test_the_backend_gate_asks_the_selection_model_on_an_h200(monkeypatch):
+    """fuse_gate on a CUDA device: the shipped gate's answer for the H200, counted when it leaves
+    a match; CPU tensors and other GPUs (no table of their own) always fuse."""
+    import types
+
+    import evtc
+    from evtc.torch.backend import fuse_gate
+
+    be = make_backend()
+    gate = fuse_gate(be)
+    names = {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: names[d.index])
+    reduce_ = evtc.Gemm("D = acc + bias[n]; m = max(D, dim=1); s = sum(D, dim=0)", a="bf16")
+    pointwise = evtc.Gemm("D = relu(alpha*acc + beta*C + bias[n])", a="bf16", c="bf16", d="bf16")
+    h200, h100 = types.SimpleNamespace(type="cuda", index="h200"), types.SimpleNamespace(type="cuda", index="h100")
+    # measured on the H200 (benchmarks/ground_truth/H200.json): 1 x 768 x 768 with a column sum is
+    # 2x slower fused; 16384 x 6144 x 1536 bias_relu is faster fused
+    assert gate(reduce_, 1, 768, 768, 1, h200) is False and be.left_unfused == 1
+    assert gate(pointwise, 16384, 6144, 1536, 1, h200) is True and be.left_unfused == 1
+    assert gate(reduce_, 1, 768, 768, 1, h100) is True
+    assert gate(reduce_, 1, 768, 768, 1, types.SimpleNamespace(type="cpu", index=None)) is True
+    assert be.left_unfused == 1
+
+
+def test_backend_options_take_fuse_all():
+    from evtc.errors import ArgumentError
+    from evtc.torch.backend import evtc_backend
+
+    with pytest.raises(ArgumentError, match="a bool"):
+        evtc_backend(None, [], options={"fuse_all": 1})
+    with pytest.raises(ArgumentError, match="fuse_all is make_backend's own"):
+        make_backend(gemm_options={"fuse_all": True})
