@@ -297,7 +297,9 @@ def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
     evtc/testing/quant.py; docs/numerics.md). In an epilogue both must be returned as outputs:
     ``q, s = evtc.quantize(y, evtc.e4m3); return {"D": q, "D_scale": s}``; the scales' shape is
     (M, ceil(N / group)) per batch, row-major. On torch tensors it runs
-    :func:`evtc.testing.quant.quantize_per_token_group` (the reference).
+    :func:`evtc.testing.quant.quantize_per_token_group` (the reference); on numpy arrays or
+    nested lists (M, N), the interpreter's :func:`evtc.ir.quant.quantize_groups` (the same bits,
+    as float64 arrays).
 
     Raises:
         EvtcError: a dtype that is not fp8, a group other than 32, 64 or 128, an unknown
@@ -306,9 +308,24 @@ def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
     if isinstance(x, (Value, Reduced)):
         return _trace.quantize(x, dtype, group, convention)
     from evtc import dtypes as _dt
-    from evtc.testing.quant import quantize_per_token_group
+    from evtc.errors import ArgumentError
 
-    return quantize_per_token_group(x, group, _dt.coerce(dtype).name, convention=convention)
+    dt = _dt.coerce(dtype)
+    if _torch_of((x,)) is not None:
+        from evtc.testing.quant import quantize_per_token_group
+
+        return quantize_per_token_group(x, group, dt.name, convention=convention)
+    from evtc.ir.nodes import QUANT_CONVENTIONS
+    from evtc.ir.quant import quantize_groups
+
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 2 or not dt.is_fp8 or convention not in QUANT_CONVENTIONS or isinstance(group, bool) \
+            or not isinstance(group, (int, np.integer)) or group <= 0:
+        raise ArgumentError(f"evtc.quantize of a {arr.ndim}-D array to {dt.name}, group={group!r}, "
+                            f"convention={convention!r}: an (M, N) array, e4m3 or e5m2, a positive group, one of "
+                            f"{', '.join(QUANT_CONVENTIONS)}")
+    q, s = quantize_groups(arr[None], int(group), convention, dt)
+    return q[0], s[0]
 
 
 def _no_elementwise(name: str, x, rest) -> None:

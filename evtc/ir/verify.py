@@ -34,7 +34,8 @@ output-mn               every output's value is M x N                           
 reduction-dim           a reduction's ``dim`` is 0, 1 or None                       EpilogueTypeError
 quantize-pair           a ``group_quant`` (``evtc.quantize``) is an fp8 value       EpilogueTypeError
                         stored as one output, with its scales (a GroupScale of
-                        the same group) as another, and used by nothing else
+                        the same group) as another, and used by nothing else;
+                        one per epilogue
 ======================  ==========================================================  =================
 
 Two users of the table, so that no rule is written twice:
@@ -225,8 +226,13 @@ def _quantize_violations(graph: Graph) -> Iterator[Violation]:
     for node in graph.nodes:
         for i in node.inputs:
             users.setdefault(id(i), []).append(node)
+    seen_scales = 0
     for node in graph.nodes:
         if isinstance(node, GroupScale):
+            seen_scales += 1
+            if seen_scales == 2:  # the kernel quantizes D's subtile, at the root: one quantization
+                yield Violation("quantize-pair", f"a second quantization ('{node.name}'): an epilogue quantizes one "
+                                "output, its D", node, hint="quantize one output per GEMM")
             v = node.value
             if not (isinstance(v, Compute) and v.op == "group_quant"):
                 yield Violation("quantize-pair", f"output '{node.name}' holds quantize's scales of a value "

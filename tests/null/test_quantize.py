@@ -99,6 +99,25 @@ def test_frontend_refuses_bad_arguments():
         q, s = evtc.quantize(acc, evtc.e4m3)
         return {"D": q, "S": s.to(evtc.bf16)}
 
+    def group_float(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=128.0)
+        return {"D": q, "S": s}
+
+    def group_bool(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=True)
+        return {"D": q, "S": s}
+
+    def convention_none(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, convention=None)
+        return {"D": q, "S": s}
+
+    def of_a_reduction(acc):
+        q, s = evtc.quantize(evtc.amax(acc, dim=1), evtc.e4m3)
+        return {"D": q, "S": s}
+
+    assert "group=128.0" in str(_error(group_float)) and "group=True" in str(_error(group_bool))
+    assert "convention=None" in str(_error(convention_none))
+    assert "used inside" in str(_error(of_a_reduction))
     assert "e4m3 or e5m2" in str(_error(not_fp8))
     assert "group=100" in str(_error(odd_group))
     assert "fbgemm" in str(_error(bad_convention))
@@ -119,7 +138,12 @@ def test_quantized_value_is_only_an_output_pair():
         q, s = evtc.quantize(acc, evtc.e4m3)
         return {"D": q, "E": q, "S": s}
 
-    for fn in (used_inside, no_scales, stored_twice):
+    def quantized_twice(acc):  # the kernel quantizes D alone: a second pair would corrupt it
+        q, s = evtc.quantize(acc, evtc.e4m3)
+        q2, s2 = evtc.quantize(acc * 2.0, evtc.e4m3)
+        return {"D": q, "S": s, "E": q2, "T": s2}
+
+    for fn in (used_inside, no_scales, stored_twice, quantized_twice):
         err = _error(fn)
         assert isinstance(err, EpilogueTypeError), (fn.__name__, err)
         assert "quantize" in str(err), fn.__name__
@@ -161,6 +185,16 @@ def test_family_keeps_only_members_that_can_quantize():
         assert not cfg.swap_ab and cfg.tile[1] % 128 == 0, name
     plain = evtc.Gemm("D = acc + bias[n]").family
     assert set(fam) < set(plain)
+
+
+def test_eager_quantize_on_numpy_and_bad_arguments():
+    y = np.linspace(-3, 3, 2 * 300).reshape(2, 300)
+    q, s = evtc.quantize(y, evtc.e4m3, group=128)
+    q_ref, s_ref = quantize_per_token_group(torch.from_numpy(y).float(), 128, "e4m3")
+    assert np.array_equal(q, q_ref.float().numpy()) and np.array_equal(s.astype(np.float32), s_ref.numpy())
+    for bad in ({"x": np.ones(5)}, {"x": y, "group": 0}, {"x": y, "convention": "x"}, {"x": y, "dtype": "bf16"}):
+        with pytest.raises(EvtcError):
+            evtc.quantize(**bad)
 
 
 def test_eager_quantize_is_the_reference():
