@@ -143,7 +143,7 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
                         "tile N of at most 32 or a multiple of 64 (CUTLASS's Sm90RowReduction divides each lane's "
                         "share of the row evenly: sm90_visitor_store_tma_warpspecialized.hpp)", epilogue=graph.name,
                         hint="use a tile N of 64, 128, 192 or 256")
-    _check_group_quant(graph, config)
+    _check_group_quant(graph, config, fixed)
     if config.grouped:
         # the pointer-array mainloop keeps A's and B's tensor maps in shared memory too
         target = dataclasses.replace(target, smem_capacity=target.smem_capacity - GROUPED_MAINLOOP_CARVEOUT)
@@ -180,7 +180,7 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     return make_plan(req, best.cand, best.storage, best.stages, best.terms, notes)
 
 
-def _check_group_quant(graph: Graph, config: GemmConfig) -> None:
+def _check_group_quant(graph: Graph, config: GemmConfig, fixed: Mapping[str, Any] | None = None) -> None:
     """What a quantizing epilogue (``evtc.quantize``) needs of the kernel (NOTE [Per-token-group
     quantization in the epilogue], evtc/plan/sm90_space.py).
 
@@ -202,6 +202,10 @@ def _check_group_quant(graph: Graph, config: GemmConfig) -> None:
         why = f"the tile N {tn} is not a multiple of the group {g}"
     elif config.epilogue_tile is not None and tuple(config.epilogue_tile) != group_quant_tile(config, scales):
         why = f"epilogue_tile {tuple(config.epilogue_tile)} is not one group wide ({group_quant_tile(config, scales)})"
+    elif (fixed or {}).get("epilogue_tile") is not None and \
+            tuple(fixed["epilogue_tile"]) != group_quant_tile(config, scales):
+        why = (f"plan={{'epilogue_tile': {tuple(fixed['epilogue_tile'])}}} is not one group wide "
+               f"({group_quant_tile(config, scales)})")
     if why:
         raise PlanError(f"'{scales.name}': evtc.quantize with group {g} can't run on this configuration: {why}",
                         epilogue=graph.name, hint=f"use a tile N that is a multiple of {g}, without swap-AB and "

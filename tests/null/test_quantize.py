@@ -166,6 +166,10 @@ def test_configurations_that_cant_quantize_are_refused_before_any_build():
     for cfg, why in ((swap, "swap-AB"), (odd_n, "not a multiple of the group")):
         with pytest.raises(PlanError, match=why):
             evtc.Gemm(quant, config=cfg).plan
+    with pytest.raises(PlanError, match="not one group wide"):
+        evtc.Gemm(quant, config=evtc.GemmConfig(tile=(128, 128, 64), epilogue_tile=(128, 32))).plan
+    with pytest.raises(PlanError, match="not one group wide"):
+        evtc.Gemm(quant, config=evtc.GemmConfig(tile=(128, 128, 64)), plan={"epilogue_tile": [128, 32]}).plan
     with pytest.raises(LegalizeError, match="sm90 only"):
         evtc.Gemm(quant, arch="sm80").plan
 
