@@ -242,6 +242,80 @@ def tree_score(trees, x: Sequence[float]) -> float:
     return s
 
 
+class Forest:
+    """Trees stacked into arrays, to score many feature rows at once (:meth:`scores`): the same
+    sums as :func:`tree_score` row by row, bit for bit (the same float64 comparisons, the leaves
+    added in tree order), in a few numpy passes instead of a Python loop per node. Ranking a
+    problem's ~25 candidates through the ranker's 400 trees took ~6 ms in :func:`tree_score`
+    (CPU, 2026-11-29), where the dispatcher routes a call signature's first call."""
+
+    def __init__(self, trees) -> None:
+        import numpy as np
+
+        T = len(trees)
+        nodes = max((len(t[0]) for t in trees), default=0) or 1
+        leaves = max((len(t[4]) for t in trees), default=1)
+        cats = [c for t in trees for th in t[1] if isinstance(th, frozenset) for c in th]
+        self.ncat = max(cats, default=-1) + 1
+        self.feature = np.zeros((T, nodes), np.int64)
+        self.threshold = np.full((T, nodes), np.inf)
+        self.left = np.full((T, nodes), -1, np.int64)
+        self.right = np.full((T, nodes), -1, np.int64)
+        self.is_cat = np.zeros((T, nodes), bool)
+        self.cat_left = np.zeros((T, nodes, max(self.ncat, 1)), bool)
+        self.leaf = np.zeros((T, leaves))
+        self.start = np.zeros(T, np.int64)
+        for k, (feature, threshold, left, right, leaf) in enumerate(trees):
+            n = len(feature)
+            if n == 0:
+                self.start[k] = -1  # a tree of one leaf
+            self.feature[k, :n], self.left[k, :n], self.right[k, :n] = feature, left, right
+            self.leaf[k, :len(leaf)] = leaf
+            for i, th in enumerate(threshold):
+                if isinstance(th, frozenset):
+                    self.is_cat[k, i] = True
+                    self.cat_left[k, i, sorted(th)] = True
+                else:
+                    self.threshold[k, i] = th
+
+    def scores(self, X) -> list[float]:
+        """The sum of the leaves each row of ``X`` (rows of features) reaches."""
+        import numpy as np
+
+        X = np.asarray(X, dtype=np.float64)
+        T, nodes = self.feature.shape
+        C, F = X.shape if X.ndim == 2 else (0, 0)
+        if T == 0 or C == 0:
+            return [0.0] * C
+        feature, threshold = self.feature.ravel(), self.threshold.ravel()
+        left, right, is_cat = self.left.ravel(), self.right.ravel(), self.is_cat.ravel()
+        cat_left = self.cat_left.reshape(T * nodes, -1)
+        xs = X.ravel()
+        tree = np.repeat(np.arange(T), C)  # walk w = (tree w // C, row w % C)
+        row = np.tile(np.arange(C), T)
+        leaf_of = np.zeros(T * C, np.int64)  # a one-leaf tree's walk ends at once, at leaf 0
+        node = np.repeat(self.start, C)
+        walking = np.flatnonzero(node >= 0)
+        node = tree * nodes + np.maximum(node, 0)  # flat node index
+        while walking.size:
+            nd = node[walking]
+            v = xs[row[walking] * F + feature[nd]]
+            go_left = v <= threshold[nd]
+            cat = np.flatnonzero(is_cat[nd])
+            if cat.size:  # categorical nodes: int(v) in the node's set, for v >= 0
+                vc = v[cat]
+                member = (vc >= 0) & (vc < self.ncat)
+                code = np.where(member, vc, 0).astype(np.int64)
+                go_left[cat] = member & cat_left[nd[cat], code]
+            child = np.where(go_left, left[nd], right[nd])
+            done = child < 0
+            leaf_of[walking[done]] = ~child[done]
+            walking = walking[~done]
+            node[walking] = tree[walking] * nodes + child[~done]
+        leaf = self.leaf[tree, leaf_of].reshape(T, C)
+        return np.cumsum(leaf, axis=0)[-1].tolist()  # in tree order, as tree_score adds them
+
+
 class Table:
     """One device's fitted model: per epilogue class, the wave model's coefficients per row; the
     ranker's trees; the fuse gate's trees.
@@ -269,6 +343,7 @@ class Table:
             raise ValueError(f"the table's ranker was fitted on other features: {ranker['features']}")
         self.members: list[str] = list(ranker["members"])
         self.trees = _parse_trees(ranker["trees"])
+        self.forest = Forest(self.trees)
         gate = data.get("gate")
         self.gate_trees = self.gate_threshold = None
         if gate is not None:
@@ -315,13 +390,10 @@ def scores(p: Problem, cls: str, candidates: Sequence[KernelSpec], table: Table)
     wave-model row for it."""
     base = [table.wave_model(cls, s, p) for s in candidates]
     least = min((b for b in base if b is not None), default=0.0)
-    out: list[float | None] = []
-    for spec, b in zip(candidates, base):
-        if b is None:
-            out.append(None)
-            continue
-        out.append(table.ranker_score(ranker_features(spec, p, cls, table.members) + [b, b - least]))
-    return out
+    rows = [ranker_features(spec, p, cls, table.members) + [b, b - least]
+            for spec, b in zip(candidates, base) if b is not None]
+    got = iter(table.forest.scores(rows) if rows else [])
+    return [None if b is None else next(got) for b in base]
 
 
 def rank(p: Problem, cls: str, candidates: Sequence[KernelSpec], table: Table | None) -> list[KernelSpec]:

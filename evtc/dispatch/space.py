@@ -12,6 +12,7 @@ times the best few.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -29,9 +30,11 @@ SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MIN_K_TILES_PER_SPLIT = 4
 
 
+@functools.lru_cache(maxsize=256)
 def cluster_variants(members: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
     """Each clustered member without its cluster (``<name>_c1``, built on demand), where that is
-    not another member's configuration.
+    not another member's configuration. Memoised per member tuple (specs are frozen): a routed
+    call asks it once per new problem.
 
     NOTE [Cluster padding]: CUTLASS's sm90 schedulers round each batch's M and N tile counts up to
     a multiple of the cluster's extents (:func:`~evtc.family.spec.scheduled_tiles`,

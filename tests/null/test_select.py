@@ -216,3 +216,32 @@ def test_the_fuse_gate_defaults_to_fusing_without_a_table(monkeypatch, tmp_path,
     finally:
         monkeypatch.undo()
         select.load_table.cache_clear()
+
+
+def test_the_vectorised_forest_is_the_walker_bit_for_bit(gemms):
+    """Forest.scores (numpy, every candidate at once) against tree_score (a Python walk per
+    candidate) on the candidates of problems of every kind, ranker and gate: equal floats."""
+    import random
+
+    from evtc.family.spec import Problem
+
+    t = select.load_table("NVIDIA H200")
+    g = gemms["pointwise"]
+    rng = random.Random(0)
+    rows, grow = [], []
+    for _ in range(60):
+        M = rng.choice([1, 3, 16, 77, 300, 1024, 4096, 16384])
+        N, K = rng.choice([72, 768, 4096, 14336, 50264]), rng.choice([64, 512, 4096, 28672])
+        p = Problem(M, N, K, rng.choice([1, 1, 4]), True, True, t.sm_count)
+        cands = space.candidates(p, g.dispatch.family.traits, g.graph, g.a, g.b)
+        for cls in select.CLASSES:
+            base = [t.wave_model(cls, s, p) for s in cands]
+            least = min((b for b in base if b is not None), default=0.0)
+            rows += [select.ranker_features(s, p, cls, t.members) + [b, b - least]
+                     for s, b in zip(cands, base) if b is not None]
+            grow += [select.gate_features(p, cls, s, t) for s in (cands[0], None)]
+    assert len(rows) > 2000
+    assert t.forest.scores(rows) == [select.tree_score(t.trees, r) for r in rows]
+    gate = select.Forest(t.gate_trees)
+    assert gate.scores(grow) == [select.tree_score(t.gate_trees, r) for r in grow]
+    assert select.Forest([]).scores([[0.0]]) == [0.0] and t.forest.scores([]) == []
