@@ -89,7 +89,7 @@ from typing import Mapping, Sequence
 
 from evtc.family.spec import KernelSpec, Problem, scheduled_tiles
 
-__all__ = ["CLASSES", "FEATURES", "GATE_FEATURES", "Table", "epilogue_class", "features", "fuse_gain",
+__all__ = ["CLASSES", "FEATURES", "GATE_FEATURES", "Forest", "Table", "epilogue_class", "features", "fuse_gain",
            "gate_features", "load_table", "predict", "rank", "ranker_features", "should_fuse", "tree_score",
            "variant_kind"]
 
