@@ -9,6 +9,8 @@ same f32 values (a second, f32 output of y beside the quantized one).
 
     python benchmarks/bench_quant.py --prebuild              # build what the rows choose
     python benchmarks/bench_quant.py --json $OUT/quant.json
+    python benchmarks/bench_quant.py --prebuild --tune-all   # build every candidate kernel
+    python benchmarks/bench_quant.py --tune-all --json ...    # also time every candidate per row
 
 The issue's target: >= 1.3x faster than GEMM + torch.compile's quantization at >= 1024 tokens,
 never slower at any size. Printed per row and as geomeans (all rows; >= 1024 tokens).
@@ -53,8 +55,24 @@ def gemms() -> dict:
             "bare": evtc.Gemm("D = acc", a=evtc.bf16)}
 
 
-def prebuild() -> None:
-    common.build_chosen(gemms().values(), SHAPES, TOKENS, DEVICE)
+def prebuild(tune_all: bool = False) -> None:
+    table = gemms()
+    common.build_chosen(table.values(), SHAPES, TOKENS, DEVICE)
+    if tune_all:  # every candidate of the fused kernel (the selection's column, --tune-all)
+        from evtc.compiler import build_many
+        from evtc.dispatch.tune import candidates
+        from evtc.family.spec import Problem
+
+        fam = table["quant"].dispatch.family
+        jobs = {}
+        for *_, N, K in SHAPES:
+            for M in TOKENS:
+                for c in candidates(fam, Problem(M, N, K, 1, sm_count=132), None, DEVICE):
+                    k = fam.kernel(c)
+                    jobs.setdefault(k.source, k.job())
+        print(f"building {len(jobs)} candidate kernels", flush=True)
+        res = build_many(list(jobs.values()))
+        print(f"built {sum(not isinstance(r, Exception) for r in res)}/{len(res)}")
 
 
 def _bitwise(checked, A, B) -> bool:
@@ -73,10 +91,12 @@ def main() -> None:
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--graphs", action="store_true", help="also time each function in CUDA graphs")
+    ap.add_argument("--tune-all", action="store_true",
+                    help="also time every candidate (gemm.tune, all of them, in CUDA graphs): the choice / the fastest")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.prebuild:
-        prebuild()
+        prebuild(args.tune_all)
         return
     import torch
 
@@ -107,6 +127,13 @@ def main() -> None:
                    "member": g.choose(M, N, K, device=device).name, **{f"{k}_ms": v for k, v in t.items()},
                    "vs_compile": t["mm+compile"] / t["evtc"], "vs_eager": t["mm+eager"] / t["evtc"],
                    "vs_mm": t["mm"] / t["evtc"], "quant_cost": t["evtc"] / t["evtc_bf16"]}
+            if args.tune_all:
+                tuned = g.tune([(M, N, K)], top=None, store=False, iters=args.iters)[0]
+                row.update(fastest=tuned["label"], fastest_ms=tuned["ms"], choice=tuned["heuristic"]["label"],
+                           choice_ms=tuned["heuristic"]["ms"], candidates_ms=tuned["times_ms"])
+                row["choice_over_fastest"] = (tuned["heuristic"]["ms"] or float("nan")) / tuned["ms"]
+                print(f"    candidates (graphs, ms): " + ", ".join(f"{k} {v:.4f}" for k, v in tuned["times_ms"].items())
+                      + f"; the choice {row['choice']} x{row['choice_over_fastest']:.3f} the fastest", flush=True)
             if args.graphs:
                 tg = time_graphs(fns)
                 row.update({f"{k}_graph_ms": v for k, v in tg.items()})
@@ -127,6 +154,11 @@ def main() -> None:
                "geomean_vs_eager_all": gm(rows, "vs_eager"), "geomean_vs_mm_all": gm(rows, "vs_mm"),
                "geomean_quant_cost": gm(rows, "quant_cost"),
                "bitwise_rows": sum(r["bitwise"] for r in rows), "row_count": len(rows)}
+    if args.tune_all:
+        summary["geomean_choice_over_fastest"] = gm(rows, "choice_over_fastest")
+        summary["choice_within_1.05"] = sum(r["choice_over_fastest"] <= 1.05 for r in rows)
+        print("the choice / the fastest candidate: geomean {geomean_choice_over_fastest:.3f}, within 1.05 on "
+              "{choice_within_1.05}/{row_count}".format(**summary))
     print("speed-up vs GEMM + torch.compile quant: geomean all {geomean_vs_compile_all:.3f}, >= 1024 tokens "
           "{geomean_vs_compile_1024_up:.3f} (target >= 1.3), min all {min_vs_compile:.3f} (target >= 1.0), "
           "min >= 1024 {min_vs_compile_1024_up:.3f}; vs eager {geomean_vs_eager_all:.3f}; evtc / mm alone "

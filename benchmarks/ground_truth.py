@@ -108,8 +108,13 @@ def aligned(p) -> tuple[bool, bool]:
     return p["N"] % 8 == 0, p["K"] % 8 == 0
 
 
+#: the epilogue classes run (``--epilogues``: a comma list of EPILOGUES' names)
+ONLY_EPILOGUES: tuple[str, ...] | None = None
+
+
 def family_gemms() -> dict:
-    return {n: evtc.Gemm(e, a=bf16, b=bf16, c=bf16, d=bf16) for n, e in EPILOGUES.items()}
+    return {n: evtc.Gemm(e, a=bf16, b=bf16, c=bf16, d=bf16) for n, e in EPILOGUES.items()
+            if ONLY_EPILOGUES is None or n in ONLY_EPILOGUES}
 
 
 def candidate_specs(g, p, sms):
@@ -262,6 +267,7 @@ def cmd_time(args) -> None:
     shard, nshards = (int(x) for x in args.shard.split("/"))
     ps = problems(args)
     ps = [p for i, p in enumerate(ps) if i % nshards == shard]
+    ps.sort(key=lambda p: p["id"])  # ids are hashes: a run cut by --budget-s times a random subset
     out_path = Path(args.out)
     done = {}
     if out_path.exists():
@@ -384,6 +390,7 @@ def main() -> None:
         s = sub.add_parser(n)
         s.add_argument("--split", default="all", choices=("all", "calibration", "validation"))
         s.add_argument("--problems", help="MxNxK[xL],... instead of the corpus")
+        s.add_argument("--epilogues", help="a comma list of the classes to run (default: all three)")
         s.add_argument("--max-gflop", type=float, default=0, help="leave out problems above this many GFLOP")
         s.add_argument("--recheck", help="an earlier run's JSON: time only its two fastest candidates and the "
                                          "model's choice, with 3x the samples (the selection model's validation)")
@@ -401,8 +408,12 @@ def main() -> None:
     m.add_argument("files", nargs="+")
     m.add_argument("--out", required=True)
     args = ap.parse_args()
-    global ONLY_STREAMK, RECHECK, BUDGET_MS
+    global ONLY_STREAMK, RECHECK, BUDGET_MS, ONLY_EPILOGUES
     ONLY_STREAMK = getattr(args, "only_streamk", False)
+    if getattr(args, "epilogues", None):
+        ONLY_EPILOGUES = tuple(args.epilogues.split(","))
+        if unknown := set(ONLY_EPILOGUES) - set(EPILOGUES):
+            ap.error(f"--epilogues: unknown {sorted(unknown)} (known: {', '.join(EPILOGUES)})")
     if getattr(args, "recheck", None):
         RECHECK = {}
         for r in json.loads(Path(args.recheck).read_text())["rows"]:

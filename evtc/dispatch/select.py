@@ -118,8 +118,8 @@ def epilogue_class(graph) -> str:
     """``reduce``, ``aux`` or ``pointwise``: the ground truth's class an epilogue is ranked as."""
     from evtc.ir.nodes import AuxLoad, Reduction, Store
 
-    if any(isinstance(o, Reduction) for o in graph.outputs):
-        return "reduce"
+    if any(isinstance(o, Reduction) and o.cross_tile for o in graph.outputs):
+        return "reduce"  # (a GroupScale is whole inside one subtile: evtc.quantize ranks as pointwise)
     stores = sum(isinstance(o, Store) for o in graph.outputs)
     if stores > 1 or any(isinstance(n, AuxLoad) for n in graph.used_inputs):
         return "aux"

@@ -62,7 +62,7 @@ class EpilogueTraits:
         from evtc.ir.nodes import Reduction, Store
 
         outs = graph.outputs
-        tile_reductions = [o for o in outs if isinstance(o, Reduction) and o.dim is not None]
+        tile_reductions = [o for o in outs if isinstance(o, Reduction) and o.dim is not None and o.cross_tile]
         return cls(reductions=bool(tile_reductions),
                    aux_stores=sum(isinstance(o, Store) for o in outs) > 1,
                    workspace_reductions=not all(o.atomic_capable for o in tile_reductions))
@@ -261,19 +261,26 @@ def choose(family: dict[str, KernelSpec], p: Problem, arch: str, a: DType, b: DT
     """The kernel of a problem the selection model doesn't rank: rows TMA can't read.
 
     A and B rows that are not 16-byte aligned go to the sm80 ``unaligned_k`` kernel; M x N rows
-    that are not, to ``unaligned`` (cooperative), or ``unaligned_pingpong`` for an epilogue with
-    reductions at 15 waves of 128x192 tiles or more, where one warpgroup's register-direct
-    epilogue runs under the other's MMAs (4096x50257x4096, H100, 2026-11-23: bias_relu 0.237 /
-    0.268 of cuBLAS's time cooperative / ping-pong, aux_heavy 0.429 / 0.618, the row max 0.189 /
-    0.181). An aligned problem takes the family's first member here: :class:`evtc.dispatch.
-    family.GemmFamily` ranks aligned sm90 problems with the model before it asks.
+    that are not, to ``unaligned`` (cooperative, 128x256 tiles) or ``unaligned_pingpong``
+    (128x192) by NOTE [The unaligned members' rule]. An aligned problem takes the family's first
+    member here: :class:`evtc.dispatch.family.GemmFamily` ranks aligned sm90 problems with the
+    model before it asks.
+
+    NOTE [The unaligned members' rule]: ping-pong where M <= 128 (one tile row) and the epilogue
+    has no row or column reduction, else cooperative. Fitted on the calibration half of the
+    ground truth (benchmarks/ground_truth/H200.json, the 48 (problem, class) rows with M x N rows
+    TMA can't address): at one tile row the 192-wide tiles put a third more CTAs on a memory-bound
+    problem (pointwise and aux: ping-pong 0.62-0.93 of cooperative's time at M <= 56, 1.13-1.34 at
+    M >= 301 but one K-heavy problem); with reductions the ping-pong member was slower nearly
+    everywhere (0.93-1.90). On the validation half, read once: chosen / the faster of the two
+    1.029 geomean, 27 of 30 within 1.05 (the rule it replaced, from one H100 problem -- ping-pong
+    for reductions at 15 waves or more: 1.203, 13 of 30; calibration 1.012 against 1.187).
     """
     if arch != "sm90" or "large" not in family:
         return next(iter(family.values()))
     if not p.aligned_k:
         return family.get("unaligned_k") or on_demand(arch, a, b, "unaligned_k")
     if not p.aligned_mn:
-        many = _tiles(p.M, p.N, p.L, (128, 192, 1)) >= 15 * p.sm_count
-        name = "unaligned_pingpong" if many and traits.reductions else "unaligned"
+        name = "unaligned_pingpong" if p.M <= 128 and not traits.reductions else "unaligned"
         return family.get(name) or on_demand(arch, a, b, name)
     return fit_swizzle(next(iter(family.values())), p)

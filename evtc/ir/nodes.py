@@ -427,6 +427,9 @@ class Reduction(Output):
     op: ReduceOp = ReduceOp.SUM
     dim: int | None = None
     kind: ClassVar[str] = "reduce"
+    #: whether tiles combine their partials (through the workspace or atomics); a
+    #: :class:`GroupScale` is whole inside one epilogue subtile
+    cross_tile: ClassVar[bool] = True
 
     def _derive_bcast(self) -> Bcast | None:
         try:
@@ -449,7 +452,8 @@ class Reduction(Output):
         ``red.global`` atomics instead of the workspace (NOTE [Atomic row and column max] in
         evtc/plan/sm90_buffers.py; PTX ISA, ``red``: max/min on 32-bit integers, which order IEEE floats
         of one sign)."""
-        return self.dim in (0, 1) and self.op in (ReduceOp.MAX, ReduceOp.MIN) and self.dtype.name == "f32"
+        return self.cross_tile and self.dim in (0, 1) and self.op in (ReduceOp.MAX, ReduceOp.MIN) \
+            and self.dtype.name == "f32"
 
 
 #: the per-token-group quantizations :class:`GroupScale` knows (NOTE [Per-token-group
@@ -480,6 +484,10 @@ class GroupScale(Reduction):
     group: int = 128
     convention: str = "vllm"
     kind: ClassVar[str] = "group_scale"
+    #: no tile combines with another: no workspace, no atomics, so every decomposition (stream-K,
+    #: split-K: the epilogue runs once per tile on the reduced accumulator) and every epilogue class
+    #: rule treats the quantization like a pointwise epilogue
+    cross_tile: ClassVar[bool] = False
 
     def groups(self, N: int) -> int:
         """G = ceil(N / group), the scales per row."""

@@ -156,3 +156,14 @@ def test_scales_of_the_wrong_layout_are_refused(built):
         g(A, B, alpha=1.0, bias=bias, out={"D_scale": bad})
     with pytest.raises(evtc.ArgumentError, match="D_scale"):
         g(A, B, alpha=1.0, bias=bias, out={"D_scale": torch.empty(64, 2, device="cuda", dtype=torch.float16)})
+
+
+@pytest.mark.parametrize("decomposition,splits", [("stream_k", 1), ("split_k", 2), ("split_k", 3)])
+def test_quantize_under_stream_k_and_split_k_is_bitwise_the_reference(built, decomposition, splits):
+    """The scales are whole inside one subtile (no workspace, no atomics: GroupScale.cross_tile),
+    so the stream-K member's decompositions run it: the epilogue sees the reduced accumulator
+    once per tile (CUTLASS's stream-K fixup before the epilogue)."""
+    cfg = built[(VARIANTS[0], "streamk")].config.replace(decomposition=decomposition, split_k=splits)
+    g = evtc.Gemm(_epilogue(*VARIANTS[0]), a=bf16, b=bf16, config=cfg)  # the same kernel: run-time fields
+    for k, shape in enumerate(SHAPES + [(64, 4096, 4096, 1), (200, 2560, 3072, 1)]):
+        _check(g, VARIANTS[0], shape, seed=43 * k + 5)
