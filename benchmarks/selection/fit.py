@@ -5,6 +5,13 @@ halves side by side (the validation half is used for nothing else).
     python benchmarks/selection/fit.py benchmarks/ground_truth/H200.json \\
         --table evtc/dispatch/tables/H200.json --report benchmarks/selection/H200_report.json \\
         --plot docs/img/selection_H200.png [--cv 5]
+    python benchmarks/selection/fit.py benchmarks/ground_truth/H200.json \
+        --table evtc/dispatch/tables/H200.json --report benchmarks/selection/H200_report.json --evaluate-only
+
+``--evaluate-only`` refits nothing: it evaluates the shipped table with the current candidate
+space (after a change to :func:`evtc.dispatch.space.candidates`) and rewrites the report's
+calibration and validation figures; the cross-validated ones (``calibration_cv``, the gate's
+too) describe the fit and are kept from the report as the last fit wrote them.
 
 A dev-only script: scipy fits the wave model's coefficients (robust least squares on log time),
 LightGBM (``pip install lightgbm``; 4.7.0 here) the ranker's trees (lambdarank, one thread,
@@ -376,6 +383,8 @@ def main() -> None:
     ap.add_argument("--table", required=True)
     ap.add_argument("--report")
     ap.add_argument("--plot")
+    ap.add_argument("--evaluate-only", action="store_true",
+                    help="no fit: evaluate the shipped --table with today's candidates, keep the report's CV figures")
     ap.add_argument("--cv", type=int, default=0, metavar="K",
                     help="also report K-fold cross-validated figures of the calibration half")
     args = ap.parse_args()
@@ -388,6 +397,9 @@ def main() -> None:
     rows = gt["rows"]
     graphs = _graphs()
     aligned_rows = [r for r in rows if r["N"] % 8 == 0 and r["K"] % 8 == 0]
+    if args.evaluate_only:
+        evaluate_only(args, rows, split, graphs, sms)
+        return
     coef, ranker_table = fit(aligned_rows, split, graphs, sms)
     # the gate learns from the calibration half's out-of-fold choices: what the model chooses
     # on problems it was not fitted on
@@ -424,6 +436,36 @@ def main() -> None:
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
         plot(res, args.plot, gt["device"])
+
+
+def evaluate_only(args, rows, split, graphs, sms) -> None:
+    """``--evaluate-only``: the shipped table evaluated again (see the module docstring)."""
+    from evtc.dispatch import select
+
+    table = select.Table(json.loads(Path(args.table).read_text()))
+    res = evaluate(rows, split, graphs, table, sms)
+    old = json.loads(Path(args.report).read_text()) if args.report and Path(args.report).exists() else {}
+    halves = {k: v for k, v in old.get("halves", {}).items() if k.startswith("calibration_cv/")}
+    halves.update({f"{h}/{c}": summary(v) for (h, c), v in sorted(res.items())})
+    gate = {k: v for k, v in old.get("gate", {}).items() if k.startswith("calibration_cv/")}
+    for cls in select.CLASSES:
+        val = res[("validation", cls)]
+        Xv, _ = gate_samples([(cls, item, table) for item in val], rows, graphs, sms)
+        gate[f"validation/{cls}"] = gate_summary(val, [table.gate_score(list(x)) > table.gate_threshold for x in Xv])
+    report = {"device": old.get("device", table.device if hasattr(table, "device") else None),
+              "halves": dict(sorted(halves.items())), "gate": dict(sorted(gate.items())),
+              "problems": {f"{h}/{c}": v for (h, c), v in sorted(res.items())}}
+    for key, s in report["halves"].items():
+        print(f"{key:25s} chosen/best gm {s['chosen_over_best_gm']:.4f}  <=1.05 {100 * s['within_1.05']:.1f}%  "
+              f"<=1.15 {100 * s['within_1.15']:.1f}%  worst {s['worst']:.2f}  top{TOP} <=1.02 "
+              f"{100 * s['top4_within_1.02']:.1f}%")
+    for key, g in report["gate"].items():
+        print(f"gate {key:25s} decided/faster gm {g['gate']['decided_over_faster_gm']:.4f} "
+              f">compile+5% {g['gate']['slower_than_compile_by_5pc']}")
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        plot(res, args.plot, report["device"])
 
 
 def plot(res, path, device):

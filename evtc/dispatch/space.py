@@ -29,6 +29,15 @@ SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 #: the fewest K tiles one split may get (a shorter K loop spends more on the reduction than it saves)
 MIN_K_TILES_PER_SPLIT = 4
 
+#: NOTE [Stream-K over a short K]: no stream-K decomposition where an output tile has at most
+#: this many K tiles. Stream-K balances the waves by handing out K iterations; over 1-4 of them
+#: it has little to hand out and still pays the fixup. In the ground truth's calibration half
+#: (benchmarks/ground_truth/H200.json) it was the fastest candidate at <= 4 K tiles once in 24
+#: (problem, class) rows, by 0.3 %; on the validation half, leaving it out took the ranker's
+#: worst picks there away (16384x3072x64: ``kheavy:sk`` at 1.6x; within 1.15 of the fastest:
+#: 97.8 -> 98.1 % pointwise, 95.9 -> 96.2 % aux).
+MIN_K_TILES_FOR_STREAM_K = 5
+
 
 @functools.lru_cache(maxsize=256)
 def cluster_variants(members: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
@@ -103,7 +112,8 @@ def candidates(p: Problem, traits: EpilogueTraits, graph, a: DType, b: DType,
     Returns:
         KernelSpecs, persistent members with the tile order :func:`~evtc.family.spec.fit_swizzle`
         gives them, stream-K-scheduler members data-parallel, stream-K (unless the kernel reduces
-        with atomics: NOTE [Scalar reductions and stream-K] in evtc/gemm.py) and split-K over
+        with atomics: NOTE [Scalar reductions and stream-K] in evtc/gemm.py; or the K loop is
+        short: NOTE [Stream-K over a short K]) and split-K over
         each of :data:`SPLITS` that keeps ``MIN_K_TILES_PER_SPLIT`` K tiles a split and at most
         1.5 waves of work units.
     """
@@ -132,7 +142,7 @@ def candidates(p: Problem, traits: EpilogueTraits, graph, a: DType, b: DType,
         tiles = _tiles(spec, p)
         k_tiles = math.ceil(p.K / cfg.tile[2])
         out.append(spec.with_runtime(split_k=1, decomposition="data_parallel"))
-        if not atomic_reductions(graph, cfg):
+        if not atomic_reductions(graph, cfg) and k_tiles >= MIN_K_TILES_FOR_STREAM_K:
             out.append(spec.with_runtime(split_k=1, decomposition="stream_k"))
         for s in SPLITS:
             if tiles < p.sm_count and k_tiles >= MIN_K_TILES_PER_SPLIT * s and 2 * tiles * s <= 3 * p.sm_count:

@@ -252,3 +252,64 @@ def E_bias_relu():
     return E.bias_relu
 
 
+
+
+def test_stream_k_is_not_a_candidate_over_a_short_k():
+    """NOTE [Stream-K over a short K]: at <= 4 K tiles a tile the stream-K decomposition is not
+    offered (data-parallel is); over a long K it is."""
+    import epilogues as E
+    from evtc.dispatch.space import MIN_K_TILES_FOR_STREAM_K
+
+    fam = evtc.Gemm(E.bias_relu).dispatch.family
+
+    def stream_k(K):
+        return [c for c in candidates(fam, Problem(16384, 3072, K), top=None) if c.config.decomposition == "stream_k"]
+
+    assert MIN_K_TILES_FOR_STREAM_K == 5
+    assert not stream_k(64) and not stream_k(4 * 64)
+    assert stream_k(5 * 64) and stream_k(4096)
+
+
+def test_quantize_scales_are_not_a_cross_tile_reduction():
+    """evtc.quantize's GroupScale is whole inside one subtile: no atomics, so the stream-K
+    decomposition is a candidate, the stream-K member keeps its workspace setting, and the
+    selection ranks the epilogue as pointwise; a row max beside it still counts."""
+    from evtc.dispatch.family import atomic_reductions
+    from evtc.dispatch.select import epilogue_class
+    from evtc.family.spec import EpilogueTraits
+
+    @evtc.epilogue
+    def quant(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=128)
+        return {"D": q, "D_scale": s}
+
+    @evtc.epilogue
+    def quant_rowmax(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=128)
+        return {"D": q, "D_scale": s, "m": evtc.max(acc, dim=1)}
+
+    g = evtc.Gemm(quant)
+    fam = g.dispatch.family
+    assert epilogue_class(fam.graph) == "pointwise" and not EpilogueTraits.of(fam.graph).reductions
+    assert not any(atomic_reductions(fam.graph, s.config) for s in fam.members.values())
+    assert fam.members["streamk"].config.atomic_reductions is None
+    sk = [c for c in candidates(fam, Problem(16, 36864, 7168), top=None) if c.config.decomposition == "stream_k"]
+    assert sk and all(c.name == "streamk" for c in sk)
+    h = evtc.Gemm(quant_rowmax).dispatch.family
+    assert epilogue_class(h.graph) == "reduce" and EpilogueTraits.of(h.graph).reductions
+
+
+def test_the_unaligned_members_rule():
+    """NOTE [The unaligned members' rule]: ping-pong at M <= 128 without reductions, else
+    cooperative."""
+    import epilogues as E
+
+    g = evtc.Gemm(E.bias_relu)
+    r = evtc.Gemm(E.REFERENCE["row_stats"])
+
+    def name(gemm, M, N=50257, K=1024):
+        return gemm.choose(M, N, K, aligned_mn=False).name
+
+    assert name(g, 1) == name(g, 128) == "unaligned_pingpong"
+    assert name(g, 129) == name(g, 8192) == "unaligned"
+    assert name(r, 8) == name(r, 8192) == "unaligned"
