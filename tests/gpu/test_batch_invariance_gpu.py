@@ -1,6 +1,7 @@
 """``Gemm(..., batch_invariant=True)`` on the GPU (NOTE [Batch invariance] in
 evtc/dispatch/invariance.py): for every epilogue class (a bare GEMM, C and a row broadcast, an
-aux store, row reductions with a sum, an aux load with a column sum, fp8 with a scalar amax), the
+aux store, row reductions with a sum, an aux load with a column sum, fp8 with a scalar amax, fp8
+per 1 x 128 group with its scales: evtc.quantize), the
 bits of a fixed input row's outputs are the same at M = 1, 7, 64, 300, 2048, 8192 and in a batch
 of L = 3 (whichever member the selection picks for each), and every output (column and scalar
 reductions too) repeats its bits over 10 runs. The members' results are also checked against
@@ -25,12 +26,19 @@ RUNS = 10
 DEVICE = "NVIDIA H200"  # the members prebuilt; a call on another GPU builds what its table picks
 
 
+@evtc.epilogue
+def quantize(acc, bias: evtc.RowVector[evtc.f32]):
+    """D = e4m3 per 1 x 128 group of acc + bias (vLLM's convention), with its scales."""
+    q, s = evtc.quantize(acc + bias, evtc.e4m3, group=128)
+    return {"D": q, "D_scale": s}
+
+
 def epilogues() -> dict:
-    """The epilogue classes, by name (examples/epilogues.py and a bare GEMM)."""
+    """The epilogue classes, by name (examples/epilogues.py, a bare GEMM, a quantizing one)."""
     import epilogues as E
 
     return {"bare": "D = acc", "bias_relu": E.bias_relu, "gelu_aux": E.gelu_aux, "row_stats": E.row_stats,
-            "dgelu_bgrad": E.dgelu_bgrad, "fp8_out": E.fp8_out}
+            "dgelu_bgrad": E.dgelu_bgrad, "fp8_out": E.fp8_out, "quantize": quantize}
 
 
 def gemms() -> dict:
@@ -142,7 +150,9 @@ def test_every_output_repeats_its_bits_over_runs(built, name):
             assert torch.equal(_bits(v), first[k]), f"{name}: output {k} changed bits on run {run + 2}"
 
 
-@pytest.mark.parametrize("name", list(epilogues()))
+# (the quantizing epilogue's numerics: bitwise against the reference quantizer in
+# tests/gpu/test_quantize_gpu.py; here its bits' independence of the batch and the run)
+@pytest.mark.parametrize("name", [n for n in epilogues() if n != "quantize"])
 def test_the_invariant_members_match_the_reference(built, name, record_errors):
     g = built[name]
     for shape in ((300, N, K, 1), (7, N, K, 1)):
