@@ -164,8 +164,18 @@ class _IRReader(_TextReader):
         if op in ("store", "group_scale") or op in _IR_REDUCERS:
             self.fail(GrammarError, f"'{op}' defines an output: write 'NAME = {op}(...)'", op_tok)
         self.builder.check_op(op, len(args), loc, op_loc=self.loc(op_tok))
+        self._check_attrs(op, attrs, loc)
         nodes = tuple(self._operand(a, loc) for a in args)
         return self.builder.apply(op, nodes, loc, dtype=dt, attrs=attrs)
+
+    def _check_attrs(self, op: str, attrs: tuple, loc: SourceLoc) -> None:
+        """An attribute is given once: a repeated one would silently be its first (what the
+        attributes mean is the verifier's: ``group_quant``'s in rule ``quantize-pair``)."""
+        seen: set[str] = set()
+        for k, _ in attrs:
+            if k in seen:
+                self.fail(GrammarError, f"'{op}': the attribute '{k}' is given twice", loc, hint="give it once")
+            seen.add(k)
 
     def _output(self, name: str, op_tok: Token, args: list, attrs: Any, dt: DType, loc: SourceLoc) -> Output:
         op = str(op_tok)

@@ -255,6 +255,20 @@ def _quantize_violations(graph: Graph) -> Iterator[Violation]:
                                 f"used by nothing else; here it is used by: {what}", node, hint=_PAIR_HINT)
             if not node.dtype.is_fp8:
                 yield Violation("quantize-pair", f"quantize writes e4m3 or e5m2, not {node.dtype}", node)
+            group, convention = node.attr("group"), node.attr("convention")
+            if isinstance(group, bool) or not isinstance(group, int) or group not in QUANT_GROUPS \
+                    or not isinstance(convention, str) or convention not in QUANT_CONVENTIONS \
+                    or sorted(k for k, _ in node.attrs) != ["convention", "group"]:
+                given = ", ".join(f"{k}={v!r}" for k, v in node.attrs)
+                yield Violation("quantize-pair", f"group_quant {{{given}}}: its attributes are group, one of "
+                                f"{', '.join(map(str, QUANT_GROUPS))} (an integer), and convention, one of "
+                                f"{', '.join(QUANT_CONVENTIONS)}, and no others", node,
+                                hint="e.g. {convention=vllm, group=128}")
+            for st in stores:
+                if st.dtype is not node.dtype:  # the kernel's D holds the quotients rounded to fp8
+                    yield Violation("quantize-pair", f"output '{st.name}': quantize's {node.dtype} values stored as "
+                                    f"{st.dtype}", st, hint=f"store them as {node.dtype}: '{st.name} = store(...) : "
+                                    f"{node.dtype}'")
 
 
 def _as_f32(v: float) -> float:

@@ -1,0 +1,234 @@
+"""A hostile-input sweep of the newest entry points (2026-11-29), no GPU and no nvcc: evtc.quantize
+(traced, IR text, eager numpy and torch), evtc.GroupedGemm's construction and offsets, the
+construction of an epilogue from something that is none, gemm.tune's and evtc.Gemm's flags, and
+`evtc emit -o`. Each case is an input that escaped as a raw Python exception, or was accepted
+silently, before its fix: now an EvtcError naming the argument, before any build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import evtc
+from evtc.errors import ArgumentError, ConfigError, EpilogueTypeError, EvtcError, GrammarError
+from evtc.frontend.text import parse_ir
+
+torch = pytest.importorskip("torch")
+
+from evtc.grouped import _check_offs  # noqa: E402  (imports torch lazily, but the checks need it)
+
+# ---- evtc.quantize in the IR text ----------------------------------------------------------------
+
+_IR = """epilogue q(acc: f32 accumulator):
+  %0 = group_quant(acc) {ATTRS} : e4m3
+  D = store(%0) : STORE
+  D_scale = group_scale(%0) : f32
+"""
+
+
+def _ir(attrs: str = "convention=vllm, group=128", store: str = "e4m3") -> str:
+    return _IR.replace("ATTRS", attrs).replace("STORE", store)
+
+
+def test_ir_text_quantize_of_the_python_frontend_still_reads():
+    g = evtc.Gemm(parse_ir(_ir()))
+    assert g.plan.d_slot == "D" and "evtc::Sm90GroupQuant<128, 0, 448>" in g.source
+
+
+@pytest.mark.parametrize("attrs, needle", [
+    # a float group was accepted (64.0 == 64) and emitted as Sm90GroupQuant<64.0, ...>: an nvcc error
+    ("convention=sglang, group=64.0", "group=64.0"),
+    # the convention read as the integer 1, its scales' as the string "1": "(group 64, 1) differ from (group 64, 1)"
+    ("convention=1, group=64", "convention=1"),
+    ("group=64", "group=64"),  # no convention: "(group 64, ) differ from their quantization's (group 64, None)"
+])
+def test_ir_text_group_quant_attributes_are_checked_on_the_quantization(attrs, needle):
+    with pytest.raises(EpilogueTypeError) as e:
+        evtc.Gemm(parse_ir(_ir(attrs))).plan
+    assert needle in str(e.value) and "differ" not in str(e.value)
+
+
+def test_ir_text_refuses_a_repeated_attribute():
+    # was silently the first: {group=64, group=128} planned groups of 64
+    with pytest.raises(GrammarError, match="'group' is given twice"):
+        parse_ir(_ir("convention=vllm, group=64, group=128"))
+
+
+def test_ir_text_group_quant_takes_only_its_own_attributes():
+    # {..., eps=1e-4} was kept and ignored (other ops' attributes round-trip as printed: test_grammar)
+    with pytest.raises(EpilogueTypeError, match="eps=0.0001"):
+        evtc.Gemm(parse_ir(_ir("convention=deepgemm, eps=1e-4, group=128"))).plan
+
+
+@pytest.mark.parametrize("store", ["bf16", "f32", "e5m2"])
+def test_ir_text_stores_the_quantized_value_in_its_own_dtype(store):
+    # was accepted: the kernel's D (ElementD bf16) would hold y / scale unrounded to e4m3
+    with pytest.raises(EpilogueTypeError, match=f"stored as {store}"):
+        evtc.Gemm(parse_ir(_ir(store=store))).plan
+
+
+# ---- eager evtc.quantize --------------------------------------------------------------------------
+
+_Y = np.linspace(-3, 3, 2 * 256).reshape(2, 256)
+
+
+@pytest.mark.parametrize("x", [[["a", "b"]], [[1.0, 2.0], [3.0]], np.array([[object()] * 4] * 2), {"a": 1}, "abc",
+                               np.ones((2, 128), dtype=complex)])
+def test_eager_quantize_refuses_what_is_no_real_matrix(x):
+    # numpy's ValueError/TypeError escaped; complex values lost their imaginary part with a warning
+    with pytest.raises(ArgumentError, match="evtc.quantize"):
+        evtc.quantize(x, evtc.e4m3)
+
+
+def test_eager_quantize_takes_a_group_larger_than_a_row():
+    # group=10**30 escaped as numpy's "Maximum allowed dimension exceeded" (the padding)
+    q, s = evtc.quantize(_Y, evtc.e4m3, group=10**30)
+    q_ref, s_ref = evtc.quantize(_Y, evtc.e4m3, group=256)
+    assert np.array_equal(q, q_ref) and np.array_equal(s, s_ref) and s.shape == (2, 1)
+    tq, ts = evtc.quantize(torch.from_numpy(_Y).float(), evtc.e4m3, group=10**30)
+    assert ts.shape == (2, 1) and np.array_equal(ts.numpy(), s.astype(np.float32))
+
+
+@pytest.mark.parametrize("group", [1.5, True, 128.0, "128"])
+def test_eager_torch_quantize_refuses_a_group_that_is_no_integer(group):
+    # 1.5 escaped as torch's TypeError from new_zeros; True quantized groups of one element
+    with pytest.raises(ArgumentError, match="group"):
+        evtc.quantize(torch.ones(2, 128), evtc.e4m3, group=group)
+
+
+def test_eager_torch_quantize_refuses_complex():
+    with pytest.raises(ArgumentError, match="complex"):
+        evtc.quantize(torch.ones(2, 128, dtype=torch.complex64), evtc.e4m3)
+
+
+# ---- GroupedGemm ----------------------------------------------------------------------------------
+
+LIN = "D = relu(acc + bias[n])"
+
+
+@pytest.mark.parametrize("member", [["pp64x128"], {}])
+def test_grouped_member_of_the_wrong_type(member):
+    with pytest.raises(ConfigError, match="member"):  # was TypeError: unhashable type
+        evtc.GroupedGemm(LIN, member=member)
+
+
+def test_grouped_unknown_member_in_kernel_source_build():
+    gg = evtc.GroupedGemm(LIN)
+    for call in (lambda: gg.kernel("bogus"), lambda: gg.source("bogus"), lambda: gg.build(["bogus"])):
+        with pytest.raises(ConfigError, match="'bogus' is not one of"):  # was KeyError
+            call()
+
+
+def test_grouped_build_takes_one_member_name_as_a_string():
+    gg = evtc.GroupedGemm(LIN)
+    with pytest.raises(ConfigError, match="'nope' is not one of"):  # "nope" was iterated: KeyError 'n'
+        gg.build("nope")
+
+
+@pytest.mark.parametrize("offs, needle", [
+    ([0.5, 1.7], "0.5"),            # was truncated to [0, 1]
+    ([True, True], "True"),         # was [1, 1]
+    (["1", "2"], "'1'"),            # was ValueError: too many dimensions 'str'
+    ([None, None], "None"),         # was TypeError
+    ([2**40, 2**40], str(2**40)),   # was RuntimeError: overflow
+])
+def test_grouped_offsets_as_a_list_are_integers(offs, needle):
+    with pytest.raises(ArgumentError) as e:
+        _check_offs(offs, 2, 8, torch.device("cpu"), False, "ep")
+    assert "offs" in str(e.value) and needle in str(e.value)
+
+
+def test_grouped_offsets_as_a_list_of_integers_still_work():
+    got = _check_offs([1, np.int64(2)], 2, 8, torch.device("cpu"), False, "ep")
+    assert got.dtype == torch.int32 and got.tolist() == [1, 2]
+
+
+# ---- what is no epilogue --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [evtc.Gemm, evtc.GroupedGemm])
+@pytest.mark.parametrize("epilogue", [None, 3, 2.5])
+def test_no_epilogue_is_an_evtc_error(make, epilogue):
+    with pytest.raises(ArgumentError, match="can't make an epilogue of") as e:  # was a bare TypeError
+        make(epilogue)
+    assert isinstance(e.value, TypeError)  # what the docstring promised still holds
+
+
+# ---- gemm.tune and the Gemm's flags ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    return evtc.Gemm(LIN)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"shapes": [(-1, 128, 128)]}, "(-1, 128, 128)"),
+    ({"shapes": [(0, 128, 128)]}, "(0, 128, 128)"),
+    ({"shapes": [(128.0, 128, 128)]}, "(128.0, 128, 128)"),
+    ({"shapes": [("128", 128, 128)]}, "('128', 128, 128)"),
+    ({"shapes": [(True, 128, 128)]}, "(True, 128, 128)"),
+    ({"shapes": [(1, 2, 3, 4, 5)]}, "(1, 2, 3, 4, 5)"),
+    ({"shapes": [(1, 2)]}, "(1, 2)"),
+    ({"shapes": [(128, 128, 128, 0)]}, "(128, 128, 128, 0)"),
+    ({"shapes": [(10**30, 128, 128)]}, str(10**30)),
+    ({"shapes": (128, 128, 128)}, "a list of shapes"),
+    ({"shapes": None}, "shapes"),
+    ({"shapes": "128x128x128"}, "shapes"),
+    ({"shapes": []}, "no shape"),
+    ({"iters": 0}, "iters=0"),
+    ({"iters": 1.5}, "iters=1.5"),
+    ({"iters": True}, "iters=True"),
+    ({"limit_s": -1}, "limit_s=-1"),
+    ({"limit_s": 0}, "limit_s=0"),
+    ({"limit_s": float("nan")}, "limit_s=nan"),
+    ({"limit_s": "2"}, "limit_s='2'"),
+    ({"top": 0}, "top=0"),
+    ({"top": -1}, "top=-1"),
+    ({"top": 1.5}, "top=1.5"),
+    ({"top": True}, "top=True"),
+    ({"store": "no"}, "store='no'"),
+    ({"verbose": "yes"}, "verbose='yes'"),
+])
+def test_tune_checks_its_arguments_before_looking_for_a_gpu(gemm, kwargs, needle):
+    # every one of these was hidden behind NoDeviceError here, and reached the GPU's tuner there
+    kwargs = {"shapes": [(128, 128, 128)], **kwargs}
+    shapes = kwargs.pop("shapes")
+    with pytest.raises(ArgumentError) as e:
+        gemm.tune(shapes, **kwargs)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_tune_without_a_gpu_still_says_so(gemm):
+    from devices import HAS_GPU
+
+    if HAS_GPU:
+        pytest.skip("a GPU is here")
+    with pytest.raises(evtc.errors.NoDeviceError):
+        gemm.tune([(128, 128, 128), (64, 256, 512, 2)], iters=1, limit_s=0.5, top=None)
+
+
+@pytest.mark.parametrize("flag", ["autotune", "batch_invariant"])
+@pytest.mark.parametrize("value", ["false", "yes", 1, [], {"top": 2}])
+def test_gemm_flags_are_booleans(flag, value):
+    # autotune="false" was bool("false"): on
+    with pytest.raises(ConfigError, match=f"{flag}="):
+        evtc.Gemm(LIN, **{flag: value})
+
+
+@pytest.mark.parametrize("flag", ["autotune", "batch_invariant"])
+def test_gemm_flags_still_take_bools_and_none(flag):
+    for value in (True, False, None, np.bool_(True)):
+        evtc.Gemm(LIN, **{flag: value})
+
+
+# ---- evtc emit -o ---------------------------------------------------------------------------------
+
+
+def test_emit_output_ending_in_a_slash_is_a_folder(tmp_path):
+    from evtc.cli import main
+
+    r = CliRunner().invoke(main, ["emit", "--expr", LIN, "-o", str(tmp_path / "new") + "/"])
+    assert r.exit_code == 2, r.output  # was: wrote a file named "new"
+    assert "folder" in r.output and not (tmp_path / "new").exists()
