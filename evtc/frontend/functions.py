@@ -302,8 +302,9 @@ def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
     as float64 arrays).
 
     Raises:
-        EvtcError: a dtype that is not fp8, a group other than 32, 64 or 128, an unknown
-            convention, or x not M x N.
+        EvtcError: a dtype that is not fp8, a group other than 32, 64 or 128 (in an epilogue;
+            the eager forms take any positive integer), an unknown convention, or x not an M x N
+            matrix of real numbers.
     """
     if isinstance(x, (Value, Reduced)):
         return _trace.quantize(x, dtype, group, convention)
@@ -318,7 +319,14 @@ def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
     from evtc.ir.nodes import QUANT_CONVENTIONS
     from evtc.ir.quant import quantize_groups
 
-    arr = np.asarray(x, dtype=np.float64)
+    try:
+        arr = np.asarray(x)
+        if np.iscomplexobj(arr):
+            raise TypeError("complex")
+        arr = arr.astype(np.float64)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError(f"evtc.quantize of a {type(x).__name__} that is no matrix of real numbers ({e})",
+                            hint="pass an (M, N) numpy array or torch tensor of real numbers") from None
     if arr.ndim != 2 or not dt.is_fp8 or convention not in QUANT_CONVENTIONS or isinstance(group, bool) \
             or not isinstance(group, (int, np.integer)) or group <= 0:
         raise ArgumentError(f"evtc.quantize of a {arr.ndim}-D array to {dt.name}, group={group!r}, "

@@ -47,6 +47,8 @@ import enum
 import math
 from typing import Any
 
+import numpy as np
+
 from evtc.errors import ArgumentError
 
 __all__ = ["ELEMENT_MAX", "MX_EMAX", "ScaleLayout", "allocate_scales", "check_scales", "e8m0_decode",
@@ -96,11 +98,14 @@ def _groups(x, group: int):
     """x (M, N) as (M, G, group) f32, the last group padded with zeros (they never raise amax,
     and their quotients are dropped), and G."""
     torch = _torch()
-    if group <= 0:
-        raise ArgumentError(f"group = {group}: a positive number of elements")
+    if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group <= 0:
+        raise ArgumentError(f"group = {group!r}: a positive number of elements", hint="pass an integer, e.g. group=128")
     if x.dim() != 2:
         raise ArgumentError(f"x of shape {tuple(x.shape)}: an (M, N) tensor is expected")
+    if x.is_complex():
+        raise ArgumentError(f"x is {x.dtype}: the quantizers take real numbers", hint="pass x.real or x.abs()")
     M, N = x.shape
+    group = min(int(group), max(N, 1))  # a group wider than a row is the row (the same bits)
     G = -(-N // group)
     pad = G * group - N
     xf = x.float()
@@ -168,7 +173,7 @@ def quantize_per_token_group(x: Any, group: int = 128, dtype: str = "e4m3", *, c
     else:  # deepgemm
         q = g * (qmax / amax)[..., None]
         scale = amax / qmax
-    q = _cast(q.reshape(M, G * group)[:, :N], dtype)
+    q = _cast(q.reshape(M, G * g.shape[2])[:, :N], dtype)
     return q, scale.reshape(M, G)
 
 
@@ -229,7 +234,7 @@ def quantize_mx(x: Any, dtype: str = "e4m3", *, block: int = 32, rounding: str =
     scale = torch.exp2(e)
     q = torch.clamp(g / scale[..., None], -qmax, qmax)
     q = torch.where(bad[..., None], torch.full_like(q, float("nan")), q)
-    q = _cast(q.reshape(M, G * block)[:, :N], dtype)
+    q = _cast(q.reshape(M, G * g.shape[2])[:, :N], dtype)
     code = torch.where(bad, torch.full_like(e, 255), e + 127).to(torch.uint8)
     return q, code.reshape(M, G)
 
