@@ -51,6 +51,8 @@ import math
 import sys
 from typing import Any, Mapping
 
+import numpy as np
+
 from evtc import dtypes
 from evtc.abi import ctypes_struct, grouped_abi_fields
 from evtc.compiler import cache
@@ -224,8 +226,9 @@ class GroupedGemm:
         self.c = dtypes.coerce(c) if c is not None else None
         self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
         check_mainloop_dtypes(self.arch, self.a, self.b)
-        if member is not None and member not in GROUPED_MEMBERS:
-            raise ConfigError(f"member '{member}' is not one of the grouped family's {sorted(GROUPED_MEMBERS)}")
+        if member is not None and (not isinstance(member, str) or member not in GROUPED_MEMBERS):
+            raise ConfigError(f"member {member!r} is not one of the grouped family's {sorted(GROUPED_MEMBERS)}",
+                              hint="pass one of their names, or leave member out (chosen per call)")
         self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
         self.name = self.pipeline.name
         self.graph = self.pipeline.graph_for(self.arch)
@@ -281,9 +284,20 @@ class GroupedGemm:
         """The family's member names."""
         return tuple(self._members)
 
+    def _member(self, name: Any) -> _Member:
+        """The member called ``name``.
+
+        Raises:
+            ConfigError: no member has that name.
+        """
+        if not isinstance(name, str) or name not in self._members:
+            raise ConfigError(f"member {name!r} is not one of this GroupedGemm's {list(self._members)}",
+                              epilogue=self.name, hint="pass one of their names")
+        return self._members[name]
+
     def kernel(self, member: str | None = None) -> Kernel:
         """The :class:`~evtc.pipeline.Kernel` of ``member`` (default: the pinned or the first)."""
-        return self._members[member or self.member or next(iter(self._members))].kernel
+        return self._member(member or self.member or next(iter(self._members))).kernel
 
     def source(self, member: str | None = None) -> str:
         """The ``.cu`` text of ``member``'s kernel."""
@@ -303,8 +317,10 @@ class GroupedGemm:
         Raises:
             BuildError: nvcc failed.
         """
+        if isinstance(members, str):  # one member's name, not its letters
+            members = [members]
         names = list(members) if members else ([self.member] if self.member else list(self._members))
-        todo = [self._members[n] for n in names if self._members[n].kernel.library is None]
+        todo = [m for m in map(self._member, names) if m.kernel.library is None]
         results = cache.build_many([m.kernel.job() for m in todo], timeout=timeout)
         for m, art in zip(todo, results):
             if isinstance(art, Exception):
@@ -519,7 +535,11 @@ def _check_offs(offs, E: int, T: int, device, check: bool, name: str):
     import torch
 
     if isinstance(offs, (list, tuple)):
-        offs = torch.tensor(offs, dtype=torch.int32)
+        bad = [v for v in offs if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**31]
+        if bad:  # torch.tensor would truncate 0.5, take True as 1, or raise its own error
+            raise ArgumentError(f"offs holds {bad[0]!r}: the grouped GEMM takes E = {E} int32 cumulative row counts",
+                                epilogue=name, hint="pass integers from 0 to T, or an int32 tensor")
+        offs = torch.tensor([int(v) if isinstance(v, np.integer) else v for v in offs], dtype=torch.int32)
         check = True
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.shape != (E,):
         got = f"{offs.dtype} {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) else type(offs).__name__
