@@ -12,6 +12,7 @@ from typing import Callable, Mapping, TypeVar
 from evtc.abi import kernel_abi_fields
 from evtc.compiler import cache
 from evtc.dtypes import DType
+from evtc.errors import ArgumentError
 from evtc.family.spec import KernelSpec
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
@@ -39,7 +40,8 @@ def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> 
     """The Graph of an epilogue given in any of the accepted forms.
 
     Raises:
-        TypeError: ``epilogue`` is none of a Graph, an Epilogue, a string or a callable.
+        ArgumentError (a TypeError): ``epilogue`` is none of a Graph, an Epilogue, a string or a
+            callable.
         EvtcError: trace and parse errors, located at the epilogue's line.
     """
     if isinstance(epilogue, Graph):
@@ -55,7 +57,9 @@ def as_graph(epilogue: Epilogue | Graph | str, *, c: DType | None, d: DType) -> 
         return memo.traced_text(epilogue, c=c, d=d, parse=parse)  # a hit needn't import lark
     if callable(epilogue):
         return Epilogue(epilogue).trace(c=c, d=d)
-    raise TypeError(f"can't make an epilogue of {type(epilogue).__name__}")
+    raise ArgumentError(f"can't make an epilogue of {type(epilogue).__name__} {epilogue!r:.40}",
+                        hint="pass an @evtc.epilogue function, an expression such as \"D = relu(acc + bias[n])\", "
+                             "or an evtc.Graph")
 
 
 def emit(graph: Graph, plan) -> str:
