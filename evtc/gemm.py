@@ -10,15 +10,18 @@ primary kernel's plan: epilogue errors surface here, at the user's line) to a ke
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any, Mapping
+
+import numpy as np
 
 from evtc import dtypes, knobs
 from evtc.compiler import cache
 from evtc.dispatch.dispatcher import Dispatcher
 from evtc.dispatch.family import GemmFamily, KernelSpec
 from evtc.dtypes import DType
-from evtc.errors import api_boundary
+from evtc.errors import ArgumentError, ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.pipeline import Kernel, Pipeline
@@ -26,6 +29,7 @@ from evtc.plan import GemmConfig, default_config, get_target
 from evtc.plan.config import check_mainloop_dtypes
 from evtc.plan.config import validate as validate_config
 from evtc.runtime.launch import KernelLibrary, Launcher
+from evtc.runtime.signature import INT32_MAX
 from evtc.torch.fast import FastPathHook, torch_compiling
 
 __all__ = ["Gemm"]
@@ -103,6 +107,8 @@ class Gemm:
         self.name = self.pipeline.name
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
         policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
+        _check_flag("autotune", autotune, self.name)
+        _check_flag("batch_invariant", batch_invariant, self.name)
         invariant = knobs.batch_invariant.get() if batch_invariant is None else bool(batch_invariant)
         kernels = GemmFamily(self.pipeline, arch, self.target, config if pinned else None,
                              policy=policy, rank=plan_rank, fixed=fixed, batch_invariant=invariant)
@@ -175,9 +181,17 @@ class Gemm:
              top: int | None = 4):
         """Time the selection model's first ``top`` candidates (None: all) of each of ``shapes``
         ((M, N, K) or (M, N, K, L)) on the current GPU and keep the fastest per shape bucket for
-        this and later processes (:func:`evtc.dispatch.tune.tune`: its returns and raises)."""
+        this and later processes (:func:`evtc.dispatch.tune.tune`: its returns and raises).
+
+        Raises:
+            ArgumentError: a shape that is not 3 or 4 integers from 1 to 2^31 - 1, no shape,
+                ``iters`` or ``top`` not a positive integer, ``limit_s`` not a positive finite
+                number, ``store`` or ``verbose`` not a bool (checked before the GPU is looked for).
+        """
         from evtc.dispatch.tune import tune
 
+        shapes = _tune_shapes(shapes, self.name)
+        _check_tune_options(self.name, iters=iters, limit_s=limit_s, store=store, verbose=verbose, top=top)
         return tune(self.dispatch, shapes, iters=iters, limit_s=limit_s, store=store, verbose=verbose, top=top)
 
     @api_boundary
@@ -292,3 +306,52 @@ class Gemm:
         """The IR, the primary plan and the family, as text."""
         fam = "\n".join(f"  {n}: {s.config.schedule_name} ({s.arch})" for n, s in self.family.items())
         return f"{self.graph}\n{self.plan}\nconfig: {json.dumps(self.config.to_json())}\nfamily:\n{fam}\n"
+
+
+def _check_flag(name: str, value: Any, epilogue: str) -> None:
+    """``autotune=``/``batch_invariant=``: True, False or None (``bool("false")`` would be True)."""
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}={value!r}: True, False or None (the environment's default)", epilogue=epilogue,
+                          hint=f"pass {name}=True or {name}=False")
+
+
+def _tune_shapes(shapes: Any, epilogue: str) -> list[tuple[int, ...]]:
+    """gemm.tune's ``shapes``: a list of (M, N, K) or (M, N, K, L), every extent an integer from
+    1 to INT32_MAX."""
+    if isinstance(shapes, (str, bytes, Mapping)) or not hasattr(shapes, "__iter__"):
+        raise ArgumentError(f"shapes={shapes!r:.60}: a list of (M, N, K) or (M, N, K, L) problems", epilogue=epilogue,
+                            hint="e.g. gemm.tune([(4096, 4096, 4096), (128, 4096, 4096)])")
+    shapes = list(shapes)
+    if shapes and all(isinstance(v, (int, np.integer)) for v in shapes):
+        raise ArgumentError(f"shapes={tuple(shapes)!r}: a list of shapes, not one shape", epilogue=epilogue,
+                            hint=f"pass [{tuple(shapes)!r}]")
+    if not shapes:
+        raise ArgumentError("shapes is empty: no shape to tune", epilogue=epilogue,
+                            hint="e.g. gemm.tune([(4096, 4096, 4096)])")
+    for shape in shapes:
+        ok = isinstance(shape, (tuple, list, np.ndarray)) and len(shape) in (3, 4) and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 1 <= v <= INT32_MAX
+            for v in shape)
+        if not ok:
+            shown = tuple(shape) if isinstance(shape, (tuple, list, np.ndarray)) else shape
+            raise ArgumentError(f"shape {shown!r:.80}: (M, N, K) or (M, N, K, L), each an integer from 1 to "
+                                f"{INT32_MAX}", epilogue=epilogue, hint="e.g. (4096, 4096, 4096) or (128, 4096, 4096, 8)")
+    return [tuple(int(v) for v in shape) for shape in shapes]
+
+
+def _check_tune_options(epilogue: str, *, iters: Any, limit_s: Any, store: Any, verbose: Any, top: Any) -> None:
+    def positive_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 1
+
+    if not positive_int(iters):
+        raise ArgumentError(f"iters={iters!r}: the timed samples per candidate, an integer >= 1", epilogue=epilogue)
+    if top is not None and not positive_int(top):
+        raise ArgumentError(f"top={top!r}: how many of the model's candidates to time, an integer >= 1 (None: all)",
+                            epilogue=epilogue)
+    if isinstance(limit_s, (bool, np.bool_)) or not isinstance(limit_s, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(limit_s) or limit_s <= 0:
+        raise ArgumentError(f"limit_s={limit_s!r}: seconds a candidate's first call may take, a positive finite "
+                            "number", epilogue=epilogue, hint="e.g. limit_s=2.0 (the default)")
+    for name, v in (("store", store), ("verbose", verbose)):
+        if not isinstance(v, (bool, np.bool_)):
+            raise ArgumentError(f"{name}={v!r}: True or False", epilogue=epilogue)
