@@ -247,7 +247,7 @@ def _writable_file(ctx, param, value):
     if value is None:
         return None
     p = Path(value)
-    if p.is_dir():
+    if p.is_dir() or value.endswith(("/", os.sep)):  # Path("new/") is Path("new"): a file would be written
         raise click.BadParameter(f"{value} is a folder; give a file name")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
