@@ -227,8 +227,12 @@ def fuse_gate(backend) -> Callable:
 def _gemm_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     from evtc.errors import ArgumentError
 
+    if options is not None and not isinstance(options, Mapping):
+        raise ArgumentError(f"torch.compile(backend='evtc', options={options!r:.60}): a dict of option -> bool",
+                            hint=f"e.g. options={{'batch_invariant': True}}; the evtc backend takes "
+                                 f"{', '.join(GEMM_OPTIONS + BACKEND_OPTIONS)}")
     options = dict(options or {})
-    unknown = sorted(set(options) - set(GEMM_OPTIONS) - set(BACKEND_OPTIONS))
+    unknown = sorted(map(repr, set(options) - set(GEMM_OPTIONS) - set(BACKEND_OPTIONS)))
     if unknown:
         raise ArgumentError(f"torch.compile(backend='evtc', options=...): unknown option(s) {', '.join(unknown)}",
                             hint=f"the evtc backend takes {', '.join(GEMM_OPTIONS + BACKEND_OPTIONS)}")
@@ -262,6 +266,10 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         from evtc.errors import ArgumentError
 
         raise ArgumentError("make_backend(gemm_options=...): fuse_all is make_backend's own argument")
+    if not isinstance(fuse_all, bool):  # fuse_all="no" would fuse every match
+        from evtc.errors import ArgumentError
+
+        raise ArgumentError(f"make_backend(fuse_all={fuse_all!r}): True or False")
 
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):

@@ -232,3 +232,29 @@ def test_emit_output_ending_in_a_slash_is_a_folder(tmp_path):
     r = CliRunner().invoke(main, ["emit", "--expr", LIN, "-o", str(tmp_path / "new") + "/"])
     assert r.exit_code == 2, r.output  # was: wrote a file named "new"
     assert "folder" in r.output and not (tmp_path / "new").exists()
+
+
+# ---- the torch backend's options ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, needle", [
+    ("fuse_all", "a dict of option -> bool"),   # was ValueError: dictionary update sequence element
+    ([1, 2], "a dict of option -> bool"),       # was TypeError
+    (3, "a dict of option -> bool"),            # was TypeError: 'int' object is not iterable
+    ({1: True}, "unknown option(s) 1"),         # was TypeError: expected str instance (the join)
+    ({1: True, "x": True}, "unknown option"),   # was TypeError: '<' not supported (the sort)
+])
+def test_backend_options_that_are_no_dict_of_names(options, needle):
+    from evtc.torch.backend import evtc_backend
+
+    with pytest.raises(ArgumentError) as e:
+        evtc_backend(None, [], options=options)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_make_backend_fuse_all_is_a_bool():
+    from evtc.torch.backend import make_backend
+
+    with pytest.raises(ArgumentError, match="fuse_all='no'"):  # was truthy: every match fused
+        make_backend(fuse_all="no")
+    assert make_backend(fuse_all=True).fused == 0
