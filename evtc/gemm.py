@@ -20,6 +20,7 @@ from evtc import dtypes, knobs
 from evtc.compiler import cache
 from evtc.dispatch.dispatcher import Dispatcher
 from evtc.dispatch.family import GemmFamily, KernelSpec
+from evtc.family.spec import on_demand
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError, ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
@@ -30,6 +31,9 @@ from evtc.plan.config import check_mainloop_dtypes
 from evtc.plan.config import validate as validate_config
 from evtc.runtime.launch import KernelLibrary, Launcher
 from evtc.runtime.signature import INT32_MAX
+
+#: the kernels :meth:`Gemm.kernel` makes by name beside the members (:func:`evtc.family.spec.on_demand`)
+ON_DEMAND = ("unaligned", "unaligned_pingpong", "unaligned_k")
 from evtc.torch.fast import FastPathHook, torch_compiling
 
 __all__ = ["Gemm"]
@@ -150,7 +154,23 @@ class Gemm:
     # ---- the family ---------------------------------------------------------------------------------
 
     def kernel(self, spec: KernelSpec | str) -> Kernel:
-        """The (planned, maybe not built) kernel of a family member, by spec or member name."""
+        """The (planned, maybe not built) kernel of a family member, by spec or member name.
+
+        Raises:
+            ConfigError: no member or on-demand kernel (``unaligned``, ``unaligned_pingpong``,
+                ``unaligned_k``) has that name, or ``spec`` is neither a KernelSpec nor a name.
+        """
+        if not isinstance(spec, KernelSpec):
+            known = f"members: {', '.join(self.family)}; on demand: {', '.join(ON_DEMAND)}"
+            if not isinstance(spec, str):
+                raise ConfigError(f"kernel({spec!r:.60}): a KernelSpec or a member's name", epilogue=self.name,
+                                  hint=known)
+            if spec not in self.family:
+                try:
+                    on_demand(self.arch, self.a, self.b, spec)
+                except KeyError:
+                    raise ConfigError(f"kernel('{spec}'): no member or on-demand kernel of this Gemm has that name",
+                                      epilogue=self.name, hint=known) from None
         return self.dispatch.family.kernel(spec)
 
     def kernels(self) -> list[Kernel]:
@@ -167,7 +187,12 @@ class Gemm:
                sm_count: int | None = None, device: str | None = None) -> KernelSpec:
         """The family member (with its run-time arguments) a problem runs on: the tuner's stored
         choice for its shape bucket on ``device`` if there is one, else the heuristic's
-        (:mod:`evtc.dispatch.select`)."""
+        (:mod:`evtc.dispatch.select`).
+
+        Raises:
+            ArgumentError: M, N, K or L not an integer from 1 to INT32_MAX.
+        """
+        _tune_shapes([(M, N, K, L)], self.name)
         return self.dispatch.family.choose(M, N, K, L, aligned_mn=aligned_mn, aligned_k=aligned_k,
                                            sm_count=sm_count, device=device)
 
@@ -226,7 +251,14 @@ class Gemm:
 
     def set_unaligned_staging(self, how: str | None) -> None:
         """Select the padded staging route (``auto``, ``always``, ``never``, or None for the
-        environment's ``EVTC_UNALIGNED_STAGING``) for every later call."""
+        environment's ``EVTC_UNALIGNED_STAGING``) for every later call.
+
+        Raises:
+            ArgumentError: another value.
+        """
+        if how is not None and not isinstance(how, str):
+            raise ArgumentError(f"set_unaligned_staging({how!r:.60}): 'auto', 'always', 'never' or None",
+                                epilogue=self.name, hint="None takes EVTC_UNALIGNED_STAGING (default auto)")
         self.dispatch.set_unaligned_staging(how)
 
     @api_boundary

@@ -258,3 +258,38 @@ def test_make_backend_fuse_all_is_a_bool():
     with pytest.raises(ArgumentError, match="fuse_all='no'"):  # was truthy: every match fused
         make_backend(fuse_all="no")
     assert make_backend(fuse_all=True).fused == 0
+
+
+# ---- Gemm.choose, Gemm.kernel, Gemm.set_unaligned_staging ------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(-1, 128, 128), (0, 128, 128), (128, 128, 0), (128, 128, 128, 0), (1.5, 128, 128),
+                                   ("128", 128, 128), (10**30, 128, 128)])
+def test_choose_checks_the_problem(gemm, shape):
+    # -1, 0 and L = 0 were the ranker's "math domain error", "128" a TypeError, 1.5 and 10**30 were ranked
+    with pytest.raises(ArgumentError, match="each an integer from 1"):
+        gemm.choose(*shape)
+    assert gemm.choose(128, 128, 128, np.int64(2)).name in gemm.family
+
+
+@pytest.mark.parametrize("spec", ["bogus", 3, None])
+def test_kernel_of_no_member(gemm, spec):
+    with pytest.raises(ConfigError, match="kernel"):  # was KeyError / AttributeError
+        gemm.kernel(spec)
+    assert gemm.kernel("unaligned").plan.config.unaligned
+
+
+@pytest.mark.parametrize("how", [1, [], True])
+def test_unaligned_staging_mode_of_the_wrong_type(gemm, how):
+    with pytest.raises(ArgumentError, match="set_unaligned_staging"):  # was AttributeError: no 'strip'
+        gemm.set_unaligned_staging(how)
+
+
+@pytest.mark.xfail(reason="evtc/dispatch/select.py takes log2(M) of an empty call's M or N (math domain error "
+                          "before the empty-problem path); dispatch/ is another engineer's: reported, not fixed here")
+def test_a_call_with_no_rows_is_no_math_domain_error():
+    from fakecuda import FakeCuda
+
+    g = evtc.Gemm(LIN, a="f16", d="f16")
+    with pytest.raises(EvtcError):  # without a GPU or torch's allocator: some EvtcError, not ValueError
+        g(FakeCuda((0, 64)), FakeCuda((64, 64)), bias=FakeCuda((64,), typestr="<f4"))
