@@ -459,11 +459,33 @@ class GroupedGemm:
         """
         import torch
 
+        def tensors(what: str, ts: Any, dim: int) -> list:
+            """``ts`` as a list of ``dim``-D torch tensors that torch.cat / torch.stack can pack
+            (one trailing shape, dtype and device), or an ArgumentError naming ``what``."""
+            if not isinstance(ts, (list, tuple)):
+                raise ArgumentError(f"{what} is a {type(ts).__name__}: run_list takes a list of per-group tensors",
+                                    epilogue=self.name, hint="pass a list, one tensor per group")
+            ts = list(ts)
+            for e, t in enumerate(ts):
+                if not isinstance(t, torch.Tensor) or t.dim() != dim:
+                    got = f"{tuple(t.shape)}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+                    raise ArgumentError(f"{what}[{e}] is {got}: a {dim}-D torch tensor is expected", epilogue=self.name)
+            kinds = {(tuple(t.shape[1:]) if dim > 1 else (), t.dtype, t.device) for t in ts}
+            if len(kinds) > 1:
+                raise ArgumentError(f"{what} differ in {'their trailing shape, ' if dim > 1 else ''}dtype or device "
+                                    f"({sorted(map(str, kinds))}): they are packed into one tensor", epilogue=self.name)
+            return ts
+
+        As = tensors("As", As, 2)
         E = len(As)
         if isinstance(Bs, (list, tuple)):
             if len(Bs) != E:
                 raise ArgumentError(f"{E} A tensors and {len(Bs)} B tensors: one of each per group", epilogue=self.name)
-            Bs = torch.stack(list(Bs)) if E else None
+            Bs = tensors("Bs", Bs, 2)
+            if any(b.shape != Bs[0].shape for b in Bs):
+                raise ArgumentError(f"Bs have the shapes {[tuple(b.shape) for b in Bs]}: every group's B is (N, K)",
+                                    epilogue=self.name)
+            Bs = torch.stack(Bs) if E else None
         if E == 0:
             return []
         sizes = [int(a.shape[0]) for a in As]
@@ -474,10 +496,11 @@ class GroupedGemm:
                 if len(value) != E:
                     raise ArgumentError(f"input '{name}' has {len(value)} per-group tensors for {E} groups",
                                         epilogue=self.name)
-                packed[name] = torch.cat(list(value))
+                value = tensors(f"input '{name}'", value, value[0].dim() if isinstance(value[0], torch.Tensor) else 2)
+                packed[name] = torch.cat(value)
             else:
                 packed[name] = value
-        got = self(torch.cat(list(As)), Bs, offs, **packed)
+        got = self(torch.cat(As), Bs, offs, **packed)
         if isinstance(got, dict):
             parts = {n: torch.split(t, sizes) for n, t in got.items()}
             return [{n: parts[n][e] for n in parts} for e in range(E)]

@@ -293,3 +293,25 @@ def test_a_call_with_no_rows_is_no_math_domain_error():
     g = evtc.Gemm(LIN, a="f16", d="f16")
     with pytest.raises(EvtcError):  # without a GPU or torch's allocator: some EvtcError, not ValueError
         g(FakeCuda((0, 64)), FakeCuda((64, 64)), bias=FakeCuda((64,), typestr="<f4"))
+
+
+# ---- GroupedGemm.run_list ---------------------------------------------------------------------------
+
+_BF = {"dtype": torch.bfloat16}
+
+
+@pytest.mark.parametrize("As, Bs, inputs, needle", [
+    ([1, 2], [torch.ones(8, 8, **_BF)] * 2, {}, "As[0] is a int"),                           # AttributeError .shape
+    ([np.ones((2, 8))], [torch.ones(8, 8, **_BF)], {}, "As[0] is a ndarray"),               # torch.cat's TypeError
+    (None, [], {}, "As is a NoneType"),                                                      # len(None)
+    ([torch.tensor(1.0)], [torch.ones(8, 8, **_BF)], {}, "As[0] is ()"),                     # IndexError
+    ([torch.ones(2, 8, **_BF), torch.ones(2, 16, **_BF)], [torch.ones(8, 8, **_BF)] * 2, {}, "As differ"),
+    ([torch.ones(2, 8, **_BF)] * 2, [torch.ones(8, 8, **_BF), torch.ones(16, 8, **_BF)], {}, "Bs have the shapes"),
+    ([torch.ones(2, 8, **_BF)], [torch.ones(8, 8, **_BF)], {"bias": [1]}, "input 'bias'[0] is a int"),
+])
+def test_run_list_checks_the_lists_before_packing_them(As, Bs, inputs, needle):
+    gg = evtc.GroupedGemm(LIN)
+    with pytest.raises(ArgumentError) as e:  # each was torch's or Python's own error from cat/stack/.shape
+        gg.run_list(As, Bs, **inputs)
+    assert needle in str(e.value), str(e.value)
+    assert gg.run_list([], []) == []
