@@ -271,6 +271,24 @@ def _write(path: Path, data: str | bytes) -> None:
 PLAN_EXAMPLE = '{"reuse": true, "stages_c": 2}'
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: a key given twice is an error (json keeps the last silently)."""
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise ValueError(f"the key '{k}' is given twice")
+        seen.add(k)
+    return dict(pairs)
+
+
+def _short_int(token: str) -> int:
+    """``json.loads``' integer hook: no plan decision has a number of 100 digits (Python's own
+    refusal, past 4300, would suggest sys.set_int_max_str_digits)."""
+    if len(token) > 100:
+        raise ValueError(f"a number of {len(token)} digits")
+    return int(token)
+
+
 class PlanParam(click.ParamType):
     """``--plan``: ``evtc``, ``cutlass``, or a JSON object of fixed planner decisions, e.g.
     ``'{"reuse": true, "stages_c": 2}'`` (the keys of ``evtc.Gemm(plan={...})``:
@@ -286,9 +304,12 @@ class PlanParam(click.ParamType):
         from evtc.plan.config import check_plan_decisions
 
         try:
-            d = json.loads(value)
-        except json.JSONDecodeError as e:
-            self.fail(f"'{value}' is neither evtc, cutlass nor a JSON object ({e.msg})", param, ctx)
+            d = json.loads(value, object_pairs_hook=_no_repeated_keys, parse_int=_short_int)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, a key given twice, 5000 digits; nesting
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply" \
+                if isinstance(e, RecursionError) else str(e)
+            self.fail(f"'{value:.80}{'...' if len(value) > 80 else ''}' is neither evtc, cutlass nor a JSON object "
+                      f"({why})", param, ctx)
         if not isinstance(d, dict):
             self.fail(f"'{value}' is not a JSON object of plan decisions", param, ctx)
         try:

@@ -315,3 +315,16 @@ def test_run_list_checks_the_lists_before_packing_them(As, Bs, inputs, needle):
         gg.run_list(As, Bs, **inputs)
     assert needle in str(e.value), str(e.value)
     assert gg.run_list([], []) == []
+
+
+@pytest.mark.parametrize("plan, needle", [
+    ('{"direct": ' + "[" * 100000 + "]" * 100000 + "}", "nested too deeply"),  # was RecursionError
+    ('{"stages_c": ' + "9" * 5000 + "}", "a number of 5000 digits"),             # was ValueError (int digits limit)
+    ('{"stages_c": 2, "stages_c": 3}', "the key 'stages_c' is given twice"),     # was the last, silently
+])
+def test_cli_plan_json_that_python_cannot_or_should_not_read(plan, needle):
+    from evtc.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--expr", LIN, "--plan", plan])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), r.exception
+    assert needle in r.output and len(r.output) < 2000, r.output[-500:]
