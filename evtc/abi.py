@@ -34,6 +34,7 @@ from evtc.ir.nodes import (
     Accumulator,
     AuxLoad,
     ColBroadcast,
+    GroupScale,
     Reduction,
     RowBroadcast,
     ScalarBroadcast,
@@ -64,8 +65,10 @@ class AbiField:
         name: C identifier.
         ctype: C type (``int32_t``, ``int64_t``, ``float``, ``const void*``, ``void*``).
         tensor: the operand it belongs to (``A``, ``B``, an input or output name), or None.
-        what: ``ptr``, ``ld``, ``batch_stride``, ``value``, ``dim``, ``scheduler`` (a tile
-            scheduler argument) or ``conv`` (a convolution's extent, :data:`CONV_FIELDS`).
+        what: ``ptr``, ``ld``, ``batch_stride``, ``group_stride`` (a quantization's scales:
+            elements between a row's groups; ``ld`` is then the stride between rows), ``value``,
+            ``dim``, ``scheduler`` (a tile scheduler argument) or ``conv`` (a convolution's extent,
+            :data:`CONV_FIELDS`).
     """
 
     name: str
@@ -110,6 +113,9 @@ def abi_fields(graph: Graph, arch: str) -> tuple[AbiField, ...]:
         if isinstance(out, Store):
             f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"ld_{n}", "int64_t", n, "ld"),
                   AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
+        elif isinstance(out, GroupScale):  # its (M, G) grid's strides: ROW_MAJOR or COL_MAJOR_TMA
+            f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"bs_{n}", "int64_t", n, "batch_stride"),
+                  AbiField(f"ld_{n}", "int64_t", n, "ld"), AbiField(f"gs_{n}", "int64_t", n, "group_stride")]
         elif isinstance(out, Reduction):
             f += [AbiField(f"p_{n}", "void*", n, "ptr"), AbiField(f"bs_{n}", "int64_t", n, "batch_stride")]
     return tuple(f)

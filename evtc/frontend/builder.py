@@ -110,9 +110,8 @@ from evtc.frontend.builder_rules import (
 from evtc.ir import limits
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.names import name_problem, reserved_output, reserved_parameter
-from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, Accumulator, AuxLoad, Bcast, Compute, GroupScale, Immediate,
-                           Leaf, Node, Output, ReduceOp, Reduction,
-                           Source, Store)
+from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, AuxLoad, Bcast, Compute,
+                           GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, Source, Store)
 
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
@@ -568,9 +567,12 @@ class IRBuilder:
             self.fail(EpilogueTypeError, f"reducing a {node.bcast.value} value; reductions take an M x N value", loc)
         return Pending(Reduction(f32, name="", value=node, op=ReduceOp(op), dim=dim, loc=loc), loc)
 
-    def quantize(self, x: Value, dtype: Any, group: Any, convention: Any, loc: SourceLoc | None) -> tuple[Compute, Pending]:
-        """``evtc.quantize(x, dtype, group=, convention=)``: per-token-group quantization of the
-        M x N value ``x`` (NOTE [Per-token-group quantization conventions], evtc/testing/quant.py).
+    def quantize(self, x: Value, dtype: Any, group: Any, convention: Any, loc: SourceLoc | None,
+                 scale_layout: Any = "row_major") -> tuple[Compute, Pending]:
+        """``evtc.quantize(x, dtype, group=, convention=, scale_layout=)``: per-token-group
+        quantization of the M x N value ``x`` (NOTE [Per-token-group quantization conventions],
+        evtc/testing/quant.py); ``scale_layout`` is the scales' layout (:data:`~evtc.ir.nodes.
+        QUANT_SCALE_LAYOUTS`, or a :class:`evtc.testing.quant.ScaleLayout` of those).
 
         Returns:
             (q, scales): q, the ``group_quant`` :class:`~evtc.ir.nodes.Compute` of dtype
@@ -579,7 +581,7 @@ class IRBuilder:
 
         Raises:
             EvtcError (``trace_error``): a dtype that is not fp8, a group outside
-                :data:`~evtc.ir.nodes.QUANT_GROUPS`, an unknown convention;
+                :data:`~evtc.ir.nodes.QUANT_GROUPS`, an unknown convention or scale layout;
                 :class:`~evtc.errors.EpilogueTypeError`: ``x`` is a constant or not M x N.
         """
         dt = self.dtype(dtype, loc)
@@ -592,15 +594,22 @@ class IRBuilder:
         if convention not in QUANT_CONVENTIONS:
             self.fail(self.dialect.trace_error, f"quantize convention={convention!r}: one of "
                       f"{', '.join(QUANT_CONVENTIONS)}", loc, hint="vllm's is the default")
+        layout = getattr(scale_layout, "value", scale_layout)  # a ScaleLayout, or its value
+        if not isinstance(layout, str) or layout not in QUANT_SCALE_LAYOUTS:
+            self.fail(self.dialect.trace_error, f"quantize scale_layout={scale_layout!r}: one of "
+                      f"{', '.join(QUANT_SCALE_LAYOUTS)} (evtc.testing.quant.ScaleLayout's ROW_MAJOR, COL_MAJOR_TMA)",
+                      loc, hint="'row_major' is the default; 'col_major_tma' is what DeepGEMM's kernels read")
         if is_constant(x):
             self.fail(EpilogueTypeError, "quantizing a constant; quantize takes an M x N value", loc)
         node = self.lift(x, loc)
         if node.bcast is not Bcast.MN:
             self.fail(EpilogueTypeError, f"quantizing a {node.bcast.value} value; quantize takes an M x N value", loc)
         attrs = (("convention", str(convention)), ("group", int(group)))
+        if layout != "row_major":  # (the default is left out of the canonical text)
+            attrs += (("layout", layout),)
         q = self.apply("group_quant", (node,), loc, dtype=dt, attrs=attrs)
         scales = GroupScale(f32, name="", value=q, op=ReduceOp.MAX, dim=1, group=int(group),
-                            convention=str(convention), loc=loc)
+                            convention=str(convention), layout=layout, loc=loc)
         return q, Pending(scales, loc)
 
     def not_elementwise(self, name: str, loc: SourceLoc | None) -> NoReturn:

@@ -290,33 +290,43 @@ def amax(x, dim: int | None = None):
     return _reduce("max", abs(x), dim)
 
 
-def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
+def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm", scale_layout: str = "row_major"):
     """Per-token-group quantization: ``(q, scales)`` with one f32 scale per 1 x ``group`` group
     of a row and q = y / scale rounded to ``dtype`` (e4m3 or e5m2), as ``convention`` ("vllm",
     "sglang", "deepgemm") computes them (NOTE [Per-token-group quantization conventions] in
     evtc/testing/quant.py; docs/numerics.md). In an epilogue both must be returned as outputs:
     ``q, s = evtc.quantize(y, evtc.e4m3); return {"D": q, "D_scale": s}``; the scales' shape is
-    (M, ceil(N / group)) per batch, row-major. On torch tensors it runs
+    (M, ceil(N / group)) per batch, laid out as ``scale_layout`` says: ``"row_major"``, or
+    ``"col_major_tma"`` (DeepGEMM's: column-major, M padded to 4; :class:`evtc.testing.quant.
+    ScaleLayout`), the type a caller's ``out=`` tensor must have. On torch tensors it runs
     :func:`evtc.testing.quant.quantize_per_token_group` (the reference); on numpy arrays or
     nested lists (M, N), the interpreter's :func:`evtc.ir.quant.quantize_groups` (the same bits,
     as float64 arrays).
 
     Raises:
         EvtcError: a dtype that is not fp8, a group other than 32, 64 or 128 (in an epilogue;
-            the eager forms take any positive integer), an unknown convention, or x not an M x N
-            matrix of real numbers.
+            the eager forms take any positive integer), an unknown convention or scale layout, or x
+            that is no matrix of real numbers.
     """
     if isinstance(x, (Value, Reduced)):
-        return _trace.quantize(x, dtype, group, convention)
+        return _trace.quantize(x, dtype, group, convention, scale_layout)
     from evtc import dtypes as _dt
     from evtc.errors import ArgumentError
+    from evtc.ir.nodes import QUANT_CONVENTIONS, QUANT_SCALE_LAYOUTS, scale_grid_strides
 
     dt = _dt.coerce(dtype)
+    layout = getattr(scale_layout, "value", scale_layout)
+    if not isinstance(layout, str) or layout not in QUANT_SCALE_LAYOUTS:
+        raise ArgumentError(f"evtc.quantize scale_layout={scale_layout!r}: one of {', '.join(QUANT_SCALE_LAYOUTS)}",
+                            hint="'row_major' is the default; 'col_major_tma' is what DeepGEMM's kernels read")
     if _torch_of((x,)) is not None:
-        from evtc.testing.quant import quantize_per_token_group
+        from evtc.testing.quant import ScaleLayout, allocate_scales, quantize_per_token_group
 
-        return quantize_per_token_group(x, group, dt.name, convention=convention)
-    from evtc.ir.nodes import QUANT_CONVENTIONS
+        q, s = quantize_per_token_group(x, group, dt.name, convention=convention)
+        if layout == "row_major":
+            return q, s
+        out = allocate_scales(s.shape[0], x.shape[-1], group, ScaleLayout(layout), device=s.device)
+        return q, out.copy_(s)
     from evtc.ir.quant import quantize_groups
 
     try:
@@ -333,7 +343,13 @@ def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm"):
                             f"convention={convention!r}: an (M, N) array, e4m3 or e5m2, a positive group, one of "
                             f"{', '.join(QUANT_CONVENTIONS)}")
     q, s = quantize_groups(arr[None], int(group), convention, dt)
-    return q[0], s[0]
+    if layout == "row_major":
+        return q[0], s[0]
+    M, G = s.shape[1:]
+    _, m4 = scale_grid_strides(layout, M, G)
+    grid = np.zeros((G, m4))  # the (M, G) view of a (G, M rounded up to 4) array
+    grid[:, :M] = s[0].T
+    return q[0], grid[:, :M].T
 
 
 def _no_elementwise(name: str, x, rest) -> None:

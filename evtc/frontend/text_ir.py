@@ -199,7 +199,7 @@ class _IRReader(_TextReader):
                 self.fail(GrammarError, "group_scale takes no keyword arguments", keywords[0].loc)
             attr = value.attr if getattr(value, "op", None) == "group_quant" else (lambda k, d: d)
             return GroupScale(dt, name=name, value=value, op=ReduceOp.MAX, dim=1, group=attr("group", 0),
-                              convention=str(attr("convention", "")), loc=loc)
+                              convention=str(attr("convention", "")), layout=str(attr("layout", "row_major")), loc=loc)
         dim = None
         for k, kw in enumerate(keywords):
             if kw.name != "dim" or k > 0:

@@ -424,11 +424,11 @@ def reduce(op: str, x: Any, dim: int | None) -> Reduced:
     return Reduced(tracer, tracer.builder.reduce(op, tracer.operand(x, loc), dim, loc))
 
 
-def quantize(x: Any, dtype: Any, group: Any, convention: Any) -> tuple[Value, Reduced]:
+def quantize(x: Any, dtype: Any, group: Any, convention: Any, scale_layout: Any = "row_major") -> tuple[Value, Reduced]:
     """Record ``evtc.quantize`` of the traced value ``x``: (the quantized value, its scales)."""
     tracer = x._tracer
     loc = user_loc()
-    q, scales = tracer.builder.quantize(tracer.operand(x, loc), dtype, group, convention, loc)
+    q, scales = tracer.builder.quantize(tracer.operand(x, loc), dtype, group, convention, loc, scale_layout)
     return Value(tracer, q), Reduced(tracer, scales)
 
 

@@ -462,6 +462,9 @@ QUANT_CONVENTIONS = ("vllm", "sglang", "deepgemm")
 #: the group sizes (elements of a row per scale) the sm90 epilogue quantizes: one epilogue
 #: subtile's N (NOTE [Per-token-group quantization in the epilogue], evtc/plan/sm90_space.py)
 QUANT_GROUPS = (32, 64, 128)
+#: how a GroupScale's (M, G) grid lies in memory (:class:`evtc.testing.quant.ScaleLayout`'s values
+#: that sm90 writes): row-major (M, G), or DeepGEMM's column-major one with M padded to 4
+QUANT_SCALE_LAYOUTS = ("row_major", "col_major_tma")
 
 
 @dataclasses.dataclass(**_SLOTS)
@@ -479,10 +482,13 @@ class GroupScale(Reduction):
     Attributes:
         group: elements per group (:data:`QUANT_GROUPS`).
         convention: :data:`QUANT_CONVENTIONS`.
+        layout: :data:`QUANT_SCALE_LAYOUTS`: part of the output's type (what evtc allocates and
+            what a caller's ``out=`` must be); the kernel writes either through run-time strides.
     """
 
     group: int = 128
     convention: str = "vllm"
+    layout: str = "row_major"
     kind: ClassVar[str] = "group_scale"
     #: no tile combines with another: no workspace, no atomics, so every decomposition (stream-K,
     #: split-K: the epilogue runs once per tile on the reduced accumulator) and every epilogue class
@@ -492,6 +498,24 @@ class GroupScale(Reduction):
     def groups(self, N: int) -> int:
         """G = ceil(N / group), the scales per row."""
         return -(-N // self.group)
+
+    def strides(self, M: int, N: int) -> tuple[int, int]:
+        """(row stride, group stride) of the (M, G) grid in elements (:func:`scale_grid_strides`)."""
+        return scale_grid_strides(self.layout, M, self.groups(N))
+
+    def storage(self, M: int, N: int) -> int:
+        """Elements one batch's grid spans (the batch stride of an allocation)."""
+        G = self.groups(N)
+        return G * (-(-M // 4) * 4) if self.layout == "col_major_tma" else M * G
+
+
+def scale_grid_strides(layout: str, M: int, G: int) -> tuple[int, int]:
+    """(row stride, group stride), in elements, of an (M, G) grid of scales laid out as
+    ``layout`` (:data:`QUANT_SCALE_LAYOUTS`): (G, 1) row-major; (1, M rounded up to 4) for
+    ``col_major_tma``, whose columns start 16-byte aligned (DeepGEMM's ``get_tma_aligned_size``)."""
+    if layout == "col_major_tma":
+        return 1, -(-M // 4) * 4
+    return G, 1
 
 
 #: leaf kinds by the word used for them in the canonical text form

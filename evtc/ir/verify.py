@@ -66,8 +66,8 @@ import numpy as np
 from evtc import dtypes, ops
 from evtc.errors import EpilogueTypeError, EvtcError, IRVerificationError, UnsupportedOpError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, Accumulator, Bcast, Compute, GroupScale, Immediate, Leaf,
-                           Node, Output, Reduction, Store)
+from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, Bcast, Compute,
+                           GroupScale, Immediate, Leaf, Node, Output, Reduction, Store)
 from evtc.ir.printer import window
 
 __all__ = ["RULES", "Violation", "bcast_classes", "format_violation", "verify", "violations"]
@@ -237,14 +237,16 @@ def _quantize_violations(graph: Graph) -> Iterator[Violation]:
             if not (isinstance(v, Compute) and v.op == "group_quant"):
                 yield Violation("quantize-pair", f"output '{node.name}' holds quantize's scales of a value "
                                 "that is not quantized", node, hint=_PAIR_HINT)
-            elif (v.attr("group"), v.attr("convention")) != (node.group, node.convention):
-                yield Violation("quantize-pair", f"scales '{node.name}' (group {node.group}, {node.convention}) "
-                                f"differ from their quantization's (group {v.attr('group')}, "
-                                f"{v.attr('convention')})", node, hint=_PAIR_HINT)
-            if node.group not in QUANT_GROUPS or node.convention not in QUANT_CONVENTIONS or node.dtype is not dtypes.f32:
+            elif (v.attr("group"), v.attr("convention"), v.attr("layout", "row_major")) != \
+                    (node.group, node.convention, node.layout):
+                yield Violation("quantize-pair", f"scales '{node.name}' (group {node.group}, {node.convention}, "
+                                f"{node.layout}) differ from their quantization's (group {v.attr('group')}, "
+                                f"{v.attr('convention')}, {v.attr('layout', 'row_major')})", node, hint=_PAIR_HINT)
+            if node.group not in QUANT_GROUPS or node.convention not in QUANT_CONVENTIONS or node.dtype is not dtypes.f32 \
+                    or node.layout not in QUANT_SCALE_LAYOUTS:
                 yield Violation("quantize-pair", f"scales '{node.name}': group {node.group} of "
-                                f"{QUANT_GROUPS}, convention '{node.convention}' of {QUANT_CONVENTIONS}, f32 "
-                                f"(not {node.dtype})", node, hint=_PAIR_HINT)
+                                f"{QUANT_GROUPS}, convention '{node.convention}' of {QUANT_CONVENTIONS}, layout "
+                                f"'{node.layout}' of {QUANT_SCALE_LAYOUTS}, f32 (not {node.dtype})", node, hint=_PAIR_HINT)
         elif isinstance(node, Compute) and node.op == "group_quant":
             us = users.get(id(node), [])
             stores = [u for u in us if isinstance(u, Store)]
@@ -256,13 +258,17 @@ def _quantize_violations(graph: Graph) -> Iterator[Violation]:
             if not node.dtype.is_fp8:
                 yield Violation("quantize-pair", f"quantize writes e4m3 or e5m2, not {node.dtype}", node)
             group, convention = node.attr("group"), node.attr("convention")
+            layout = node.attr("layout", "row_major")
+            keys = sorted(k for k, _ in node.attrs)
             if isinstance(group, bool) or not isinstance(group, int) or group not in QUANT_GROUPS \
                     or not isinstance(convention, str) or convention not in QUANT_CONVENTIONS \
-                    or sorted(k for k, _ in node.attrs) != ["convention", "group"]:
+                    or keys not in (["convention", "group"], ["convention", "group", "layout"]) \
+                    or not isinstance(layout, str) or layout not in QUANT_SCALE_LAYOUTS:
                 given = ", ".join(f"{k}={v!r}" for k, v in node.attrs)
                 yield Violation("quantize-pair", f"group_quant {{{given}}}: its attributes are group, one of "
-                                f"{', '.join(map(str, QUANT_GROUPS))} (an integer), and convention, one of "
-                                f"{', '.join(QUANT_CONVENTIONS)}, and no others", node,
+                                f"{', '.join(map(str, QUANT_GROUPS))} (an integer), convention, one of "
+                                f"{', '.join(QUANT_CONVENTIONS)}, optionally layout, one of "
+                                f"{', '.join(QUANT_SCALE_LAYOUTS)} (default row_major), and no others", node,
                                 hint="e.g. {convention=vllm, group=128}")
             for st in stores:
                 if st.dtype is not node.dtype:  # the kernel's D holds the quotients rounded to fp8

@@ -79,6 +79,14 @@ def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
     return "atomic", _REDUCTION_WHY[axis] if axis is ReduceAxis.SCALAR else _ATOMIC_WHY[axis]
 
 
+def _group_scale_buffer(name: str, n) -> Buffer:
+    """The plan's row for evtc.quantize's scales (a GroupScale ``n``): written from registers, in
+    the layout the output declares."""
+    return Buffer(name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
+                  f"register-direct: one f32 per row and group, {n.layout}, from the thread holding the "
+                  "group's first column (evtc::Sm90GroupQuant)")
+
+
 def make_plan(req: PlanRequest, cand: Candidate, storage: CType, stages: int, cost: dict,
               extra_notes: tuple[str, ...] = ()) -> Plan:
     """The Plan of ``cand``, the candidate the ranking chose, with its ``storage`` layout, the
@@ -140,9 +148,7 @@ def make_plan(req: PlanRequest, cand: Candidate, storage: CType, stages: int, co
             buffers.append(Buffer(v.name, "scalar", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ScalarBroadcast: read once per batch"))
         elif v.role is Role.GROUP_SCALE:
-            buffers.append(Buffer(v.name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
-                                  "register-direct: one f32 per row and group, from the thread holding the "
-                                  "group's first column (evtc::Sm90GroupQuant)"))
+            buffers.append(_group_scale_buffer(v.name, n))
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
@@ -188,9 +194,7 @@ def plan_unaligned(req: PlanRequest) -> Plan:
             buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
                                   "one CTA-N row (Sm90RowBroadcast, element-wise predicated)"))
         elif v.role is Role.GROUP_SCALE:
-            buffers.append(Buffer(v.name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
-                                  "register-direct: one f32 per row and group, from the thread holding the "
-                                  "group's first column (evtc::Sm90GroupQuant)"))
+            buffers.append(_group_scale_buffer(v.name, n))
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))
@@ -324,9 +328,7 @@ def plan_packed(req: PlanRequest) -> Plan:
             buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ColBroadcast: each thread loads its rows into registers"))
         elif v.role is Role.GROUP_SCALE:
-            buffers.append(Buffer(v.name, "group_scale", n.dtype, "direct", 0, 0, -1, (),
-                                  "register-direct: one f32 per row and group, from the thread holding the "
-                                  "group's first column (evtc::Sm90GroupQuant)"))
+            buffers.append(_group_scale_buffer(v.name, n))
         elif v.role.is_reduction:
             mode, why = reduction_mode(n, config)
             buffers.append(Buffer(v.name, v.role.value, n.dtype, mode, 0, 0, -1, (), why))

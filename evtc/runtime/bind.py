@@ -70,6 +70,7 @@ from evtc.ir.nodes import (
     ScalarBroadcast,
     Source,
     Store,
+    scale_grid_strides,
 )
 from evtc.runtime import tensors
 from evtc.runtime.tensors import TensorView
@@ -148,9 +149,11 @@ class Binder:
     # ---- checks of one tensor ---------------------------------------------------------------------
 
     def _check(self, v: TensorView, name: str, dtype: DType, shapes: list[tuple[int, ...]], device: int,
-               rows_16b: bool, *, tma: bool = False, output: bool = False, align16: bool = True) -> None:
+               rows_16b: bool, *, tma: bool = False, output: bool = False, align16: bool = True,
+               strided: bool = False) -> None:
         """Dtype, device, shape, strides and (for the base address) alignment of one tensor.
-        ``rows_16b``: a matrix whose rows are checked (and, with ``align16``, 16-byte aligned)."""
+        ``rows_16b``: a matrix whose rows are checked (and, with ``align16``, 16-byte aligned);
+        ``strided``: its strides were checked already (a quantization's scales: either layout)."""
         if v.dtype is not dtype:
             raise self.error(f"argument '{name}' has dtype {v.dtype_name}, the epilogue declares {dtype.name}",
                              hint=f"convert it with .to({dtype.torch})" if dtype.torch else None)
@@ -168,7 +171,7 @@ class Binder:
                              hint="pass a .contiguous() copy (TMA and the visitors take unsigned strides)")
         if any(st > INT64_MAX for st in v.strides):
             raise self.error(f"argument '{name}' has a stride beyond int64 {tuple(v.strides)}")
-        if v.shape and v.shape[-1] > 1 and v.strides[-1] != 1:
+        if v.shape and v.shape[-1] > 1 and v.strides[-1] != 1 and not strided:
             raise self.error(f"argument '{name}' must be contiguous along its last dimension (stride {v.strides[-1]})",
                              hint="pass a .contiguous() tensor")
         eb = dtype.bytes
@@ -401,21 +404,24 @@ class Binder:
                 self._bind_store(o, given.get(n), x, ops, values, allocs)
                 continue
             label = f"out['{n}']"
-            ext = (x.M, o.groups(x.N)) if isinstance(o, GroupScale) else o.axis.shape(x.M, x.N)
+            scales = isinstance(o, GroupScale)
+            ext = (x.M, o.groups(x.N)) if scales else o.axis.shape(x.M, x.N)
             shape = ((x.L,) + ext) if x.batched else ext
-            strides = _packed_strides(shape)
+            strides = _scale_strides(o, x) if scales else _packed_strides(shape)
             if n in given:
                 v = tensors.view(given[n], label, self.graph.name, writable=True)
-                if isinstance(o, GroupScale) and tuple(v.shape) == shape:  # its layout named first
-                    _check_scale_layout(v, label, shape, self.graph.name)
+                if scales and tuple(v.shape) == shape:  # its layout named first
+                    _check_scale_layout(v, label, o, x, self.graph.name)
                 self._check(v, label, o.dtype, [shape], x.device, False, tma=self.arch == "sm90", output=True,
-                            align16=self.mn_tma)
+                            align16=self.mn_tma, strided=scales)
                 ops.add(v, label, f"p_{n}", o.dtype, output=True, mask=o.dtype.bytes - 1, mn=False, inplace=False)
                 shape, strides = tuple(v.shape), tuple(v.strides)
             else:
                 allocs.append(Alloc(n, shape, strides, o.dtype, index))
                 ops.allocated(label, f"p_{n}")
             values[f"bs_{n}"] = strides[0] if x.batched and shape and x.L > 1 else 0
+            if scales:  # the grid's row and group strides (the kernel writes either layout)
+                values[f"ld_{n}"], values[f"gs_{n}"] = strides[-2], strides[-1]
             count = math.prod(shape[1:] if x.batched else shape)
             if x.mode == "empty" and x.L > 0 and count > 0:
                 fills.append(Fill(index, count, x.L if x.batched else 1,
@@ -589,20 +595,39 @@ def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _check_scale_layout(v, label: str, shape: tuple[int, ...], epilogue: str) -> None:
-    """A caller's scales of ``evtc.quantize`` must be row-major (M, G): the kernel writes scale
-    (m, g) at ``m * G + g`` (``ScaleLayout.ROW_MAJOR`` of evtc.testing.quant).
+def _scale_strides(o: GroupScale, x) -> tuple[int, ...]:
+    """The strides (elements) of the scales evtc allocates for ``o``: its layout's
+    (:meth:`~evtc.ir.nodes.GroupScale.strides`), batches one grid apart."""
+    rs, gs = o.strides(x.M, x.N)
+    return (o.storage(x.M, x.N), rs, gs) if x.batched else (rs, gs)
+
+
+_LAYOUT_NAMES = {"row_major": "row-major (ScaleLayout.ROW_MAJOR)",
+                 "col_major_tma": "column-major with M padded to 4 (ScaleLayout.COL_MAJOR_TMA, DeepGEMM's TMA layout)"}
+
+
+def _check_scale_layout(v, label: str, o: GroupScale, x, epilogue: str) -> None:
+    """A caller's scales of ``evtc.quantize`` must be laid out as the output declares
+    (``scale_layout``): the kernel writes scale (m, g) at ``m * ld + g * gs`` with the layout's
+    strides (:meth:`~evtc.ir.nodes.GroupScale.strides`); a dimension of extent 1 may have any
+    stride, and batches may lie anywhere that does not overlap (checked after).
 
     Raises:
-        ArgumentError: naming the layout expected and the one given (DeepGEMM's column-major
-            ``COL_MAJOR_TMA`` is recognised by name).
+        ArgumentError: naming the layout the output declares and the one given.
     """
-    M, G = shape[-2:]
+    M, G = x.M, o.groups(x.N)
     got = tuple(v.strides[-2:])
-    if M <= 1 and G <= 1 or got == (G, 1) or (M <= 1 and got[1] == 1) or (G <= 1 and got[0] == 1):
+
+    def fits(layout: str) -> bool:
+        return all(e <= 1 or w == g for e, w, g in zip((M, G), scale_grid_strides(layout, M, G), got))
+
+    want = scale_grid_strides(o.layout, M, G)
+    if fits(o.layout):
         return
-    what = "column-major (ScaleLayout.COL_MAJOR_TMA, DeepGEMM's TMA layout)" if got[0] == 1 else f"strides {got}"
-    raise ArgumentError(f"output {label}: quantize's scales are written row-major (ScaleLayout.ROW_MAJOR: (M, G) "
-                        f"with strides ({G}, 1)); the tensor given is {what}", epilogue=epilogue,
-                        hint="pass a contiguous (M, G) f32 tensor (evtc.testing.quant.allocate_scales(..., "
-                             "ScaleLayout.ROW_MAJOR)), or let evtc allocate it")
+    others = [lay for lay in _LAYOUT_NAMES if lay != o.layout and fits(lay)]
+    what = _LAYOUT_NAMES[others[0]] if others else f"strides {got}"
+    raise ArgumentError(f"output {label}: this quantization's scales are {_LAYOUT_NAMES[o.layout]}: (M, G) strides "
+                        f"{want}; the tensor given is {what}", epilogue=epilogue,
+                        hint=f"allocate it with evtc.testing.quant.allocate_scales(M, N, {o.group}, "
+                             f"ScaleLayout.{o.layout.upper()}), declare evtc.quantize(..., scale_layout="
+                             f"{others[0] if others else o.layout!r}) to match it, or let evtc allocate it")

@@ -69,8 +69,13 @@ def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -
         if isinstance(o, Store):
             out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
         elif isinstance(o, Reduction):
-            if o.kind == "group_scale":  # row-major and packed, as the kernel writes them
-                out[o.name] = torch.full(lead + (p.M, o.groups(p.N)), float("nan"), dtype=torch.float32, device=device)
+            if o.kind == "group_scale":  # in the layout the output declares, padding included
+                rs, gs = o.strides(p.M, p.N)
+                shape = lead + (p.M, o.groups(p.N))
+                strides = ((o.storage(p.M, p.N),) if batched else ()) + (rs, gs)
+                storage = torch.full((max(p.L if batched else 1, 1) * max(o.storage(p.M, p.N), 1),), float("nan"),
+                                     dtype=torch.float32, device=device)
+                out[o.name] = storage.as_strided(shape, strides)
                 continue
             ext = o.axis.shape(p.M, p.N)
             shape = lead + ext

@@ -23,6 +23,7 @@ def built():
 
     gemms = {c: evtc.Gemm(E.REFERENCE[c[0]], a=bf16, b=bf16, d=bf16, plan=c[1]) for c in CASES}
     gemms[("multi", "evtc")] = evtc.Gemm(multi_output, a=bf16, b=bf16, d=bf16)
+    gemms[("quantize", "evtc")] = evtc.Gemm(quantize_col_major, a=bf16, b=bf16)
     res = build_many([(g.source, g.target, g.name) for g in gemms.values()], workers=2)
     for (case, g), r in zip(gemms.items(), res):
         if isinstance(r, Exception):
@@ -39,7 +40,15 @@ def multi_output(acc, C, alpha: float, bias: evtc.RowVector[evtc.f32], R: evtc.M
     return {"D": D, "T": t.to(evtc.f16), "row_max": evtc.max(t, dim=1), "col_sum": evtc.sum(D, dim=0)}
 
 
-@pytest.mark.parametrize("case", CASES + [("multi", "evtc")], ids=lambda c: f"{c[0]}-{c[1]}")
+@evtc.epilogue
+def quantize_col_major(acc, bias: evtc.RowVector[evtc.f32]):
+    """evtc.quantize (include/evtc/sm90_group_quant.hpp, the root visitor) with DeepGEMM's
+    column-major scales: the scale strides are run-time arguments."""
+    q, s = evtc.quantize(acc + bias, evtc.e4m3, group=128, scale_layout="col_major_tma")
+    return {"D": q, "D_scale": s}
+
+
+@pytest.mark.parametrize("case", CASES + [("multi", "evtc"), ("quantize", "evtc")], ids=lambda c: f"{c[0]}-{c[1]}")
 def test_planner_bytes_equal_sizeof(built, case):
     g = built[case]
     lib = KernelLibrary(g.build(family=False).library)

@@ -15,13 +15,13 @@ from evtc.testing.quant import quantize_per_token_group
 pytestmark = pytest.mark.gpu
 
 
-def _epilogue(dtype: str, group: int, convention: str):
+def _epilogue(dtype: str, group: int, convention: str, layout: str = "row_major"):
     dt = getattr(evtc, dtype)
 
-    @evtc.epilogue(name=f"quant_{dtype}_{group}_{convention}")
+    @evtc.epilogue(name=f"quant_{dtype}_{group}_{convention}" + ("" if layout == "row_major" else f"_{layout}"))
     def quant(acc, alpha: float, bias: evtc.RowVector[f32]):
         y = alpha * acc + bias
-        q, s = evtc.quantize(y, dt, group=group, convention=convention)
+        q, s = evtc.quantize(y, dt, group=group, convention=convention, scale_layout=layout)
         return {"D": q, "D_scale": s, "Y": y.to(f32)}
 
     return quant
@@ -45,6 +45,7 @@ def gemms() -> dict:
         table[(VARIANTS[0], name)] = evtc.Gemm(first, a=bf16, b=bf16, config=spec.config)
     for v in VARIANTS:
         table[(v, "family")] = evtc.Gemm(_epilogue(*v), a=bf16, b=bf16)
+    table[(VARIANTS[0], "col_major_tma")] = evtc.Gemm(_epilogue(*VARIANTS[0], "col_major_tma"), a=bf16, b=bf16)
     return table
 
 
@@ -167,3 +168,28 @@ def test_quantize_under_stream_k_and_split_k_is_bitwise_the_reference(built, dec
     g = evtc.Gemm(_epilogue(*VARIANTS[0]), a=bf16, b=bf16, config=cfg)  # the same kernel: run-time fields
     for k, shape in enumerate(SHAPES + [(64, 4096, 4096, 1), (200, 2560, 3072, 1)]):
         _check(g, VARIANTS[0], shape, seed=43 * k + 5)
+
+
+def test_scales_in_deepgemms_column_major_layout(built):
+    """scale_layout="col_major_tma": the scales evtc allocates are DeepGEMM's TMA layout (the
+    (M, G) view of a (G, M rounded up to 4) grid), a caller's tensor of that layout is written in
+    place, both bitwise the reference; a row-major tensor is refused naming both layouts."""
+    import torch
+
+    from evtc.testing.quant import ScaleLayout, allocate_scales, check_scales
+
+    g = built[(VARIANTS[0], "col_major_tma")]
+    for k, shape in enumerate(SHAPES):  # poisoned outputs in the declared layout, batched too
+        _check(g, VARIANTS[0], shape, seed=59 * k + 3)
+    M, N, K = 300, 1008, 256
+    A, B, bias = _inputs(M, N, K, 1, 5)
+    got = g(A, B, alpha=0.75, bias=bias)
+    check_scales(got["D_scale"], ScaleLayout.COL_MAJOR_TMA, M, N, 128)
+    mine = allocate_scales(M, N, 128, ScaleLayout.COL_MAJOR_TMA, device="cuda").fill_(float("nan"))
+    again = g(A, B, alpha=0.75, bias=bias, out={"D_scale": mine})
+    assert again["D_scale"].data_ptr() == mine.data_ptr()
+    _, s_ref = quantize_per_token_group(again["Y"].float().cpu(), 128, "e4m3")
+    ok, why = _bits_equal(mine.cpu(), s_ref)
+    assert ok, f"a caller's column-major scales: {why}"
+    with pytest.raises(evtc.ArgumentError, match="COL_MAJOR_TMA.*row-major"):
+        g(A, B, alpha=0.75, bias=bias, out={"D_scale": torch.empty(M, 8, device="cuda")})

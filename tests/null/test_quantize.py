@@ -206,3 +206,74 @@ def test_eager_quantize_is_the_reference():
     q, s = evtc.quantize(y, evtc.e4m3, group=128)
     q_ref, s_ref = quantize_per_token_group(y, 128, "e4m3")
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
+def _quant_with(layout):
+    @evtc.epilogue(name=f"quant_{getattr(layout, 'value', layout)}")
+    def q_layout(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=128, scale_layout=layout)
+        return {"D": q, "D_scale": s}
+
+    return q_layout
+
+
+def test_the_scale_layout_is_part_of_the_outputs_type():
+    """scale_layout: row_major (the default, left out of the text) or col_major_tma (DeepGEMM's
+    TMA layout); in the IR, the plan and the kernel's arguments (a row and a group stride, so one
+    kernel writes either); bad values refused by name, before any build."""
+    from evtc.abi import abi_fields
+    from evtc.ir.printer import print_graph
+    from evtc.testing.quant import ScaleLayout
+
+    col = evtc.Gemm(_quant_with("col_major_tma"))
+    text = print_graph(col.graph)
+    assert "{convention=vllm, group=128, layout=col_major_tma}" in text
+    assert evtc.parse_ir(text) == col.graph
+    assert [o.layout for o in evtc.parse_ir(text).outputs if o.kind == "group_scale"] == ["col_major_tma"]
+    assert "layout" not in print_graph(evtc.Gemm(_quant_with(ScaleLayout.ROW_MAJOR)).graph)
+    assert "group, col_major_tma" in " ".join(str(col.plan).split())
+    fields = {f.name: f.what for f in abi_fields(col.graph, "sm90")}
+    assert fields["ld_D_scale"] == "ld" and fields["gs_D_scale"] == "group_stride"
+    assert "args.ld_D_scale, args.gs_D_scale" in col.source
+    for bad in ("colmajor", "COL_MAJOR_TMA", 3, None, ScaleLayout.MX_SM100_SWIZZLED):
+        assert "scale_layout=" in str(_error(lambda acc, bad=bad: dict(zip(
+            ("D", "S"), evtc.quantize(acc, evtc.e4m3, scale_layout=bad)))))
+    # the text form's attribute is checked by the verifier
+    with pytest.raises(EvtcError, match="layout"):
+        evtc.Gemm(evtc.parse_ir(text.replace("layout=col_major_tma", "layout=swizzled")))
+
+
+def test_the_binder_takes_the_declared_layout_and_refuses_the_other():
+    """A caller's scales must have the declared layout (a dimension of extent 1 any stride);
+    the kernel gets the grid's strides, evtc's allocation the layout's (batches a grid apart);
+    the error names both layouts."""
+    from test_runtime_launch import Fake
+
+    M, N, K, G = 7, 300, 64, 3
+    for layout, good, other in (("row_major", (3, 1), (1, 8)), ("col_major_tma", (1, 8), (3, 1))):
+        binder = evtc.Gemm(_quant_with(layout), a=evtc.f16).dispatch.family.primary_binder()
+        args, *_ = binder.bind(Fake((M, K)), Fake((N, K)), {}, {"D_scale": Fake((M, G), "<f4", strides=good)})
+        assert (args.ld_D_scale, args.gs_D_scale, args.bs_D_scale) == good + (0,)
+        args, *_ = binder.bind(Fake((M, K)), Fake((N, K)), {}, None)  # evtc's allocation
+        assert (args.ld_D_scale, args.gs_D_scale) == good
+        with pytest.raises(evtc.ArgumentError, match="ROW_MAJOR.*COL_MAJOR_TMA|COL_MAJOR_TMA.*ROW_MAJOR"):
+            binder.bind(Fake((M, K)), Fake((N, K)), {}, {"D_scale": Fake((M, G), "<f4", strides=other)})
+        one_row = 1 if layout == "row_major" else 4  # a grid of one row: its group stride (M padded to 4)
+        args, *_ = binder.bind(Fake((1, K)), Fake((N, K)), {}, {"D_scale": Fake((1, G), "<f4", strides=(99, one_row))})
+        assert args.gs_D_scale == one_row
+    sig, _ = binder.signature(Fake((2, M, K)), Fake((2, N, K)), {}, None)
+    alloc = next(a for a in sig.allocs if a.name == "D_scale")
+    assert alloc.shape == (2, M, G) and alloc.strides == (G * 8, 1, 8)
+
+
+def test_eager_quantize_returns_the_declared_layout():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(3).standard_normal((7, 300))
+    q, s = evtc.quantize(x, "e4m3", 128, scale_layout="col_major_tma")
+    q0, s0 = evtc.quantize(x, "e4m3", 128)
+    assert np.array_equal(s, s0) and np.array_equal(q, q0) and s.strides == (8, 64)
+    t = torch.from_numpy(x).float()
+    _, st = evtc.quantize(t, "e4m3", 128, scale_layout="col_major_tma")
+    assert st.stride() == (1, 8) and torch.equal(st, evtc.quantize(t, "e4m3", 128)[1])
+    with pytest.raises(evtc.ArgumentError, match="scale_layout"):
+        evtc.quantize(x, "e4m3", 128, scale_layout="tma")

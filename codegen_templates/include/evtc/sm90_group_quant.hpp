@@ -51,9 +51,14 @@ struct Sm90GroupQuant {
 
   struct SharedStorage {};
 
+  // scale (l, m, g) of the (L, M, G) f32 grid (G = ceil(N / Group)) lies at
+  // l * batch_stride + m * row_stride + g * group_stride (elements): ScaleLayout.ROW_MAJOR is
+  // (G, 1), DeepGEMM's COL_MAJOR_TMA (1, M rounded up to 4) (evtc/testing/quant.py)
   struct Arguments {
-    float* ptr_scale = nullptr;  // (L, M, G) f32, row-major, G = ceil(N / Group)
-    int64_t batch_stride = 0;    // elements between batches (0 when L == 1)
+    float* ptr_scale = nullptr;
+    int64_t batch_stride = 0;    // 0 when L == 1
+    int64_t row_stride = 0;
+    int64_t group_stride = 1;
   };
   using Params = Arguments;
 
@@ -128,7 +133,7 @@ struct Sm90GroupQuant {
       constexpr float eps = kEps;
       int const row0 = M - int(get<0>(residue));  // the thread's first element's row and column
       int const col0 = N - int(get<1>(residue));
-      int const G = (N + Group - 1) / Group;
+      int64_t const row_stride = params_ptr->row_stride, group_stride = params_ptr->group_stride;
       float* scales = params_ptr->ptr_scale + int64_t(l) * params_ptr->batch_stride;
 
       // which of the thread's elements share a row: static (the layout of the coordinates
@@ -173,7 +178,7 @@ struct Sm90GroupQuant {
         // the scale, from the thread that holds the group's first column
         int const row = row0 + int(get<0>(crd(I))), col = col0 + int(get<1>(crd(I)));
         if (col % Group == 0 && row < M && col < N) {
-          scales[int64_t(row) * G + col / Group] = scale[L0];
+          scales[int64_t(row) * row_stride + int64_t(col / Group) * group_stride] = scale[L0];
         }
       });
     }
