@@ -82,7 +82,9 @@ class Parameter:
             ``row_broadcast`` (length N), ``col_broadcast`` (length M), ``scalar`` (by value),
             ``device_scalar`` (one value per batch read from device memory), ``store`` (an
             M x N output: D or an aux store), ``row_reduction`` (over N: length M),
-            ``col_reduction`` (over M: length N), ``scalar_reduction`` (over M and N).
+            ``col_reduction`` (over M: length N), ``scalar_reduction`` (over M and N),
+            ``group_scale`` (evtc.quantize's f32 scales: (M, G) per batch, G = ceil(N / group),
+            row ``ld`` and group ``gs`` strides as its layout says).
         io: ``input`` or ``output``.
         dtype: evtc's dtype name (``bf16``, ``f32``, ``e4m3``...).
         element: the CUTLASS element type (``cutlass::bfloat16_t``, ``float``).

@@ -125,6 +125,8 @@ def _kind(node) -> str:
         return "device_scalar" if node.by_pointer else "scalar"
     if isinstance(node, N.Store):
         return "store"
+    if isinstance(node, N.GroupScale):
+        return "group_scale"
     if isinstance(node, N.Reduction):
         return {1: "row_reduction", 0: "col_reduction", None: "scalar_reduction"}[node.dim]
     raise FragmentError(f"no fragment parameter kind for {type(node).__name__} '{getattr(node, 'name', '')}'")
@@ -134,6 +136,7 @@ _SHAPES = {
     "source": ("L", "M", "N"), "aux_load": ("L", "M", "N"), "store": ("L", "M", "N"),
     "row_broadcast": ("L", "N"), "col_broadcast": ("L", "M"), "device_scalar": ("L",), "scalar": (),
     "row_reduction": ("L", "M"), "col_reduction": ("L", "N"), "scalar_reduction": ("L",),
+    "group_scale": ("L", "M", "G"),
 }
 
 
