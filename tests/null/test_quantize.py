@@ -277,3 +277,16 @@ def test_eager_quantize_returns_the_declared_layout():
     assert st.stride() == (1, 8) and torch.equal(st, evtc.quantize(t, "e4m3", 128)[1])
     with pytest.raises(evtc.ArgumentError, match="scale_layout"):
         evtc.quantize(x, "e4m3", 128, scale_layout="tma")
+
+
+def test_a_quantizing_fragment_names_its_scales():
+    """The fragment API (evtc.plugin.lower): the scales are a group_scale parameter, (L, M, G),
+    with a row and a group stride; the header builds its fields (emit --fragment crashed on the
+    group stride's description before)."""
+    import evtc.plugin
+
+    frag = evtc.plugin.lower(_quant_with("col_major_tma"), tile=(128, 256, 64), a=evtc.bf16)
+    p = frag.parameter("D_scale")
+    assert p.kind == "group_scale" and tuple(p.shape) == ("L", "M", "G") and p.io == "output"
+    header = frag.header()
+    assert "int64_t gs_D_scale = 0;" in header and "int64_t ld_D_scale = 0;" in header
