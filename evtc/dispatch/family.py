@@ -9,6 +9,8 @@ it for members, kernels, launchers and choices, and never reach into a facade.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from typing import Mapping, Protocol
 
@@ -306,6 +308,9 @@ class GemmFamily:
         table = select.load_table(device)
         if table is None:
             return []
+        if min(p.M, p.N, p.K, p.L) < 1:  # an empty call launches nothing, K = 0 runs the epilogue
+            # alone: any candidate will do, ranked as the smallest problem the model knows
+            p = dataclasses.replace(p, M=max(p.M, 1), N=max(p.N, 1), K=max(p.K, 1), L=max(p.L, 1))
         cands = space.candidates(p, self.traits, self.graph, self.a, self.b,
                                  members=tuple(self.members.values()) + space.cluster_variants(
                                      tuple(self.members.values())))

@@ -285,8 +285,6 @@ def test_unaligned_staging_mode_of_the_wrong_type(gemm, how):
         gemm.set_unaligned_staging(how)
 
 
-@pytest.mark.xfail(reason="evtc/dispatch/select.py takes log2(M) of an empty call's M or N (math domain error "
-                          "before the empty-problem path); dispatch/ is another engineer's: reported, not fixed here")
 def test_a_call_with_no_rows_is_no_math_domain_error():
     from fakecuda import FakeCuda
 
