@@ -130,7 +130,7 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
     Raises:
         PlanError: no candidate leaves the mainloop 2 stages (or ``config.stages``), with the
             smallest epilogue found and what to try; an unknown policy or fixed decision.
-        ConfigError: ``rank`` is not a non-negative integer.
+        ConfigError: ``rank`` is not a non-negative integer, or past the last legal plan.
     """
     if policy not in POLICIES:
         raise PlanError(f"unknown planning policy '{policy}'", hint=f"use one of {POLICIES}")
@@ -167,7 +167,12 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
             epilogue=graph.name,
             hint="use a smaller tile (e.g. GemmConfig(tile=(128, 128, 64))) or plan='evtc', which can send aux tensors register-direct",
         )
-    best = search.scored[min(rank, len(search.scored) - 1)]
+    if rank >= len(search.scored):
+        raise ConfigError(f"plan_rank={rank}: the cost model has {len(search.scored)} legal plan"
+                          f"{'s' if len(search.scored) > 1 else ''} for this configuration (ranks 0 to "
+                          f"{len(search.scored) - 1})", epilogue=graph.name,
+                          hint="plan_rank=0 is the cost model's best, 1 the next")
+    best = search.scored[rank]
     notes: tuple[str, ...] = ()
     if policy == "evtc" and rank == 0 and not fixed:
         stock = _search(dataclasses.replace(req, policy="cutlass", fixed={}), False)

@@ -50,6 +50,7 @@ BAD_CONFIGS = [
     ("plan-rank-string", dict(plan_rank="a"), "plan_rank", False),
     ("plan-rank-negative", dict(plan_rank=-1), "plan_rank", False),
     ("plan-rank-fraction", dict(plan_rank=1.5), "plan_rank", False),
+    ("plan-rank-past-the-last-plan", dict(plan_rank=10**9), "legal plans", False),
     ("mixed-16-bit-operands", dict(a=f16, b=bf16), "bf16", False),
     ("mixed-16-bit-operands-sm80", dict(a=bf16, b=f16, arch="sm80", config=GemmConfig(**SM80)), "f16", False),
     ("sm80-epilogue-tile", dict(arch="sm80", config=GemmConfig(**SM80, epilogue_tile=(128, 64))), "epilogue_tile", False),
