@@ -504,9 +504,10 @@ class GroupScale(Reduction):
         return scale_grid_strides(self.layout, M, self.groups(N))
 
     def storage(self, M: int, N: int) -> int:
-        """Elements one batch's grid spans (the batch stride of an allocation)."""
-        G = self.groups(N)
-        return G * (-(-M // 4) * 4) if self.layout == "col_major_tma" else M * G
+        """Elements one batch's grid spans (the batch stride of an allocation): its rows, or its
+        padded columns."""
+        rows, groups = self.strides(M, N)
+        return M * rows if self.layout == "row_major" else self.groups(N) * groups
 
 
 def scale_grid_strides(layout: str, M: int, G: int) -> tuple[int, int]:

@@ -629,5 +629,5 @@ def _check_scale_layout(v, label: str, o: GroupScale, x, epilogue: str) -> None:
     raise ArgumentError(f"output {label}: this quantization's scales are {_LAYOUT_NAMES[o.layout]}: (M, G) strides "
                         f"{want}; the tensor given is {what}", epilogue=epilogue,
                         hint=f"allocate it with evtc.testing.quant.allocate_scales(M, N, {o.group}, "
-                             f"ScaleLayout.{o.layout.upper()}), declare evtc.quantize(..., scale_layout="
-                             f"{others[0] if others else o.layout!r}) to match it, or let evtc allocate it")
+                             f"ScaleLayout.{o.layout.upper()})" + (f", declare evtc.quantize(..., scale_layout="
+                             f"{others[0]!r}) to match it" if others else "") + ", or let evtc allocate it")
