@@ -195,7 +195,8 @@ def language_page() -> str:
                      "reduction*, length N); no `dim`: over both (a *scalar reduction*, one value per batch). "
                      "They accumulate in f32; the output is f32 unless converted with `.to(dtype)`.",
         "quantization": "`q, s = evtc.quantize(y, evtc.e4m3, group=128)` quantizes y per 1 x group of a row "
-                        "inside the epilogue; q and its f32 scales s (M x ceil(N / group), row-major) can only be "
+                        "inside the epilogue; q and its f32 scales s (M x ceil(N / group), laid out as `scale_layout` says: "
+                        "`\"row_major\"`, or DeepGEMM's column-major `\"col_major_tma\"`) can only be "
                         "returned as outputs, together. sm90 only; Python epilogues only. See "
                         "[numerics.md](numerics.md#in-the-epilogue).",
         "conversion": "`x.to(dtype)` rounds to nearest even; fp8 saturates to its finite range.",

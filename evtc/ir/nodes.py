@@ -470,7 +470,7 @@ QUANT_SCALE_LAYOUTS = ("row_major", "col_major_tma")
 @dataclasses.dataclass(**_SLOTS)
 class GroupScale(Reduction):
     """The f32 scales of a per-token-group quantized output: one per 1 x ``group`` group of a
-    row, shape (M, ceil(N / group)) per batch, row-major. ``value`` is the ``group_quant``
+    row, shape (M, ceil(N / group)) per batch, in ``layout``. ``value`` is the ``group_quant``
     :class:`Compute` whose result D is; ``evtc.quantize`` makes the pair.
 
     It is a row reduction (a max of ``abs`` over each group of a row, then the convention's
