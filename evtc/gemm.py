@@ -20,7 +20,6 @@ from evtc import dtypes, knobs
 from evtc.compiler import cache
 from evtc.dispatch.dispatcher import Dispatcher
 from evtc.dispatch.family import GemmFamily, KernelSpec
-from evtc.family.spec import on_demand
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError, ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
@@ -31,9 +30,6 @@ from evtc.plan.config import check_mainloop_dtypes
 from evtc.plan.config import validate as validate_config
 from evtc.runtime.launch import KernelLibrary, Launcher
 from evtc.runtime.signature import INT32_MAX
-
-#: the kernels :meth:`Gemm.kernel` makes by name beside the members (:func:`evtc.family.spec.on_demand`)
-ON_DEMAND = ("unaligned", "unaligned_pingpong", "unaligned_k")
 from evtc.torch.fast import FastPathHook, torch_compiling
 
 __all__ = ["Gemm"]
@@ -154,23 +150,9 @@ class Gemm:
     # ---- the family ---------------------------------------------------------------------------------
 
     def kernel(self, spec: KernelSpec | str) -> Kernel:
-        """The (planned, maybe not built) kernel of a family member, by spec or member name.
-
-        Raises:
-            ConfigError: no member or on-demand kernel (``unaligned``, ``unaligned_pingpong``,
-                ``unaligned_k``) has that name, or ``spec`` is neither a KernelSpec nor a name.
+        """The (planned, maybe not built) kernel of a family member, by spec or member name
+        (:meth:`evtc.dispatch.family.GemmFamily.kernel`: its raises).
         """
-        if not isinstance(spec, KernelSpec):
-            known = f"members: {', '.join(self.family)}; on demand: {', '.join(ON_DEMAND)}"
-            if not isinstance(spec, str):
-                raise ConfigError(f"kernel({spec!r:.60}): a KernelSpec or a member's name", epilogue=self.name,
-                                  hint=known)
-            if spec not in self.family:
-                try:
-                    on_demand(self.arch, self.a, self.b, spec)
-                except KeyError:
-                    raise ConfigError(f"kernel('{spec}'): no member or on-demand kernel of this Gemm has that name",
-                                      epilogue=self.name, hint=known) from None
         return self.dispatch.family.kernel(spec)
 
     def kernels(self) -> list[Kernel]:

@@ -17,7 +17,8 @@ from typing import Mapping, Protocol
 from evtc.abi import abi_fields, ctypes_struct
 from evtc.compiler import cache
 from evtc.errors import ArgumentError, ConfigError
-from evtc.family.spec import EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue, on_demand
+from evtc.family.spec import (ON_DEMAND, EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue,
+                               on_demand)
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import GroupScale, Reduction
 from evtc.pipeline import Kernel, Pipeline
@@ -205,9 +206,22 @@ class GemmFamily:
 
     def kernel(self, spec: KernelSpec | str) -> Kernel:
         """The (planned, maybe not built) kernel of a member, by spec or member name (an
-        on-demand member by its name: ``unaligned``, ``unaligned_pingpong``, ``unaligned_k``)."""
-        if isinstance(spec, str):
-            spec = self.members[spec] if spec in self.members else on_demand(self.arch, self.a, self.b, spec)
+        on-demand member by its name: :data:`~evtc.family.spec.ON_DEMAND`).
+
+        Raises:
+            ConfigError: a name that is no member's nor an on-demand kernel's, or ``spec``
+                neither a KernelSpec nor a name.
+        """
+        if not isinstance(spec, KernelSpec):
+            known = f"members: {', '.join(self.members)}; on demand: {', '.join(ON_DEMAND)}"
+            if not isinstance(spec, str):
+                raise ConfigError(f"kernel({spec!r:.60}): a KernelSpec or a member's name", epilogue=self.name,
+                                  hint=known)
+            try:
+                spec = self.members[spec] if spec in self.members else on_demand(self.arch, self.a, self.b, spec)
+            except KeyError:
+                raise ConfigError(f"kernel('{spec}'): no member or on-demand kernel of this Gemm has that name",
+                                  epilogue=self.name, hint=known) from None
         key = kernel_key(spec)
         k = self._kernels.get(key)
         if k is None:

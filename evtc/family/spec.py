@@ -165,9 +165,17 @@ def default_family(arch: str, a: DType, b: DType) -> tuple[KernelSpec, ...]:
     )
 
 
+#: the members built only when a problem needs them (:func:`on_demand`)
+ON_DEMAND = ("unaligned", "unaligned_pingpong", "unaligned_k")
+
+
 def on_demand(arch: str, a: DType, b: DType, name: str) -> KernelSpec:
-    """A family member built only when a problem needs it: ``unaligned``, ``unaligned_pingpong``
-    (the ping-pong tile, for problems of 15 waves or more) or ``unaligned_k``."""
+    """A family member built only when a problem needs it (:data:`ON_DEMAND`): ``unaligned``,
+    ``unaligned_pingpong`` (sm90; NOTE [The unaligned members' rule] says when) or ``unaligned_k``.
+
+    Raises:
+        KeyError: another name.
+    """
     base = default_config(arch, a, b)
     if name == "unaligned":
         return KernelSpec(name, base.replace(unaligned=True), arch)
