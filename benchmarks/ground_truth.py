@@ -7,6 +7,11 @@ torch.compile (default mode) of the same, in one run per device.
     python benchmarks/ground_truth.py time --shard 0/4 --out gt0.json   # one process per GPU
     python benchmarks/ground_truth.py merge gt*.json --out benchmarks/ground_truth/H200.json
 
+``--recheck H200.json`` times only a first run's two fastest candidates and the model's choice
+(benchmarks/validate_call.sh, recheck_call.sh); ``--epilogues pointwise,aux`` runs some classes
+only; ``--budget-s`` stops (after saving) part way, the problems taken in the order of their
+hashed ids, so that what was timed is a random subset.
+
 The epilogue classes (bf16 operands and outputs):
 
 * ``pointwise``: ``relu(alpha*acc + beta*C + bias[n])`` (examples/epilogues.py's bias_relu);
