@@ -34,29 +34,33 @@ TOKENS = (16, 128, 1024, 4096, 8192)
 DEVICE = "NVIDIA H200"
 
 
-@evtc.epilogue
-def quant(acc):
-    """D = e4m3 per 1 x 128 group of acc (vLLM's convention), with its scales."""
-    q, s = evtc.quantize(acc, evtc.e4m3, group=128)
-    return {"D": q, "D_scale": s}
+def _epilogues(layout: str) -> tuple:
+    """(quant, quant_checked): D = e4m3 per 1 x 128 group of acc (vLLM's convention) with its
+    scales in ``layout``; the checked twin also stores y in f32 (the bitwise check's input)."""
+
+    @evtc.epilogue(name="quant" + ("" if layout == "row_major" else "_" + layout))
+    def quant(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=128, scale_layout=layout)
+        return {"D": q, "D_scale": s}
+
+    @evtc.epilogue(name="quant_checked" + ("" if layout == "row_major" else "_" + layout))
+    def quant_checked(acc):
+        q, s = evtc.quantize(acc, evtc.e4m3, group=128, scale_layout=layout)
+        return {"D": q, "D_scale": s, "Y": acc.to(evtc.f32)}
+
+    return quant, quant_checked
 
 
-@evtc.epilogue
-def quant_checked(acc):
-    """quant, plus y in f32 (the bitwise check's input)."""
-    q, s = evtc.quantize(acc, evtc.e4m3, group=128)
-    return {"D": q, "D_scale": s, "Y": acc.to(evtc.f32)}
-
-
-def gemms() -> dict:
-    """The fused kernel, its checked twin, and evtc's plain GEMM with a bf16 D (what the fused
-    epilogue costs over evtc's own kernel, beside what cuBLAS takes)."""
-    return {"quant": evtc.Gemm(quant, a=evtc.bf16), "checked": evtc.Gemm(quant_checked, a=evtc.bf16),
+def gemms(layout: str = "row_major") -> dict:
+    """The fused kernel (scales in ``layout``), its checked twin, and evtc's plain GEMM with a
+    bf16 D (what the fused epilogue costs over evtc's own kernel, beside what cuBLAS takes)."""
+    quant, checked = _epilogues(layout)
+    return {"quant": evtc.Gemm(quant, a=evtc.bf16), "checked": evtc.Gemm(checked, a=evtc.bf16),
             "bare": evtc.Gemm("D = acc", a=evtc.bf16)}
 
 
-def prebuild(tune_all: bool = False) -> None:
-    table = gemms()
+def prebuild(tune_all: bool = False, layout: str = "row_major") -> None:
+    table = gemms(layout)
     common.build_chosen(table.values(), SHAPES, TOKENS, DEVICE)
     if tune_all:  # every candidate of the fused kernel (the selection's column, --tune-all)
         from evtc.compiler import build_many
@@ -93,17 +97,19 @@ def main() -> None:
     ap.add_argument("--graphs", action="store_true", help="also time each function in CUDA graphs")
     ap.add_argument("--tune-all", action="store_true",
                     help="also time every candidate (gemm.tune, all of them, in CUDA graphs): the choice / the fastest")
+    ap.add_argument("--scale-layout", default="row_major", choices=("row_major", "col_major_tma"),
+                    help="the scales' layout (col_major_tma: DeepGEMM's; the bitwise check compares values)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.prebuild:
-        prebuild(args.tune_all)
+        prebuild(args.tune_all, args.scale_layout)
         return
     import torch
 
     from evtc.runtime.timing import time_graphs, time_interleaved
     from evtc.testing.quant import quantize_per_token_group
 
-    table = gemms()
+    table = gemms(args.scale_layout)
     g = table["quant"]
     device = torch.cuda.get_device_name()
 
@@ -132,7 +138,7 @@ def main() -> None:
                 row.update(fastest=tuned["label"], fastest_ms=tuned["ms"], choice=tuned["heuristic"]["label"],
                            choice_ms=tuned["heuristic"]["ms"], candidates_ms=tuned["times_ms"])
                 row["choice_over_fastest"] = (tuned["heuristic"]["ms"] or float("nan")) / tuned["ms"]
-                print(f"    candidates (graphs, ms): " + ", ".join(f"{k} {v:.4f}" for k, v in tuned["times_ms"].items())
+                print("    candidates (graphs, ms): " + ", ".join(f"{k} {v:.4f}" for k, v in tuned["times_ms"].items())
                       + f"; the choice {row['choice']} x{row['choice_over_fastest']:.3f} the fastest", flush=True)
             if args.graphs:
                 tg = time_graphs(fns)
