@@ -503,6 +503,12 @@ class GroupScale(Reduction):
         """(row stride, group stride) of the (M, G) grid in elements (:func:`scale_grid_strides`)."""
         return scale_grid_strides(self.layout, M, self.groups(N))
 
+    def tensor_strides(self, M: int, N: int, batched: bool) -> tuple[int, ...]:
+        """The strides (elements) of the (M, G) grid, or of (L, M, G) with batches one
+        :meth:`storage` apart: what evtc allocates and the test helpers poison."""
+        rows, groups = self.strides(M, N)
+        return (self.storage(M, N), rows, groups) if batched else (rows, groups)
+
     def storage(self, M: int, N: int) -> int:
         """Elements one batch's grid spans (the batch stride of an allocation): its rows, or its
         padded columns."""

@@ -407,7 +407,7 @@ class Binder:
             scales = isinstance(o, GroupScale)
             ext = (x.M, o.groups(x.N)) if scales else o.axis.shape(x.M, x.N)
             shape = ((x.L,) + ext) if x.batched else ext
-            strides = _scale_strides(o, x) if scales else _packed_strides(shape)
+            strides = o.tensor_strides(x.M, x.N, x.batched) if scales else _packed_strides(shape)
             if n in given:
                 v = tensors.view(given[n], label, self.graph.name, writable=True)
                 if scales and tuple(v.shape) == shape:  # its layout named first
@@ -593,13 +593,6 @@ def _packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(step)
         step *= max(extent, 1)
     return tuple(reversed(out))
-
-
-def _scale_strides(o: GroupScale, x) -> tuple[int, ...]:
-    """The strides (elements) of the scales evtc allocates for ``o``: its layout's
-    (:meth:`~evtc.ir.nodes.GroupScale.strides`), batches one grid apart."""
-    rs, gs = o.strides(x.M, x.N)
-    return (o.storage(x.M, x.N), rs, gs) if x.batched else (rs, gs)
 
 
 _LAYOUT_NAMES = {"row_major": "row-major (ScaleLayout.ROW_MAJOR)",

@@ -70,9 +70,8 @@ def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -
             out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
         elif isinstance(o, Reduction):
             if o.kind == "group_scale":  # in the layout the output declares, padding included
-                rs, gs = o.strides(p.M, p.N)
                 shape = lead + (p.M, o.groups(p.N))
-                strides = ((o.storage(p.M, p.N),) if batched else ()) + (rs, gs)
+                strides = o.tensor_strides(p.M, p.N, batched)
                 storage = torch.full((max(p.L if batched else 1, 1) * max(o.storage(p.M, p.N), 1),), float("nan"),
                                      dtype=torch.float32, device=device)
                 out[o.name] = storage.as_strided(shape, strides)
