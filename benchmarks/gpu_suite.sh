@@ -57,7 +57,7 @@ CHUNKS=(
   "the family: prebuild family (111 kernels); test_family_gpu"
   "sm90 fuzz 0-99: prebuild random:0-99; test_fuzz -k sm90-0"
   "sm90 fuzz 100-: prebuild random:100-199; test_fuzz -k 'sm90 and not sm90-0'"
-  "sm80 fuzz and the row-phase split: prebuild random80 (50 kernels); test_fuzz -k sm80, test_phase_split_gpu"
+  "evtc.glu, the sm80 fuzz and the row-phase split: prebuild glu random80 (58 kernels); test_glu_gpu, test_fuzz -k sm80, test_phase_split_gpu"
   "the padded staging route, batch invariance, grouped GEMMs, quantized outputs: prebuild invariance grouped quantize (57 kernels); test_batch_invariance_gpu, test_grouped_gpu, test_quantize_gpu, test_staging_gpu (no prebuild group: its calls build their members)"
   "conv but the persistent members: prebuild conv:tests conv:family (86 kernels); test_conv_gpu -k 'not persistent_member'"
   "conv persistent members 1: bias_relu, row_stats, fp8_out (36 kernels); test_conv_gpu -k 'persistent_member and not (many_aux or dgelu_bgrad)'"
@@ -126,7 +126,8 @@ run_chunk() {
        chunk_pytest $G/test_fuzz.py -k sm90-0 ;;
     5) chunk_prebuild random:100-199; t1=$SECONDS
        chunk_pytest $G/test_fuzz.py -k "sm90 and not sm90-0" ;;
-    6) chunk_prebuild random80; t1=$SECONDS
+    6) chunk_prebuild glu random80; t1=$SECONDS
+       chunk_pytest $G/test_glu_gpu.py
        chunk_pytest $G/test_fuzz.py -k sm80
        chunk_pytest $G/test_phase_split_gpu.py ;;
     7) chunk_prebuild invariance grouped quantize; t1=$SECONDS

@@ -235,6 +235,15 @@ def quantize_gemms():
     return list(T.gemms().values())
 
 
+def glu_gemms():
+    """tests/gpu/test_glu_gpu.py's kernels (evtc.glu, the one-GEMM gated form, on each member
+    that can run it, and its family)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import test_glu_gpu as T
+
+    return list(T.gemms().values())
+
+
 def torch_gemms():
     """bench_torch.py's kernels (and tests/gpu/test_torch_gpu.py's backend tests): the families of
     the two epilogues the evtc torch.compile backend makes for an MLP block."""
@@ -245,7 +254,7 @@ def torch_gemms():
 
 GROUPS = {"torch": torch_gemms, "family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms, "degenerate": degenerate_gemms,
-          "invariance": invariance_jobs, "grouped": grouped_gemms, "quantize": quantize_gemms,
+          "invariance": invariance_jobs, "grouped": grouped_gemms, "quantize": quantize_gemms, "glu": glu_gemms,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "reductions": reductions_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}

@@ -55,6 +55,7 @@ from evtc.frontend.functions import (
     gelu,
     gelu_grad,
     gelu_tanh,
+    glu,
     gt,
     hardswish,
     le,
@@ -103,6 +104,10 @@ def __getattr__(name: str):
         from evtc.plan.config import GemmConfig
 
         return GemmConfig
+    if name == "interleave_gate_up":
+        from evtc.gated import interleave_gate_up
+
+        return interleave_gate_up
     if name == "from_expr":
         from evtc.frontend.text import from_expr
 

@@ -209,6 +209,13 @@ register(OpDef("convert", 1, lambda a: a, None, None, "cutlass::epilogue::thread
 # subtile (include/evtc/sm90_group_quant.hpp).
 register(OpDef("group_quant", 1, lambda a: a, None, None, "cutlass::epilogue::thread::Identity",
                doc="per-token-group quantization of a (evtc.quantize; not elementwise)"))
+# "glu" is the gated linear unit over interleaved columns (evtc.glu): column j of its value is
+# act(y[:, 2j]) * y[:, 2j + 1], with act (attribute "act") a unary op of this table. Not
+# elementwise (its value has N / 2 columns): the interpreter pairs the columns itself, and on sm90
+# the root visitor that stores it pairs them inside the epilogue subtile
+# (include/evtc/sm90_glu_store.hpp); it can only be stored (rule glu-store, evtc/ir/verify.py).
+register(OpDef("glu", 1, lambda a: a, None, None, "cutlass::epilogue::thread::Identity",
+               doc="gated linear unit over interleaved columns (evtc.glu; not elementwise)"))
 # "first" returns its first operand; it keeps a side-effect-only output (an aux store or a
 # reduction off the path to D) inside the visitor tree. Inserted by the lowering (evtc/lower).
 register(OpDef("first", 2, lambda a, b: a, None, None, "evtc::First", doc="a (b is evaluated for its effects)"))

@@ -20,10 +20,10 @@ from evtc.errors import ArgumentError, ConfigError
 from evtc.family.spec import (ON_DEMAND, EpilogueTraits, KernelSpec, Problem, choose, default_family, for_epilogue,
                                on_demand)
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import GroupScale, Reduction
+from evtc.ir.nodes import GroupScale, Reduction, is_gated
 from evtc.pipeline import Kernel, Pipeline
 from evtc.plan.config import (DECOMPOSITIONS, RASTER_ORDERS, GemmConfig, atomic_reduction, column_reduction_tile_ok,
-                              group_quant_config_ok)
+                              glu_config_ok, group_quant_config_ok)
 from evtc.plan.target import Target
 from evtc.runtime.bind import Binder
 from evtc.runtime.launch import Launcher
@@ -151,10 +151,11 @@ class GemmFamily:
         else:
             # without members whose tile the epilogue can't take (a column reduction: tile N of at
             # most 32 or a multiple of 64, so no pp128x176; evtc.quantize: a tile N that is a
-            # multiple of the group, no swap-AB)
+            # multiple of the group, no swap-AB; evtc.glu: no swap-AB)
             self.members = {s.name: s for s in for_epilogue(default_family(arch, self.a, self.b), self.traits)
                             if s.arch != "sm90" or (column_reduction_tile_ok(self.graph, s.config)
-                                                    and group_quant_config_ok(self.graph, s.config))}
+                                                    and group_quant_config_ok(self.graph, s.config)
+                                                    and glu_config_ok(self.graph, s.config))}
         self._kernels: dict[str, Kernel] = {}
         #: the batch-invariant rule (:class:`~evtc.dispatch.invariance.Invariance`), or None
         self.invariance = None
@@ -297,6 +298,12 @@ class GemmFamily:
             tuned = self.tuned_choice(p, device)
             if tuned is not None and self.admits(tuned):
                 return tuned
+        if not (aligned_mn and aligned_k) and any(is_gated(o) for o in self.graph.outputs):
+            raise ArgumentError(
+                "evtc.glu's output is written by the TMA store of an aligned kernel: a D passed in out= needs rows "
+                "of whole 16-byte vectors, and A and B rows 16-byte aligned (K a multiple of 8 for bf16); this "
+                "call's are not", epilogue=self.name,
+                hint="let evtc allocate D (it pads the rows), or pad K (and N / 2) to a multiple of 8")
         if not (aligned_mn and aligned_k) and any(isinstance(o, GroupScale) for o in self.graph.outputs):
             raise ArgumentError(
                 "evtc.quantize's D is written by the TMA store of an aligned kernel: a D passed in out= needs "

@@ -135,6 +135,10 @@ def node_table(plan: Plan) -> NodeTable:
             return {"bits": common.float_bits(n.value), "value": repr(n.value)}
         if v.role in (Role.COMPUTE, Role.KEEP):
             return {"functor": ops.get(n.op).functor}
+        if v.role is Role.GLU_STORE:
+            act = n.value.attr("act")
+            return {"functor": ops.get(act).functor, "act": act, "tile": plan.config.tile[:2],
+                    "epi": plan.epilogue_tile}
         if v.role is Role.GROUP_SCALE:
             q = n.value  # the group_quant: its dtype is D's fp8 type
             return {"convention": QUANT_CONVENTIONS.index(n.convention), "qmax": int(q.dtype.max)}
@@ -291,4 +295,6 @@ def collective_epilogue_args(graph: Graph, plan: Plan, *, name: str | None, fiel
         packed_store=any(b.mode == "packed" for b in plan.buffers),
         # evtc/sm90_group_quant.hpp, likewise (NOTE [Per-token-group quantization in the epilogue])
         group_quant=any(v.role is Role.GROUP_SCALE for v in plan.tree.visitors()),
+        # evtc/sm90_glu_store.hpp, likewise (NOTE [The gated epilogue])
+        glu_store=any(v.role is Role.GLU_STORE for v in plan.tree.visitors()),
     )

@@ -111,7 +111,8 @@ from evtc.ir import limits
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.names import name_problem, reserved_output, reserved_parameter
 from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, AuxLoad, Bcast, Compute,
-                           GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, Source, Store)
+                           GLU_EXCLUDED_OPS, GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, Source,
+                           Store)
 
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
@@ -611,6 +612,37 @@ class IRBuilder:
         scales = GroupScale(f32, name="", value=q, op=ReduceOp.MAX, dim=1, group=int(group),
                             convention=str(convention), layout=layout, loc=loc)
         return q, Pending(scales, loc)
+
+    def glu(self, x: Value, act: Any, loc: SourceLoc | None) -> Compute:
+        """``evtc.glu(y, act)``: the gated linear unit over the interleaved columns of the M x N
+        value ``y``: column j of the result is ``act(y[:, 2j]) * y[:, 2j + 1]`` (N / 2 columns),
+        as SwiGLU (act silu), GeGLU (gelu, gelu_tanh) and ReGLU (relu) compute it over
+        ``[x W_gate^T, x W_up^T]`` with W_gate's and W_up's rows interleaved
+        (:func:`evtc.interleave_gate_up`).
+
+        Returns:
+            the ``glu`` :class:`~evtc.ir.nodes.Compute` (f32), an M x N/2 value that can only be
+            returned as an output (rule ``glu-store``).
+
+        Raises:
+            EvtcError (``trace_error``): ``act`` is not the name of a unary op of the table;
+                :class:`~evtc.errors.EpilogueTypeError`: ``y`` is a constant or not M x N.
+        """
+        from evtc import ops as _ops
+
+        op = _ops.OPS.get(act) if isinstance(act, str) else None
+        if op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
+            unary = sorted(n for n, o in _ops.OPS.items() if o.arity == 1 and n not in GLU_EXCLUDED_OPS)
+            self.fail(self.dialect.trace_error, f"glu act={act!r}: the gate's activation is the name of a unary op, "
+                      f"one of {', '.join(unary)}", loc, hint="act='silu' is SwiGLU, 'gelu' GeGLU, 'relu' ReGLU")
+        if is_constant(x):
+            self.fail(EpilogueTypeError, "glu of a constant; glu takes the M x N value of interleaved gate and up "
+                      "columns", loc)
+        node = self.lift(x, loc)
+        if node.bcast is not Bcast.MN:
+            self.fail(EpilogueTypeError, f"glu of a {node.bcast.value} value; glu takes an M x N value (gate and "
+                      "up columns interleaved)", loc)
+        return self.apply("glu", (node,), loc, attrs=(("act", act),))
 
     def not_elementwise(self, name: str, loc: SourceLoc | None) -> NoReturn:
         """Raise the error for ``max(a, b)``/``min(a, b)`` written for the elementwise op."""

@@ -29,7 +29,7 @@ from evtc.frontend import trace as _trace
 __all__ = [
     "relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "gelu_grad", "silu", "hardswish",
     "exp", "log", "sqrt", "rsqrt", "abs", "erf", "pow", "maximum", "minimum", "clamp",
-    "leaky_relu", "where", "multiply_add", "sum", "max", "min", "amax", "quantize",
+    "leaky_relu", "where", "multiply_add", "sum", "max", "min", "amax", "quantize", "glu",
     "gt", "ge", "lt", "le", "eq", "ne", "to",
 ]
 
@@ -350,6 +350,38 @@ def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm", scale_
     grid = np.zeros((G, m4))  # the (M, G) view of a (G, M rounded up to 4) array
     grid[:, :M] = s[0].T
     return q[0], grid[:, :M].T
+
+
+def glu(x, act: str = "silu"):
+    """The gated linear unit over interleaved columns: column j of the result is
+    ``act(x[..., 2j]) * x[..., 2j + 1]``, N / 2 columns (SwiGLU with ``act="silu"``, GeGLU with
+    ``"gelu"`` or ``"gelu_tanh"``, ReGLU with ``"relu"``; act is any unary op of ``evtc ops``).
+    In an epilogue it is the one-GEMM gated form: the GEMM runs over ``[W_gate; W_up]`` with their
+    rows interleaved (:func:`evtc.interleave_gate_up`), the epilogue pairs each gate column with
+    its up column inside the tile and stores N / 2 columns, and its value can only be returned as
+    an output (``return evtc.glu(acc + bias)``). On torch tensors and numpy arrays it runs
+    eagerly (float64 for numpy).
+
+    Raises:
+        EvtcError: ``act`` is not a unary op; x is no matrix with an even number of columns.
+    """
+    if isinstance(x, (Value, Reduced)):
+        return _trace.glu(x, act)
+    from evtc.errors import ArgumentError
+    from evtc.ir.nodes import GLU_EXCLUDED_OPS
+
+    op = ops.OPS.get(act) if isinstance(act, str) else None
+    if op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
+        raise ArgumentError(f"evtc.glu act={act!r}: the name of a unary op (evtc ops)", hint="act='silu' is SwiGLU")
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) < 2 or shape[-1] % 2:
+        raise ArgumentError(f"evtc.glu of {type(x).__name__} with shape {shape}: a matrix with an even number of "
+                            "columns (gate and up interleaved)", hint="build B with evtc.interleave_gate_up")
+    g, u = x[..., 0::2], x[..., 1::2]
+    torch = _torch_of((x,))
+    if torch is not None:
+        return op.torch(torch, g) * u
+    return op.numpy(np.asarray(g, dtype=np.float64)) * np.asarray(u, dtype=np.float64)
 
 
 def _no_elementwise(name: str, x, rest) -> None:

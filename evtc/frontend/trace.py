@@ -432,6 +432,13 @@ def quantize(x: Any, dtype: Any, group: Any, convention: Any, scale_layout: Any 
     return Value(tracer, q), Reduced(tracer, scales)
 
 
+def glu(x: Any, act: Any) -> Value:
+    """Record ``evtc.glu`` of the traced value ``x``: the gated value (N / 2 columns)."""
+    tracer = x._tracer
+    loc = user_loc()
+    return Value(tracer, tracer.builder.glu(tracer.operand(x, loc), act, loc))
+
+
 def not_elementwise(name: str, args: tuple) -> EvtcError:
     """The error for ``evtc.max(a, b)`` meant elementwise (traced or not)."""
     tracer = _tracer_of(args)

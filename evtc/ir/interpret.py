@@ -16,7 +16,7 @@ aux loads
 row broadcast      (N,) or (L, N)
 column broadcast   (M,) or (L, M)
 scalar             a number, or (L,) for a device scalar per batch
-outputs            stores (L, M, N); row reductions (L, M); column reductions (L, N);
+outputs            stores (L, M, N) (a glu's: (L, M, N / 2)); row reductions (L, M); column reductions (L, N);
                    scalar reductions (L,); a GroupScale (L, M, ceil(N / group))
 =================  ==========================================
 """
@@ -86,10 +86,13 @@ def interpret(graph: Graph, acc: np.ndarray, inputs: Mapping[str, object]) -> di
                     v = np.broadcast_to(args[0], (L,) + acc.shape[-2:])
                     quant[id(node)] = quantize_groups(v, node.attr("group"), node.attr("convention"), node.dtype)
                     values[id(node)] = quant[id(node)][0]
+                elif node.op == "glu":  # act(gate) * up over the interleaved columns: N / 2 of them
+                    v = np.broadcast_to(args[0], (L,) + acc.shape[-2:])
+                    values[id(node)] = ops.get(node.attr("act")).numpy(v[..., 0::2]) * v[..., 1::2]
                 else:
                     values[id(node)] = np.asarray(ops.get(node.op).numpy(*args), dtype=np.float64)
             elif isinstance(node, N.Store):
-                v = np.broadcast_to(values[id(node.value)], (L,) + acc.shape[-2:])
+                v = np.broadcast_to(values[id(node.value)], (L, acc.shape[-2], node.columns(acc.shape[-1])))
                 results[node.name] = round_to(np.array(v), node.dtype)
             elif isinstance(node, N.GroupScale):
                 results[node.name] = quant[id(node.value)][1]

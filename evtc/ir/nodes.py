@@ -343,12 +343,29 @@ class Output(Node):
 
 @dataclasses.dataclass(**_SLOTS)
 class Store(Output):
-    """An M x N output: D (stored by the collective on sm90) or an aux store."""
+    """An M x N output: D (stored by the collective on sm90) or an aux store. The store of a
+    ``glu`` value (:func:`is_gated`) is M x N/2: one column per (gate, up) pair."""
 
     kind: ClassVar[str] = "store"
 
     def _derive_bcast(self) -> Bcast:
         return Bcast.MN
+
+    def columns(self, N: int) -> int:
+        """Its columns for a GEMM of N columns: N, or N // 2 for a gated store."""
+        return N // 2 if is_gated(self) else N
+
+
+#: the activations a ``glu`` (``evtc.glu``) may apply to the gate: unary ops of the table
+#: (evtc.ops) that are elementwise math, not plumbing
+GLU_EXCLUDED_OPS = ("convert", "group_quant", "glu", "first")
+
+
+def is_gated(out: Node) -> bool:
+    """Whether ``out`` is the store of a ``glu`` value: an M x N/2 output whose column j is
+    ``act(y[:, 2j]) * y[:, 2j + 1]`` (NOTE [The gated epilogue] in include/evtc/sm90_glu_store.hpp)."""
+    v = getattr(out, "value", None)
+    return isinstance(out, Store) and isinstance(v, Compute) and v.op == "glu"
 
 
 class ReduceOp(str, enum.Enum):

@@ -36,6 +36,9 @@ quantize-pair           a ``group_quant`` (``evtc.quantize``) is an fp8 value   
                         stored as one output, with its scales (a GroupScale of
                         the same group) as another, and used by nothing else;
                         one per epilogue
+glu-store               a ``glu`` (``evtc.glu``, N / 2 columns) is stored as it     EpilogueTypeError
+                        is, by the epilogue's only output, and used by nothing
+                        else; its attribute is act, a unary op of the table
 ======================  ==========================================================  =================
 
 Two users of the table, so that no rule is written twice:
@@ -66,8 +69,8 @@ import numpy as np
 from evtc import dtypes, ops
 from evtc.errors import EpilogueTypeError, EvtcError, IRVerificationError, UnsupportedOpError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, Bcast, Compute,
-                           GroupScale, Immediate, Leaf, Node, Output, Reduction, Store)
+from evtc.ir.nodes import (GLU_EXCLUDED_OPS, QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, Bcast,
+                           Compute, GroupScale, Immediate, Leaf, Node, Output, Reduction, Store)
 from evtc.ir.printer import window
 
 __all__ = ["RULES", "Violation", "bcast_classes", "format_violation", "verify", "violations"]
@@ -96,6 +99,7 @@ RULES: dict[str, tuple[str, type[EvtcError]]] = {
     "output-mn": ("every output's value is M x N", EpilogueTypeError),
     "reduction-dim": ("a reduction's dim is 0, 1 or None", EpilogueTypeError),
     "quantize-pair": ("a quantized value is one stored output with its scales as another", EpilogueTypeError),
+    "glu-store": ("a glu value (evtc.glu) is stored, as is, as the epilogue's only output", EpilogueTypeError),
 }
 
 
@@ -213,6 +217,7 @@ def violations(graph: Graph) -> Iterator[Violation]:
         else:
             yield Violation("inputs-are-leaves", f"unknown node kind {type(node).__name__}", node)
     yield from _quantize_violations(graph)
+    yield from _glu_violations(graph)
 
 
 _PAIR_HINT = ("write q, s = evtc.quantize(y, evtc.e4m3) and return both, e.g. {'D': q, 'D_scale': s}, "
@@ -275,6 +280,41 @@ def _quantize_violations(graph: Graph) -> Iterator[Violation]:
                     yield Violation("quantize-pair", f"output '{st.name}': quantize's {node.dtype} values stored as "
                                     f"{st.dtype}", st, hint=f"store them as {node.dtype}: '{st.name} = store(...) : "
                                     f"{node.dtype}'")
+
+
+_GLU_HINT = "return the glu value itself as the only output: return evtc.glu(acc + bias, act='silu')"
+
+
+def _glu_violations(graph: Graph) -> Iterator[Violation]:
+    """The rule ``glu-store``: a glu value has N / 2 columns, which no other M x N value of the
+    epilogue has, and the kernel computes it where it stores it (the root visitor pairs the
+    subtile's columns: include/evtc/sm90_glu_store.hpp), so it is one output and nothing else."""
+    glus = [n for n in graph.nodes if isinstance(n, Compute) and n.op == "glu"]
+    if not glus:
+        return
+    users: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            users.setdefault(id(i), []).append(node)
+    for k, node in enumerate(glus):
+        us = users.get(id(node), [])
+        if k == 1:
+            yield Violation("glu-store", "a second glu: an epilogue stores one gated output", node, hint=_GLU_HINT)
+        if len(us) != 1 or not isinstance(us[0], Store):
+            what = ", ".join(sorted({getattr(u, "name", "") or getattr(u, "op", "") or u.kind for u in us})) or "nothing"
+            yield Violation("glu-store", f"a glu value (N / 2 columns) can only be stored as it is; here it is used "
+                            f"by: {what}", node, hint=_GLU_HINT + " (set the output's dtype with the epilogue's d)")
+        act = node.attr("act")
+        op = ops.OPS.get(act) if isinstance(act, str) else None
+        if [k for k, _ in node.attrs] != ["act"] or op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
+            given = ", ".join(f"{k}={v!r}" for k, v in node.attrs)
+            yield Violation("glu-store", f"glu {{{given}}}: its one attribute is act, the name of a unary op", node,
+                            hint="e.g. {act=silu}")
+    others = [o for o in graph.outputs if not any(o.value is g for g in glus)]
+    if others:
+        yield Violation("glu-store", f"outputs {[o.name for o in others]} beside the gated output: a gated epilogue "
+                        "has one output (its other values have N columns, the gated one N / 2)", others[0],
+                        hint="compute the other outputs in a GEMM of their own")
 
 
 def _as_f32(v: float) -> float:

@@ -40,6 +40,7 @@ class Role(str, enum.Enum):
     COL_REDUCTION = "col_reduction"
     SCALAR_REDUCTION = "scalar_reduction"
     GROUP_SCALE = "group_scale"
+    GLU_STORE = "glu_store"
 
     def __str__(self) -> str:
         return self.value
@@ -102,6 +103,9 @@ ROLES: dict[Role, RoleSpec] = {s.role: s for s in (
     # evtc.quantize's scales, written by the root visitor that quantizes D's subtile (sm90 only:
     # the legalize pass refuses it elsewhere)
     RoleSpec(Role.GROUP_SCALE, "output", "evtc::Sm90GroupQuant", "none (LegalizeError: sm90 only)", "group_scale"),
+    # evtc.glu's output: the root visitor pairs the subtile's columns and stores N / 2 of them
+    # (the glu compute itself is no visitor; sm90 only: the legalize pass refuses it elsewhere)
+    RoleSpec(Role.GLU_STORE, "output", "evtc::Sm90GluStore", "none (LegalizeError: sm90 only)", "glu_store"),
 )}
 
 _LEAF_ROLES: dict[type, Role] = {

@@ -41,7 +41,7 @@ from evtc import dtypes
 from evtc.dtypes import DType
 from evtc.errors import ConfigError, LegalizeError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import GroupScale, Reduction, Store
+from evtc.ir.nodes import GroupScale, Reduction, Store, is_gated
 from evtc.passes.manager import Pass, PassResult, visit
 
 __all__ = ["ARCH_RULES", "ArchRules", "legalize", "legalize_pass"]
@@ -57,6 +57,8 @@ class ArchRules:
         reduction_dtypes: dtypes a row or column reduction can be written in.
         scalar_reduction_dtypes: dtypes a scalar reduction can be written in.
         group_quant: ``evtc.quantize`` (a per-token-group quantized D) can be emitted.
+        glu: ``evtc.glu`` (the one-GEMM gated form: pairs of columns, N / 2 stored) can be
+            emitted.
     """
 
     arch: str
@@ -64,13 +66,14 @@ class ArchRules:
     reduction_dtypes: tuple[DType, ...]
     scalar_reduction_dtypes: tuple[DType, ...]
     group_quant: bool = False
+    glu: bool = False
 
 
 _REDUCTION_DTYPES = (dtypes.f32, dtypes.f16, dtypes.bf16)
 
 #: the rules of each arch
 ARCH_RULES: dict[str, ArchRules] = {
-    "sm90": ArchRules("sm90", True, _REDUCTION_DTYPES, (dtypes.f32,), group_quant=True),
+    "sm90": ArchRules("sm90", True, _REDUCTION_DTYPES, (dtypes.f32,), group_quant=True, glu=True),
     "sm80": ArchRules("sm80", False, _REDUCTION_DTYPES, (dtypes.f32,)),
 }
 
@@ -104,6 +107,12 @@ def legalize(graph: Graph, rules: ArchRules) -> PassResult:
             hint="return the M x N value the reductions are computed from, e.g. {'D': d, 'row_max': evtc.max(d, dim=1)}",
         )
     for node in visit(graph.outputs):
+        if is_gated(node) and not rules.glu:
+            raise LegalizeError(
+                f"'{node.name}': evtc.glu (the one-GEMM gated form) is built for sm90 only, not {rules.arch}",
+                loc=node.loc, epilogue=graph.name,
+                hint="on this arch run the gate and up GEMMs apart: the up GEMM's epilogue takes the gate GEMM's "
+                     "output as an aux load, evtc.silu(gate) * acc")
         if not isinstance(node, Reduction):
             continue
         if isinstance(node, GroupScale):

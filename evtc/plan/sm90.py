@@ -81,7 +81,8 @@ from evtc.lower import VisitorTree, lower
 from evtc.plan import cost as cost_model
 from evtc.plan.config import GemmConfig, check_plan_decisions, column_reduction_tile_ok
 from evtc.plan.model import Plan
-from evtc.plan.sm90_buffers import make_plan, plan_packed, plan_unaligned, reduction_mode
+from evtc.ir.nodes import is_gated
+from evtc.plan.sm90_buffers import make_plan, plan_glu, plan_packed, plan_unaligned, reduction_mode
 from evtc.plan.sm90_layout import GROUPED_MAINLOOP_CARVEOUT, SLOT_C, SLOT_D, aux_label, row_label, shared_storage
 from evtc.plan.sm90_space import (Candidate, PlanRequest, candidates, group_quant_tile, group_scale_of,
                                   mainloop_stages)
@@ -148,6 +149,8 @@ def plan_sm90(graph: Graph, target: Target, config: GemmConfig, *, a: DType, b: 
         # the pointer-array mainloop keeps A's and B's tensor maps in shared memory too
         target = dataclasses.replace(target, smem_capacity=target.smem_capacity - GROUPED_MAINLOOP_CARVEOUT)
     req = PlanRequest(graph, target, config, a, b, policy, fixed, rank)
+    if any(is_gated(o) for o in graph.outputs):
+        return plan_glu(req)
     if config.unaligned:
         return plan_unaligned(req)
     if config.packed_stores:

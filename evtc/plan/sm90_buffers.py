@@ -13,7 +13,7 @@ import dataclasses
 
 from evtc.errors import PlanError
 from evtc.ir.axes import ReduceAxis
-from evtc.ir.nodes import AuxLoad, Reduction, ScalarBroadcast
+from evtc.ir.nodes import AuxLoad, Reduction, ScalarBroadcast, is_gated
 from evtc.lower import Role, Tree, Visitor, lower
 from evtc.plan.config import GemmConfig, atomic_reduction
 from evtc.plan.model import Buffer, Plan
@@ -30,7 +30,7 @@ from evtc.plan.sm90_space import (
 )
 from evtc.plan.smem import CType
 
-__all__ = ["make_plan", "plan_packed", "plan_unaligned", "reduction_mode"]
+__all__ = ["make_plan", "plan_glu", "plan_packed", "plan_unaligned", "reduction_mode"]
 
 _REDUCTION_WHY = {
     ReduceAxis.ROW: "Sm90ColReduction: warp shuffles per row, per-tile partials in a float workspace, "
@@ -335,3 +335,75 @@ def plan_packed(req: PlanRequest) -> Plan:
     return _void_cd_plan(req, tree, et, cand, storage, stages, buffers,
                          f"packed-store variant: void C and D, '{top.name}' and every M x N output stored from "
                          "shared memory by the epilogue threads, row by row")
+
+
+def plan_glu(req: PlanRequest) -> Plan:
+    """The plan of a gated epilogue (``evtc.glu``: NOTE [The gated epilogue] in
+    include/evtc/sm90_glu_store.hpp): void C and void D in the collective, the glu's store an
+    ``evtc::Sm90GluStore`` wrapped around the tree of the glu's operand (the glu compute itself
+    is that visitor's work, not a visitor), which writes each subtile's EpiM x EpiN/2 result into
+    the collective's D buffer of the subtile (free, D being void) and stores it by TMA where the
+    collective would store D; every M x N load (C included) a TMA aux load; stock stage counts
+    (``sm90_get_tma_dispatch_policy``), fewer load stages if the mainloop would keep fewer than 2.
+
+    Raises:
+        PlanError: a configuration the gated store can't run (swap-AB, the unaligned, packed or
+            grouped variants, fixed plan decisions), or an output row of the half subtile that
+            is not a whole 16-byte TMA vector.
+    """
+    graph, config = req.graph, req.config
+    top = next(o for o in graph.outputs if is_gated(o))
+    why = None
+    if config.swap_ab:
+        why = "swap-AB transposes the tile: a (gate, up) pair would lie along the accumulator's M, across threads"
+    elif config.unaligned or config.packed_stores:
+        why = "its store variant (unaligned or packed rows) stores full rows"
+    elif config.grouped:
+        why = "the grouped kernel does not pair columns yet"
+    elif req.fixed or req.policy != "evtc":
+        why = "the gated store has one plan: no fixed decisions or stock policy"
+    if why:
+        raise PlanError(f"'{top.name}': evtc.glu can't run on this configuration: {why}", epilogue=graph.name,
+                        hint="use a configuration without swap_ab, unaligned, packed_stores and plan decisions "
+                             "(or let the family choose)")
+    inner = lower(graph, top, None)
+    root = inner.root
+    if not (isinstance(root, Tree) and root.op.node is top.value and len(root.children) == 1):  # rule glu-store
+        raise PlanError(f"'{top.name}': the glu's value is computed by more than its store (a bug in evtc)",
+                        epilogue=graph.name)
+    tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.GLU_STORE), root.children))
+    et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
+    tm, tn, _ = config.tile
+    if (et[1] // 2) * top.dtype.bytes % 16 or et[1] % 2 or tn % et[1] or tm % et[0]:
+        raise PlanError(f"'{top.name}': the gated store writes rows of EpiN / 2 = {et[1] // 2} {top.dtype.name} "
+                        f"elements, which TMA stores only as whole 16-byte vectors", epilogue=graph.name,
+                        hint=f"use an epilogue_tile N of {32 // top.dtype.bytes} or more")
+    stages_c0, stages_d = stock_stages((tm // et[0]) * (tn // et[1]), False)
+    cand = storage = None
+    stages = 0
+    for stages_c in range(stages_c0, 0, -1):
+        cand = Candidate(None, top, et, stages_c, stages_d, False, False, frozenset())
+        storage = shared_storage(tree, cand, config)
+        stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
+        if stages >= req.need:
+            break
+    stages = _void_cd_stages(req, "the gated store", stages)
+    offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
+    buffers[0] = dataclasses.replace(buffers[0], why="the collective's (void) D buffer: each subtile's N / 2 gated "
+                                                     "columns, row-major, stored from it by TMA (evtc::Sm90GluStore)")
+    for v in tree.visitors():
+        n = v.node
+        if v.role is Role.AUX_LOAD:
+            label = aux_label(v.name)
+            buffers.append(Buffer(v.name, "aux_load", n.dtype, "tma", cand.stages_c, sizes[label], offsets[label], (),
+                                  "TMA, StagesC deep"))
+        elif v.role is Role.ROW and not any(b.name == v.name for b in buffers):
+            label = row_label(v.name)
+            buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
+                                  "one CTA-N row (Sm90RowBroadcast)"))
+        elif v.role is Role.COL and not any(b.name == v.name for b in buffers):
+            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
+                                  "Sm90ColBroadcast: each thread loads its rows into registers"))
+    return _void_cd_plan(req, tree, et, cand, storage, stages, buffers,
+                         f"gated store: void C and D, '{top.name}' = {top.value.attr('act')}(gate) * up over "
+                         "interleaved column pairs, N / 2 columns stored by TMA from D's buffer")

@@ -334,11 +334,13 @@ class Binder:
         return tensors.view(obj, name, self.graph.name, writable=output)
 
     def allocation(self, out: Store, x: Extents) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shape and strides (elements) of an M x N output evtc allocates: rows padded to 16 bytes."""
-        padded = _round_up(x.N, ALIGN // out.dtype.bytes)
+        """Shape and strides (elements) of an M x N output evtc allocates (M x N/2 for a gated
+        output, :meth:`evtc.ir.nodes.Store.columns`): rows padded to 16 bytes."""
+        cols = out.columns(x.N)  # N, or N / 2 for evtc.glu's output
+        padded = _round_up(cols, ALIGN // out.dtype.bytes)
         if x.batched:
-            return (x.L, x.M, x.N), (x.M * padded, padded, 1)
-        return (x.M, x.N), (padded, 1)
+            return (x.L, x.M, cols), (x.M * padded, padded, 1)
+        return (x.M, cols), (padded, 1)
 
     def vector_mask(self, leaf: Leaf) -> int:
         """The alignment mask of a vector's or device scalar's base address: its element's."""
@@ -435,12 +437,16 @@ class Binder:
         """An M x N output: the given tensor checked, or its allocation planned."""
         n, eb = o.name, o.dtype.bytes
         label = f"out['{n}']"
+        cols = o.columns(x.N)  # N, or N / 2 for evtc.glu's output
+        if cols != x.N and x.N % 2:
+            raise self.error(f"output {label} is evtc.glu's: its GEMM pairs the N = {x.N} columns of B (gate and up "
+                             "interleaved), so N must be even", hint="build B with evtc.interleave_gate_up(W_gate, W_up)")
         if obj is not None:
             v = self.matrix(obj, label, x, output=True)
             store_tma = self.mn_tma and not self.packed_stores
-            self._check(v, label, o.dtype, [(x.L, x.M, x.N) if x.batched else (x.M, x.N)], x.device, True,
+            self._check(v, label, o.dtype, [(x.L, x.M, cols) if x.batched else (x.M, cols)], x.device, True,
                         tma=self.arch == "sm90", output=True, align16=store_tma)
-            if self.refuse_ragged_stores and store_tma and x.N % (ALIGN // eb) and x.M and x.L:
+            if self.refuse_ragged_stores and store_tma and cols == x.N and x.N % (ALIGN // eb) and x.M and x.L:
                 # NOTE [Ragged N and TMA stores]: the TMA store (and the 16-byte register-direct
                 # store) writes the last 16-byte vector of each row whole, measured on the H100:
                 # with N = 1031 bf16 it writes column 1031 too. CUTLASS's can_implement refuses
@@ -456,12 +462,12 @@ class Binder:
             ops.add(v, label, f"p_{n}", o.dtype, output=True, mask=(ALIGN - 1) if store_tma else eb - 1, mn=True,
                     inplace=True)
             shape, strides = tuple(v.shape), tuple(v.strides)
-            values[f"ld_{n}"] = strides[-2] if x.M > 1 else self.row_pitch(x.N, eb)
+            values[f"ld_{n}"] = strides[-2] if x.M > 1 else self.row_pitch(cols, eb)
         else:
             shape, strides = self.allocation(o, x)
             allocs.append(Alloc(n, shape, strides, o.dtype, len(ops.ops)))
             ops.allocated(label, f"p_{n}")
-            values[f"ld_{n}"] = self.row_pitch(x.N, eb)
+            values[f"ld_{n}"] = self.row_pitch(cols, eb)
         values[f"bs_{n}"] = strides[0] if len(shape) == 3 and x.L > 1 else 0
 
     def finish(self, x: Extents, ops: Operands, values: dict[str, int], allocs: list[Alloc], fills: list[Fill],

@@ -67,7 +67,7 @@ def poisoned_outputs(graph: Graph, p: Problem, *, device="cuda", batched=None) -
     out = {}
     for o in graph.outputs:
         if isinstance(o, Store):
-            out[o.name] = padded_empty(torch, lead + (p.M, p.N), o.dtype, device)
+            out[o.name] = padded_empty(torch, lead + (p.M, o.columns(p.N)), o.dtype, device)
         elif isinstance(o, Reduction):
             if o.kind == "group_scale":  # in the layout the output declares, padding included
                 shape = lead + (p.M, o.groups(p.N))

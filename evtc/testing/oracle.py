@@ -287,6 +287,14 @@ def _compute(node: Compute, args: list, aerr: list) -> tuple[Any, Any]:
         lo = dtypes.round_to(args[0] - aerr[0], node.dtype)
         hi = dtypes.round_to(args[0] + aerr[0], node.dtype)
         return r, np.maximum(_abs(hi - r), _abs(r - lo))
+    if node.op == "glu":  # act(gate) * up over the interleaved column pairs: the two ops' bounds in turn
+        act = node.attr("act")
+        g, u = (np.broadcast_to(args[0], np.shape(args[0]))[..., k::2] for k in (0, 1))
+        eg, eu = (np.broadcast_to(aerr[0], np.shape(args[0]))[..., k::2] for k in (0, 1))
+        ra = np.asarray(ops.get(act).numpy(g), dtype=np.float64)
+        ea = _propagate(act, [g], [eg], ra) + F32_ERROR[act]([g], ra)
+        r = ra * u
+        return r, _propagate("mul", [ra, u], [ea, eu], r) + F32_ERROR["mul"]([ra, u], r)
     if node.op not in F32_ERROR:
         raise KeyError(f"op '{node.op}' has no row in evtc.testing.F32_ERROR (the error of its "
                        "f32 implementation): add one")
@@ -365,8 +373,9 @@ def reference_and_bounds(graph: Graph, acc: np.ndarray, acc_error,
                 vals[id(node)], errs[id(node)] = _compute(node, [vals[id(a)] for a in node.args],
                                                           [errs[id(a)] for a in node.args])
             elif isinstance(node, Store):
-                ref[node.name] = dtypes.round_to(np.array(np.broadcast_to(vals[id(node.value)], mn)), node.dtype)
-                out[node.name] = np.array(np.broadcast_to(errs[id(node.value)], mn))
+                smn = mn[:2] + (node.columns(mn[2]),)  # (L, M, N), or N / 2 columns for evtc.glu's
+                ref[node.name] = dtypes.round_to(np.array(np.broadcast_to(vals[id(node.value)], smn)), node.dtype)
+                out[node.name] = np.array(np.broadcast_to(errs[id(node.value)], smn))
             elif isinstance(node, Reduction):
                 total, out[node.name] = _reduce(node, np.broadcast_to(vals[id(node.value)], mn),
                                                 np.broadcast_to(errs[id(node.value)], mn), mn)

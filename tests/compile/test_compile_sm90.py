@@ -24,6 +24,7 @@ def built():
     gemms = {c: evtc.Gemm(E.REFERENCE[c[0]], a=bf16, b=bf16, d=bf16, plan=c[1]) for c in CASES}
     gemms[("multi", "evtc")] = evtc.Gemm(multi_output, a=bf16, b=bf16, d=bf16)
     gemms[("quantize", "evtc")] = evtc.Gemm(quantize_col_major, a=bf16, b=bf16)
+    gemms[("glu", "evtc")] = evtc.Gemm(swiglu, a=bf16, b=bf16)
     res = build_many([(g.source, g.target, g.name) for g in gemms.values()], workers=2)
     for (case, g), r in zip(gemms.items(), res):
         if isinstance(r, Exception):
@@ -48,7 +49,14 @@ def quantize_col_major(acc, bias: evtc.RowVector[evtc.f32]):
     return {"D": q, "D_scale": s}
 
 
-@pytest.mark.parametrize("case", CASES + [("multi", "evtc"), ("quantize", "evtc")], ids=lambda c: f"{c[0]}-{c[1]}")
+@evtc.epilogue
+def swiglu(acc, bias: evtc.RowVector[evtc.f32]):
+    """evtc.glu (include/evtc/sm90_glu_store.hpp, the root visitor): void D, the N / 2 gated
+    columns through the collective's D buffer and a TMA store of their own."""
+    return evtc.glu(acc + bias, act="silu")
+
+
+@pytest.mark.parametrize("case", CASES + [("multi", "evtc"), ("quantize", "evtc"), ("glu", "evtc")], ids=lambda c: f"{c[0]}-{c[1]}")
 def test_planner_bytes_equal_sizeof(built, case):
     g = built[case]
     lib = KernelLibrary(g.build(family=False).library)

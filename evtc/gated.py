@@ -1,0 +1,61 @@
+"""The one-GEMM gated form's operands: gate and up weights with their rows interleaved.
+
+``evtc.glu`` pairs column 2j (the gate) with column 2j + 1 (its up) of the accumulator inside
+the epilogue tile (NOTE [The gated epilogue], include/evtc/sm90_glu_store.hpp), so the GEMM's B
+is ``[W_gate; W_up]`` with the rows of the two interleaved: row 2j of B is row j of W_gate, row
+2j + 1 row j of W_up. Interleaving by single rows keeps every pair inside one thread's registers
+whatever the tile (the WGMMA accumulator layout gives each thread columns 2c and 2c + 1, PTX
+ISA "Register fragment wgmma .m64nNk16"), so one weight layout serves every kernel of the family.
+A bias over the GEMM's N columns is interleaved the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evtc.errors import ArgumentError
+
+__all__ = ["interleave_gate_up"]
+
+
+def interleave_gate_up(gate: Any, up: Any, dim: int | None = None) -> Any:
+    """``[gate; up]`` interleaved along ``dim``: B (or the bias) for ``evtc.glu``, whose row
+    2j is gate's row j and row 2j + 1 up's row j.
+
+    Args:
+        gate, up: torch tensors or numpy arrays of one shape and dtype: weights (I, K) as
+            ``nn.Linear`` stores them (out_features x in_features), (E, I, K) per expert, or
+            biases (I,), (E, I).
+        dim: the axis of the I gate/up rows; default -2 for two or more dimensions (weights),
+            -1 for one (a bias). Per-expert biases (E, I) need ``dim=-1``.
+
+    Returns:
+        A new contiguous tensor (array) with that axis 2I long, in the inputs' dtype and device:
+        a copy to make once (at load or compile time), not per call.
+
+    Raises:
+        ArgumentError: shapes, kinds or dtypes differ, or ``dim`` is out of range.
+    """
+    shape_g, shape_u = tuple(getattr(gate, "shape", ())), tuple(getattr(up, "shape", ()))
+    if not shape_g or shape_g != shape_u or type(gate) is not type(up):
+        raise ArgumentError(f"interleave_gate_up of {type(gate).__name__} {shape_g} and {type(up).__name__} "
+                            f"{shape_u}: two tensors (or arrays) of one shape, W_gate and W_up as nn.Linear stores them")
+    if getattr(gate, "dtype", None) != getattr(up, "dtype", None):
+        raise ArgumentError(f"interleave_gate_up: W_gate is {gate.dtype}, W_up {up.dtype}: one dtype",
+                            hint="convert one of them first")
+    nd = len(shape_g)
+    if dim is None:
+        dim = -2 if nd >= 2 else -1
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -nd <= dim < nd:
+        raise ArgumentError(f"interleave_gate_up dim={dim!r} for {nd}-D inputs", hint="-2 for weights, -1 for biases")
+    axis = dim % nd
+    new = list(shape_g)
+    new[axis] *= 2
+    if type(gate).__module__.startswith("torch"):
+        import sys
+
+        torch = sys.modules["torch"]
+        return torch.stack((gate, up), dim=axis + 1).reshape(tuple(new)).contiguous()
+    import numpy as np
+
+    return np.ascontiguousarray(np.stack((np.asarray(gate), np.asarray(up)), axis=axis + 1).reshape(tuple(new)))

@@ -1,0 +1,105 @@
+"""evtc.glu on the GPU: the one-GEMM gated form (NOTE [The gated epilogue],
+include/evtc/sm90_glu_store.hpp) against the float64 reference elementwise (evtc.testing.check:
+fresh random data, NaN-poisoned outputs, row padding checked), on every family member that can
+run it and through the family's own choice, at ragged M and N / 2, one token, a batch, under the
+stream-K member's decompositions; and end to end against the two separate projections of a
+SwiGLU MLP (W_gate, W_up interleaved by evtc.interleave_gate_up)."""
+
+import pytest
+
+import evtc
+from evtc import bf16, f32
+from evtc.testing import Problem, check
+
+pytestmark = pytest.mark.gpu
+
+
+@evtc.epilogue
+def swiglu(acc, bias: evtc.RowVector[f32]):
+    return evtc.glu(acc + bias, act="silu")
+
+
+@evtc.epilogue
+def geglu(acc, alpha: float):
+    return evtc.glu(alpha * acc, act="gelu_tanh")
+
+
+#: (M, N, K, L): ragged M, N / 2 not a multiple of any tile's half, one token, a batch, a
+#: Llama-3-8B gate/up projection (N = 2 x 14336)
+SHAPES = [(300, 1000, 256, 1), (1, 4096, 512, 1), (7, 304, 128, 1), (129, 640, 192, 2), (1024, 28672, 4096, 1)]
+
+
+def gemms() -> dict:
+    """Every Gemm this file runs (benchmarks/prebuild.py's group ``glu``): swiglu pinned to each
+    member the family keeps for it, and both epilogues through the family."""
+    table = {}
+    fam = evtc.Gemm(swiglu, a=bf16, b=bf16)
+    for name, spec in fam.family.items():
+        table[("swiglu", name)] = evtc.Gemm(swiglu, a=bf16, b=bf16, config=spec.config)
+    table[("swiglu", "family")] = fam
+    table[("geglu", "family")] = evtc.Gemm(geglu, a=bf16, b=bf16)
+    return table
+
+
+@pytest.fixture(scope="module")
+def built():
+    from conftest_gpu import prebuild
+
+    table = gemms()
+    prebuild(list(table.values()))
+    return table
+
+
+def _check(g, shape, seed):
+    M, N, K, L = shape
+    res = check(g, Problem(M, N, K, L), seed=seed)
+    for name, r in res.items():
+        assert r.ok, f"{g.name} {shape}: {r.describe()}"
+    assert res["D"].total == M * (N // 2) * L  # the gated output: N / 2 columns
+
+
+@pytest.mark.parametrize("member", ["large", "pingpong", "streamk", "kheavy", "small", "pp128", "pp64x256", "pp128x176"])
+def test_glu_on_each_member(built, member):
+    key = ("swiglu", member)
+    if key not in built:
+        pytest.fail(f"the family no longer keeps {member} for evtc.glu: update this test's list")
+    for k, shape in enumerate(SHAPES[:4]):
+        _check(built[key], shape, seed=13 * k + 1)
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_glu_through_the_family(built, name):
+    for k, shape in enumerate(SHAPES):
+        _check(built[(name, "family")], shape, seed=29 * k + 3)
+
+
+@pytest.mark.parametrize("decomposition,splits", [("stream_k", 1), ("split_k", 2), ("split_k", 3)])
+def test_glu_under_stream_k_and_split_k(built, decomposition, splits):
+    cfg = built[("swiglu", "streamk")].config.replace(decomposition=decomposition, split_k=splits)
+    g = evtc.Gemm(swiglu, a=bf16, b=bf16, config=cfg)  # the same kernel: run-time fields
+    for k, shape in enumerate([(64, 4096, 4096, 1), (200, 2560, 3072, 1)]):
+        _check(g, shape, seed=41 * k + 5)
+
+
+def test_end_to_end_against_separate_projections(built):
+    """What a user runs: x @ [W_gate; W_up]^T interleaved, against silu(x W_gate^T + b_g) *
+    (x W_up^T + b_u) in float64 from the same bf16 weights; a caller's out= is written in place."""
+    import torch
+
+    g = built[("swiglu", "family")]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    T, H, I = 333, 512, 688
+    x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+    wg, wu = (torch.randn(I, H, device="cuda", generator=gen) / H ** 0.5).bfloat16(), \
+        (torch.randn(I, H, device="cuda", generator=gen) / H ** 0.5).bfloat16()
+    bg, bu = torch.randn(I, device="cuda", generator=gen), torch.randn(I, device="cuda", generator=gen)
+    w, b = evtc.interleave_gate_up(wg, wu), evtc.interleave_gate_up(bg, bu)
+    out = torch.full((T, I), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = g(x, w, bias=b, out={"D": out})
+    assert got.data_ptr() == out.data_ptr()
+    xd = x.double()
+    want = torch.nn.functional.silu(xd @ wg.double().T + bg.double()) * (xd @ wu.double().T + bu.double())
+    err = (out.double() - want).abs()
+    # bf16 output (2^-8 relative) of an f32 computation of K = 512 bf16 products
+    assert not bool(out.isnan().any())
+    assert bool((err <= 2.0 ** -7 * want.abs() + 1e-3).all()), float(err.max())
