@@ -121,7 +121,8 @@ def entries() -> list[Entry]:
         op = ops.OPS.get(name)
         if op is None:
             raise RuntimeError(f"evtc.{name} is neither an op of evtc/ops.py nor a known composite")
-        out.append(Entry("function", f"evtc.{name}({sig})", f"{name}({sig})", name, op.doc, op.functor))
+        text = "glu(x) (act silu)" if name == "glu" else f"{name}({sig})"  # (no keywords in expressions)
+        out.append(Entry("function", f"evtc.{name}({sig})", text, name, op.doc, op.functor))
         covered.add(name)
     missing = sorted(set(ops.OPS) - covered - set(INTERNAL_OPS))
     if missing:

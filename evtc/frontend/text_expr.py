@@ -252,10 +252,17 @@ class _ExprReader(_TextReader):
             return self._reduction_call(name, positional, keywords, loc)
         if name not in self.functions:
             raise unknown_function_error(name, sorted(self.functions), EXPRESSION, self.loc(name_tok), self.epilogue)
+        if name == "glu" and keywords:
+            self.fail(GrammarError, "glu() takes no keyword arguments in the expression form: glu(x) is SwiGLU "
+                      "(act silu)", keywords[0].loc,
+                      hint="another activation is a Python epilogue's evtc.glu(x, act='gelu')")
         if keywords:
             self.fail(GrammarError, f"{name}() takes no keyword arguments", keywords[0].loc,
                       hint="pass the arguments by position")
         b = self.builder
+        if name == "glu":  # SwiGLU over interleaved columns (evtc.glu's default act)
+            self._check_arity(name, positional, 1, loc)
+            return b.glu(positional[0], "silu", loc)
         if name == "clamp":
             self._check_arity(name, positional, 3, loc)
             x, lo, hi = positional

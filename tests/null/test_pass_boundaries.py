@@ -286,6 +286,9 @@ def _rule_cases() -> dict[str, tuple[Graph, int]]:
         "quantize-pair": (g([store(Compute(e4m3, op="group_quant", args=(acc,), attrs=(("convention", "vllm"),
                                                                                         ("group", 128)), loc=_loc(2)),
                                    dtype=e4m3)]), 2),
+        # a glu value (N / 2 columns) beside another output
+        "glu-store": (g([store(Compute(f32, op="glu", args=(acc,), attrs=(("act", "silu"),), loc=_loc(3)), line=3),
+                         store(acc, name="E", line=4)]), 4),
     }
 
 
