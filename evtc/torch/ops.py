@@ -85,7 +85,7 @@ class TorchOp:
         for o in graph.outputs:
             dtype = getattr(torch, o.dtype.torch)
             if isinstance(o, Store):
-                specs.append(("store", None, dtype))
+                specs.append(("store", o, dtype))
             elif isinstance(o, GroupScale):
                 specs.append(("group_scale", o, dtype))
             elif isinstance(o, Reduction):
@@ -132,7 +132,8 @@ class TorchOp:
         packed = follows_packed_inputs(N, mn)  # False without M x N inputs
         outs = []
         for kind, axis, dtype in self._specs:
-            shape = (M, N) if kind == "store" else (M, axis.groups(N)) if kind == "group_scale" else \
+            # (a store's N / 2 columns for evtc.glu's: Store.columns)
+            shape = (M, axis.columns(N)) if kind == "store" else (M, axis.groups(N)) if kind == "group_scale" else \
                 tuple(axis.shape(M, N))
             if batched:
                 shape = (L,) + tuple(shape)

@@ -542,14 +542,17 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
             (the backend's is the fuse gate: NOTE [The fuse gate] in evtc/dispatch/select.py).
 
     Returns:
-        The number of matches fused.
+        The number of matches fused (a gated pair, two GEMMs in the graph, counts once).
     """
     from torch.fx.passes.tools_common import legalize_graph
 
     import evtc
     from evtc.errors import EvtcError
 
-    fused = 0
+    from evtc.torch.gated import fuse_gated
+
+    # gated pairs first: act(x W_gate^T) * (x W_up^T) as one GEMM with evtc.glu (evtc/torch/gated.py)
+    fused = fuse_gated(gm, allow_cpu=allow_cpu, on_gemm=on_gemm, gemm_options=gemm_options, gate=gate)
     names = [n.name for n in gm.graph.nodes if n.op == "call_function" and str(n.target) in _ANCHORS]
     for name in names:
         # (legalize_graph below rebuilds the graph, keeping the names; anchors are never region members)

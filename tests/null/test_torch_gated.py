@@ -1,0 +1,107 @@
+"""The torch backend's one-GEMM gated form (evtc/torch/gated.py) without a GPU: which gated MLPs
+become one GEMM with evtc.glu over the interleaved weights (2-D and 3-D inputs, biases, each
+activation, under Inductor too), which products stay two GEMMs, and the interleaved weights'
+cache (NOTE [The interleaved weights' cache]). The fused op's CPU kernel is evtc's float64
+interpreter rounded to bf16 (tests/null/test_torch_backend.py)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from test_torch_backend import GEMMS, compiled, ir  # noqa: E402
+
+ACT = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu,
+       "sigmoid": torch.sigmoid}
+
+
+class Gated(nn.Module):
+    def __init__(self, d=64, ffn=96, act="silu", bias=False, swap=False):
+        super().__init__()
+        self.gate, self.up = nn.Linear(d, ffn, bias=bias), nn.Linear(d, ffn, bias=bias)
+        self.down = nn.Linear(ffn, d, bias=False)
+        self.act, self.swap = ACT[act], swap
+
+    def forward(self, x):
+        g, u = self.act(self.gate(x)), self.up(x)
+        return self.down(u * g if self.swap else g * u)
+
+
+def _run(m, x, **kw):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ref = m.double()(x.double())
+        m.to(torch.bfloat16)
+        eager = m(x)
+    out, fused = compiled(m, x, **kw)
+    e_evtc = (out.double() - ref).abs().max().item()
+    e_eager = (eager.double() - ref).abs().max().item()
+    return fused, e_evtc, e_eager, ref
+
+
+@pytest.mark.parametrize("act", list(ACT))
+@pytest.mark.parametrize("shape", [(40, 64), (2, 20, 64)], ids=["2d", "3d"])
+def test_gated_mlp_is_one_glu_gemm_and_the_down_projection(act, shape):
+    torch.manual_seed(1)
+    x = torch.randn(*shape).bfloat16()
+    fused, e_evtc, e_eager, ref = _run(Gated(act=act), x)
+    assert fused == 2 and len(GEMMS) == 2, [ir(i) for i in range(len(GEMMS))]
+    assert f"glu(acc) {{act={act}}}" in ir(0) and "D = store(%0) : bf16" in ir(0)
+    # one rounding of silu(g) * u instead of eager's three: at least as close to float64
+    assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8, (e_evtc, e_eager)
+
+
+def test_biases_and_either_operand_order():
+    torch.manual_seed(2)
+    x = torch.randn(3, 8, 64).bfloat16()
+    fused, e_evtc, e_eager, ref = _run(Gated(act="silu", bias=True, swap=True), x, inductor=True)
+    assert fused == 2 and "glu(%0) {act=silu}" in ir(0) and "add(acc, bias)" in ir(0), ir(0)
+    assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8
+
+
+class NotGated(nn.Module):
+    """Products the gated form must not take: gate and up of different inputs; a gate whose
+    value is used twice; an activation without a glu act (tanh)."""
+
+    def __init__(self, d=64, ffn=96, case="two_inputs"):
+        super().__init__()
+        self.gate, self.up = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False)
+        self.case = case
+
+    def forward(self, x):
+        if self.case == "two_inputs":
+            return F.silu(self.gate(x)) * self.up(x * 2)
+        if self.case == "gate_used_twice":
+            g = self.gate(x)
+            return F.silu(g) * self.up(x) + g
+        return torch.tanh(self.gate(x)) * self.up(x)
+
+
+@pytest.mark.parametrize("case", ["two_inputs", "gate_used_twice", "tanh"])
+def test_products_that_are_not_gated_pairs_stay_two_gemms(case):
+    torch.manual_seed(3)
+    x = torch.randn(40, 64).bfloat16()
+    fused, e_evtc, e_eager, ref = _run(NotGated(case=case), x)
+    assert all("glu" not in ir(i) for i in range(len(GEMMS))), [ir(i) for i in range(len(GEMMS))]
+    assert fused == 2  # the two GEMMs fuse as before (one takes the other's output as an aux load)
+    assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8
+
+
+def test_interleaved_weights_are_cached_per_version():
+    from evtc.torch.gated import clear_interleaved_cache, interleave_op
+
+    op = interleave_op()
+    clear_interleaved_cache()
+    wg, wu = torch.randn(6, 8), torch.randn(6, 8)
+    a = op(wg, wu)
+    assert torch.equal(a[0::2], wg) and torch.equal(a[1::2], wu)
+    assert op(wg, wu) is a  # a hit: no copy
+    with torch.no_grad():
+        wg.add_(1.0)  # an in-place update bumps the version: a new copy
+    b = op(wg, wu)
+    assert b is not a and torch.equal(b[0::2], wg)
+    clear_interleaved_cache()
+    assert op(wg, wu) is not b
+    bias = op(torch.arange(3.0), -torch.arange(3.0))
+    assert bias.tolist() == [0.0, -0.0, 1.0, -1.0, 2.0, -2.0]
