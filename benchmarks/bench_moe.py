@@ -19,7 +19,9 @@ Columns, ms per call (CUDA events, modes in alternation: :func:`evtc.runtime.tim
 * ``evtc_plain``: ``evtc.GroupedGemm`` of ``D = acc`` on the (E, 2I, H) weight: the kernel
   against ``_grouped_mm`` with nothing fused;
 * ``evtc``: SwiGLU with ``evtc.GroupedGemm``: the gate GEMM (``D = acc``) then the up GEMM with
-  ``silu(gate) * acc`` fused (two grouped launches; the one-GEMM gated form is not built yet).
+  ``silu(gate) * acc`` fused (two grouped launches);
+* ``evtc_glu``: SwiGLU in one grouped GEMM (``evtc.glu``, docs/gated.md) over each expert's
+  [W_gate; W_up] with the rows interleaved (``evtc.interleave_gate_up``, made once), N / 2 stored.
 
 ``--graphs 1,64``: those token counts are also timed with each mode captured in a CUDA graph
 (:func:`evtc.runtime.timing.time_graphs`: device time alone, as a served decode step runs).
@@ -56,10 +58,15 @@ def swiglu_up(acc, gate: evtc.Matrix):
     return evtc.silu(gate) * acc
 
 
+@evtc.epilogue
+def swiglu(acc):
+    return evtc.glu(acc, act="silu")
+
+
 def grouped_gemms() -> list[GroupedGemm]:
     """The kernels this benchmark runs (every member of both epilogues; the same sources as
     tests/gpu/test_grouped_gpu.py's ``bare`` and ``swiglu_up``, so one build serves both)."""
-    return [GroupedGemm(bare), GroupedGemm(swiglu_up)]
+    return [GroupedGemm(bare), GroupedGemm(swiglu_up), GroupedGemm(swiglu)]
 
 
 def routing(torch, tokens: int, E: int, topk: int, skew: str, gen):
@@ -87,7 +94,8 @@ _WEIGHTS: dict = {}
 
 
 def weights(torch, name):
-    """(W_gate, W_up, [W_gate; W_up], its (E, H, 2I) transposed view) of a model, made once."""
+    """(W_gate, W_up, [W_gate; W_up], its (E, H, 2I) transposed view, the rows of W_gate and W_up
+    interleaved (E, 2I, H)) of a model, made once."""
     if name not in _WEIGHTS:
         _WEIGHTS.clear()
         E, _, H, inter = MODELS[name]
@@ -95,11 +103,12 @@ def weights(torch, name):
         Wgu = torch.empty(E, 2 * inter, H, device="cuda", dtype=torch.bfloat16)
         for e in range(E):  # expert by expert: no float32 copy of the whole weight
             Wgu[e] = (torch.randn(2 * inter, H, generator=g, device="cuda") / math.sqrt(H)).to(torch.bfloat16)
-        _WEIGHTS[name] = (Wgu[:, :inter], Wgu[:, inter:], Wgu, Wgu.transpose(1, 2))
+        _WEIGHTS[name] = (Wgu[:, :inter], Wgu[:, inter:], Wgu, Wgu.transpose(1, 2),
+                          evtc.interleave_gate_up(Wgu[:, :inter], Wgu[:, inter:]))
     return _WEIGHTS[name]
 
 
-def row(torch, compiled, name, tokens, skew, gg_plain, gg_up, iters, members=(), graphs=False):
+def row(torch, compiled, name, tokens, skew, gg_plain, gg_up, gg_glu, iters, members=(), graphs=False):
     from evtc.runtime.timing import time_graphs, time_interleaved
 
     E, topk, H, inter = MODELS[name]
@@ -108,7 +117,7 @@ def row(torch, compiled, name, tokens, skew, gg_plain, gg_up, iters, members=(),
     T = sum(counts)
     g = torch.Generator(device="cuda").manual_seed(tokens)
     A = (torch.randn(T, H, generator=g, device="cuda") / 4).to(torch.bfloat16)
-    Wg, Wu, Wgu, WguT = weights(torch, name)  # Wg, Wu: (E, I, H) views with K contiguous
+    Wg, Wu, Wgu, WguT, Wil = weights(torch, name)  # Wg, Wu: (E, I, H) views with K contiguous
     offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32).to("cuda")
 
     def eager():
@@ -120,12 +129,15 @@ def row(torch, compiled, name, tokens, skew, gg_plain, gg_up, iters, members=(),
 
     want = eager()
     got = evtc_swiglu()
+    got_glu = gg_glu(A, Wil, offs)
     compiled(A, WguT, offs, inter)
     torch.cuda.synchronize()
-    err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
+    scale = want.float().abs().max().clamp_min(1e-30)
+    err = ((got.float() - want.float()).abs().max() / scale).item()
+    err_glu = ((got_glu.float() - want.float()).abs().max() / scale).item()
     fns = {"grouped_mm": lambda: torch._grouped_mm(A, WguT, offs=offs), "grouped_mm+eager": eager,
            "compile": lambda: compiled(A, WguT, offs, inter), "evtc_plain": lambda: gg_plain(A, Wgu, offs),
-           "evtc": evtc_swiglu}
+           "evtc": evtc_swiglu, "evtc_glu": lambda: gg_glu(A, Wil, offs)}
     ms = time_interleaved(fns, iters=iters, warmup_ms=100.0)
     flops = 2.0 * T * H * 2 * inter
     extra = {}
@@ -134,11 +146,15 @@ def row(torch, compiled, name, tokens, skew, gg_plain, gg_up, iters, members=(),
         for m in members:
             sweep[f"plain:{m}"] = lambda m=m: gg_plain(A, Wgu, offs, member=m)
             sweep[f"evtc:{m}"] = lambda m=m: gg_up(A, Wu, offs, member=m, gate=gg_plain(A, Wg, offs, member=m))
+            sweep[f"glu:{m}"] = lambda m=m: gg_glu(A, Wil, offs, member=m)
         extra["members_ms"] = time_interleaved(sweep, iters=max(3, iters // 2), warmup_ms=50.0)
         extra["chosen"] = evtc.grouped.choose_member(T, E, 2 * inter)
     if graphs:  # device time alone, each mode captured in a CUDA graph (a decode step as served)
         extra["graph_ms"] = time_graphs(fns, iters=max(5, iters), calls=5)
-    return {"model": name, "tokens": tokens, "routing": skew, "rows": T, "max_rel_err": err, "ms": ms, **extra,
+    return {"model": name, "tokens": tokens, "routing": skew, "rows": T, "max_rel_err": err,
+            "max_rel_err_glu": err_glu, "ms": ms, **extra,
+            "glu_vs_eager": ms["grouped_mm+eager"] / ms["evtc_glu"], "glu_vs_compile": ms["compile"] / ms["evtc_glu"],
+            "glu_vs_floor": ms["evtc_glu"] / ms["grouped_mm"],
             "tflops": {k: flops / (v * 1e-3) / 1e12 for k, v in ms.items()},
             "evtc_vs_eager": ms["grouped_mm+eager"] / ms["evtc"], "evtc_vs_compile": ms["compile"] / ms["evtc"],
             "evtc_vs_floor": ms["evtc"] / ms["grouped_mm"], "plain_vs_floor": ms["evtc_plain"] / ms["grouped_mm"]}
@@ -161,19 +177,20 @@ def main() -> None:
     import torch
 
     compiled = torch.compile(swiglu_ref, dynamic=True)
-    gg_plain, gg_up = grouped_gemms()
+    gg_plain, gg_up, gg_glu = grouped_gemms()
     gg_plain.build()
     gg_up.build()
+    gg_glu.build()
     rows = []
     hdr = f"{'model':8} {'tokens':>6} {'routing':9} {'rows':>7} | " + " ".join(
-        f"{k:>16}" for k in ("grouped_mm", "grouped_mm+eager", "compile", "evtc_plain", "evtc")) + \
-        " | vs eager  vs compile  /floor  plain/floor  err"
+        f"{k:>16}" for k in ("grouped_mm", "grouped_mm+eager", "compile", "evtc_plain", "evtc", "evtc_glu")) + \
+        " | vs eager  vs compile  /floor  plain/floor  err | glu: vs eager  vs compile  /floor  err"
     print(hdr)
     for name in args.models.split(","):
         for tokens in map(int, args.tokens.split(",")):
             for skew in args.routing.split(","):
                 try:
-                    r = row(torch, compiled, name, tokens, skew, gg_plain, gg_up, args.iters,
+                    r = row(torch, compiled, name, tokens, skew, gg_plain, gg_up, gg_glu, args.iters,
                             members=list(GROUPED_MEMBERS) if args.members else (),
                             graphs=str(tokens) in args.graphs.split(","))
                 except Exception as e:  # a failed row is reported, the others still run
@@ -183,12 +200,15 @@ def main() -> None:
                 ms = r["ms"]
                 print(f"{name:8} {tokens:6d} {skew:9} {r['rows']:7d} | " + " ".join(f"{ms[k]:16.4f}" for k in ms) +
                       f" | {r['evtc_vs_eager']:8.3f} {r['evtc_vs_compile']:10.3f} {r['evtc_vs_floor']:7.3f} "
-                      f"{r['plain_vs_floor']:12.3f} {r['max_rel_err']:.1e}", flush=True)
+                      f"{r['plain_vs_floor']:12.3f} {r['max_rel_err']:.1e} | {r['glu_vs_eager']:8.3f} "
+                      f"{r['glu_vs_compile']:10.3f} {r['glu_vs_floor']:7.3f} {r['max_rel_err_glu']:.1e}", flush=True)
                 if "graph_ms" in r:
                     g = r["graph_ms"]
                     print(f"{'':8} {'':6} {'graphs':9} {'':7} | " + " ".join(f"{g[k]:16.4f}" for k in g) +
                           f" | {g['grouped_mm+eager'] / g['evtc']:8.3f} {g['compile'] / g['evtc']:10.3f} "
-                          f"{g['evtc'] / g['grouped_mm']:7.3f} {g['evtc_plain'] / g['grouped_mm']:12.3f}", flush=True)
+                          f"{g['evtc'] / g['grouped_mm']:7.3f} {g['evtc_plain'] / g['grouped_mm']:12.3f} | "
+                          f"{g['grouped_mm+eager'] / g['evtc_glu']:8.3f} {g['compile'] / g['evtc_glu']:10.3f} "
+                          f"{g['evtc_glu'] / g['grouped_mm']:7.3f}", flush=True)
                 if "members_ms" in r:
                     mm = r["members_ms"]
                     print(f"{'':8} {'':6} {'members':9} {'':7} | chosen {r['chosen']}: " +
@@ -200,7 +220,13 @@ def main() -> None:
                "geomean_vs_floor_ge512": gm([r["evtc_vs_floor"] for r in big]),
                "geomean_plain_vs_floor_ge512": gm([r["plain_vs_floor"] for r in big]),
                "rows_vs_eager_ge_1.25": sum(r["evtc_vs_eager"] >= 1.25 for r in rows),
-               "rows_vs_compile_ge_1.1": sum(r["evtc_vs_compile"] >= 1.1 for r in rows), "rows": len(rows)}
+               "rows_vs_compile_ge_1.1": sum(r["evtc_vs_compile"] >= 1.1 for r in rows), "rows": len(rows),
+               "glu_geomean_vs_eager": gm([r["glu_vs_eager"] for r in rows]),
+               "glu_geomean_vs_compile": gm([r["glu_vs_compile"] for r in rows]),
+               "glu_geomean_vs_floor_ge512": gm([r["glu_vs_floor"] for r in big]),
+               "glu_rows_vs_eager_ge_1.25": sum(r["glu_vs_eager"] >= 1.25 for r in rows),
+               "glu_rows_vs_compile_ge_1.1": sum(r["glu_vs_compile"] >= 1.1 for r in rows),
+               "glu_rows_floor_le_1.10_ge512": sum(r["glu_vs_floor"] <= 1.10 for r in big)}
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -106,9 +106,11 @@ def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
     """Check that the grouped kernel can run ``graph``'s epilogue.
 
     Returns:
-        (the M x N input that is the collective's C, or None; the output that is its D; the
-        other M x N inputs and outputs, which go register-direct through the group table:
-        ``evtc::Sm90AuxLoadGrouped`` / ``Sm90AuxStoreGrouped``, include/evtc/sm90_grouped.hpp).
+        (the M x N input that is the collective's C, or None; the output that is its D, None for
+        ``evtc.glu``'s, whose plan has void C and D; the other M x N inputs and outputs, which go
+        register-direct through the group table: ``evtc::Sm90AuxLoadGrouped`` /
+        ``Sm90AuxStoreGrouped`` / ``Sm90GluStoreGrouped``, include/evtc/sm90_grouped.hpp and
+        sm90_glu_store.hpp).
 
     Raises:
         PlanError: naming a reduction (the grouped kernel has no per-group reductions yet), an
@@ -133,6 +135,8 @@ def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
     stores = [o.name for o in graph.outputs if isinstance(o, ir_nodes.Store)]
     if not stores:
         raise PlanError("the grouped kernel stores at least one M x N output", epilogue=graph.name)
+    if any(ir_nodes.is_gated(o) for o in graph.outputs):  # evtc.glu: void C and D, all through the table
+        return None, None, mn_inputs + stores
     d = "D" if "D" in stores else stores[0]
     c = next((n for n in mn_inputs if isinstance(graph.input(n), ir_nodes.Source)), mn_inputs[0] if mn_inputs else None)
     direct = [n for n in mn_inputs if n != c] + [n for n in stores if n != d]
@@ -248,6 +252,8 @@ class GroupedGemm:
         fixed: dict[str, Any] = {"direct": direct, "d_slot": self.d_output}
         if self.c_input is not None:
             fixed["c_slot"] = self.c_input
+        if self.d_output is None:  # evtc.glu: one plan (void C and D), its M x N tensors direct
+            fixed = {}
         self.member = member
         self._members: dict[str, _Member] = {}
         for name, cfg in configs.items():
@@ -348,8 +354,8 @@ class GroupedGemm:
             B: (E, N, K) tensor of dtype ``b``: group e's weight ``B[e]`` (N x K, K contiguous).
             offs: (E,) int32 tensor on A's device: cumulative row counts, non-decreasing, at
                 most T (an empty group repeats the previous offset).
-            out: optional (T, N) tensor for D (dtype ``d``, rows of 16 bytes); with several
-                outputs, a dict of some of them by name.
+            out: optional (T, N) tensor for D (dtype ``d``, rows of 16 bytes; (T, N / 2) for
+                ``evtc.glu``'s); with several outputs, a dict of some of them by name.
             member: run this family member instead of the chosen one.
             check_offs: check ``offs`` on the host first (one synchronisation); otherwise
                 offsets outside [0, T] or decreasing are clamped on the device.
@@ -421,10 +427,11 @@ class GroupedGemm:
         outs = {}
         for o in stores:
             t = given.get(o.name)
+            cols = o.columns(N)  # N, or N / 2 for evtc.glu's output
             if t is None:
-                t = torch.empty((T, N), dtype=getattr(torch, o.dtype.torch), device=device)
+                t = torch.empty((T, cols), dtype=getattr(torch, o.dtype.torch), device=device)
             else:
-                _check_matrix(t, f"out['{o.name}']" if not single else "out", o.dtype, T, N, device, name)
+                _check_matrix(t, f"out['{o.name}']" if not single else "out", o.dtype, T, cols, device, name)
             setattr(args, f"p_{o.name}", t.data_ptr())
             setattr(args, f"ld_{o.name}", t.stride(0))
             setattr(args, f"bs_{o.name}", 0)

@@ -57,7 +57,7 @@ def _grouped_table(plan: Plan, vectors: list[tuple[str, str, str]]) -> NodeTable
 
     def decisions(v: Visitor) -> dict[str, Any]:
         x = base.decisions(v)
-        if v.role in (Role.ROW, Role.COL, Role.AUX_LOAD, Role.AUX_STORE) and v.node.name in index:
+        if v.role in (Role.ROW, Role.COL, Role.AUX_LOAD, Role.AUX_STORE, Role.GLU_STORE) and v.node.name in index:
             x = {**x, "direct": False, "group_array": f"table.vector[{index[v.node.name]}]"}
         return x
 
@@ -78,8 +78,10 @@ def emit_sm90_grouped(graph: Graph, plan: Plan, *, name: str | None = None) -> s
     Raises:
         ValueError: ``plan`` is not a grouped sm90 plan with a D slot.
     """
-    if plan.arch != "sm90" or plan.tree is None or not plan.config.grouped or plan.d_slot is None:
-        raise ValueError("emit_sm90_grouped needs a grouped sm90 plan with its visitor tree and a D slot")
+    gated = plan.tree is not None and plan.tree.root.op.role is Role.GLU_STORE  # (its output: a group vector)
+    if plan.arch != "sm90" or plan.tree is None or not plan.config.grouped or (plan.d_slot is None and not gated):
+        raise ValueError("emit_sm90_grouped needs a grouped sm90 plan with its visitor tree and a D slot (or a "
+                         "gated store)")
     cfg = plan.config
     vectors = group_vectors(graph, plan)
     values = gemm_render_args(graph, plan, name=name, fields=grouped_abi_fields(graph),
@@ -93,7 +95,7 @@ def emit_sm90_grouped(graph: Graph, plan: Plan, *, name: str | None = None) -> s
         collective_stride_d="StrideD*",
         c_ptr="table.ptr_C" if c_input is not None else "nullptr",
         c_stride="table.dC",
-        d_ptr="table.ptr_D",
+        d_ptr="table.ptr_D" if plan.d_slot else "nullptr",
         d_stride="table.dD",
         c_input=c_input.name if c_input is not None else None,
         d_output=plan.d_slot,

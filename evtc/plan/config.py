@@ -545,14 +545,13 @@ def group_quant_config_ok(graph, config: GemmConfig) -> bool:
 
 def glu_config_ok(graph, config: GemmConfig) -> bool:
     """Whether ``config`` can run a gated epilogue (``evtc.glu``): no swap-AB (a column pair would
-    lie along the accumulator's M, across threads), not the unaligned, packed-rows or grouped
-    variants. The sm90 planner raises the same conditions as a PlanError (NOTE [The gated
+    lie along the accumulator's M, across threads), not the unaligned or packed-rows variants. The sm90 planner raises the same conditions as a PlanError (NOTE [The gated
     epilogue], include/evtc/sm90_glu_store.hpp; :func:`evtc.plan.sm90_buffers.plan_glu`)."""
     from evtc.ir.nodes import is_gated
 
     if not any(is_gated(o) for o in graph.outputs):
         return True
-    return not (config.swap_ab or config.unaligned or config.packed_stores or config.grouped)
+    return not (config.swap_ab or config.unaligned or config.packed_stores)
 
 
 def check_mainloop_dtypes(arch: str, a: DType, b: DType) -> None:

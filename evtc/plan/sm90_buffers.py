@@ -347,9 +347,9 @@ def plan_glu(req: PlanRequest) -> Plan:
     (``sm90_get_tma_dispatch_policy``), fewer load stages if the mainloop would keep fewer than 2.
 
     Raises:
-        PlanError: a configuration the gated store can't run (swap-AB, the unaligned, packed or
-            grouped variants, fixed plan decisions), or an output row of the half subtile that
-            is not a whole 16-byte TMA vector.
+        PlanError: a configuration the gated store can't run (swap-AB, the unaligned or packed
+            variants, fixed plan decisions), or an output row of the half subtile that is not a
+            whole 16-byte TMA vector (the grouped kernel stores register-direct instead).
     """
     graph, config = req.graph, req.config
     top = next(o for o in graph.outputs if is_gated(o))
@@ -358,8 +358,6 @@ def plan_glu(req: PlanRequest) -> Plan:
         why = "swap-AB transposes the tile: a (gate, up) pair would lie along the accumulator's M, across threads"
     elif config.unaligned or config.packed_stores:
         why = "its store variant (unaligned or packed rows) stores full rows"
-    elif config.grouped:
-        why = "the grouped kernel does not pair columns yet"
     elif req.fixed or req.policy != "evtc":
         why = "the gated store has one plan: no fixed decisions or stock policy"
     if why:
@@ -374,15 +372,17 @@ def plan_glu(req: PlanRequest) -> Plan:
     tree = dataclasses.replace(inner, root=Tree(Visitor(top, Role.GLU_STORE), root.children))
     et = config.epilogue_tile or default_epilogue_tile(config, top.dtype.bits)
     tm, tn, _ = config.tile
-    if (et[1] // 2) * top.dtype.bytes % 16 or et[1] % 2 or tn % et[1] or tm % et[0]:
+    if ((et[1] // 2) * top.dtype.bytes % 16 and not config.grouped) or et[1] % 2 or tn % et[1] or tm % et[0]:
         raise PlanError(f"'{top.name}': the gated store writes rows of EpiN / 2 = {et[1] // 2} {top.dtype.name} "
                         f"elements, which TMA stores only as whole 16-byte vectors", epilogue=graph.name,
                         hint=f"use an epilogue_tile N of {32 // top.dtype.bytes} or more")
+    # the grouped kernel's M x N inputs: register-direct through per-group pointers (evtc/grouped.py)
+    direct = frozenset(n.name for n in _aux_loads(graph)) if config.grouped else frozenset()
     stages_c0, stages_d = stock_stages((tm // et[0]) * (tn // et[1]), False)
     cand = storage = None
     stages = 0
     for stages_c in range(stages_c0, 0, -1):
-        cand = Candidate(None, top, et, stages_c, stages_d, False, False, frozenset())
+        cand = Candidate(None, top, et, stages_c, stages_d, False, False, direct)
         storage = shared_storage(tree, cand, config)
         stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
         if stages >= req.need:
@@ -393,7 +393,10 @@ def plan_glu(req: PlanRequest) -> Plan:
                                                      "columns, row-major, stored from it by TMA (evtc::Sm90GluStore)")
     for v in tree.visitors():
         n = v.node
-        if v.role is Role.AUX_LOAD:
+        if v.role is Role.AUX_LOAD and v.name in direct:
+            buffers.append(Buffer(v.name, "aux_load", n.dtype, "direct", 0, 0, -1, (),
+                                  "register-direct through a per-group pointer (evtc::Sm90AuxLoadGrouped)"))
+        elif v.role is Role.AUX_LOAD:
             label = aux_label(v.name)
             buffers.append(Buffer(v.name, "aux_load", n.dtype, "tma", cand.stages_c, sizes[label], offsets[label], (),
                                   "TMA, StagesC deep"))
@@ -404,6 +407,10 @@ def plan_glu(req: PlanRequest) -> Plan:
         elif v.role is Role.COL and not any(b.name == v.name for b in buffers):
             buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
                                   "Sm90ColBroadcast: each thread loads its rows into registers"))
+    if config.grouped:
+        buffers.append(Buffer(top.name, "glu_store", top.dtype, "direct", 0, 0, -1, (),
+                              "register-direct through a per-group pointer, N / 2 columns (evtc::Sm90GluStoreGrouped)"))
     return _void_cd_plan(req, tree, et, cand, storage, stages, buffers,
                          f"gated store: void C and D, '{top.name}' = {top.value.attr('act')}(gate) * up over "
-                         "interleaved column pairs, N / 2 columns stored by TMA from D's buffer")
+                         "interleaved column pairs, N / 2 columns stored " +
+                         ("register-direct per group" if config.grouped else "by TMA from D's buffer"))

@@ -61,6 +61,7 @@ class GroupedTorchOp:
             "Tensor" if single else "(" + ", ".join(["Tensor"] * len(self.output_names)) + ")")
         names = self.tensor_names + self.scalar_names
         dtypes = [getattr(torch, graph.output(n).dtype.torch) for n in self.output_names]
+        halves = [graph.output(n).columns(2) == 1 for n in self.output_names]  # evtc.glu's: N / 2 columns
         out_names = self.output_names
 
         def run(A, B, offs, *rest):
@@ -68,7 +69,8 @@ class GroupedTorchOp:
             return got if single else tuple(got[n] for n in out_names)
 
         def fake(A, B, offs, *rest):
-            outs = [A.new_empty((A.shape[0], B.shape[1]), dtype=dt) for dt in dtypes]
+            outs = [A.new_empty((A.shape[0], B.shape[1] // 2 if half else B.shape[1]), dtype=dt)
+                    for dt, half in zip(dtypes, halves)]
             return outs[0] if single else tuple(outs)
 
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",

@@ -1,6 +1,6 @@
 """evtc.GroupedGemm on the GPU (issue 39): every epilogue form the grouped kernel takes (bare,
 source C with scalars and a per-expert row vector, per-token column vector with per-expert
-scalars, SwiGLU over the gate's output, an fp8 output, a saved pre-activation (aux store), two
+scalars, SwiGLU over the gate's output, SwiGLU in one GEMM (evtc.glu), an fp8 output, a saved pre-activation (aux store), two
 M x N inputs (one register-direct)), on each family member, with empty groups,
 1-token groups, skewed (Zipf) routing and trailing rows no group owns; every element against
 the float64 reference of its group (NOTE [The error bound]), outputs poisoned with NaN first.
@@ -41,6 +41,12 @@ def swiglu_up(acc, gate: evtc.Matrix):
 
 
 @evtc.epilogue
+def swiglu(acc, bias: evtc.RowVector[bf16]):
+    """SwiGLU in one GEMM (evtc.glu): each expert's [W_gate; W_up] interleaved, N / 2 stored."""
+    return evtc.glu(acc + bias, act="silu")
+
+
+@evtc.epilogue
 def fp8_out(acc, scale_d: float, bias: evtc.RowVector[f32]):
     return (scale_d * evtc.gelu(acc + bias)).to(evtc.e4m3)
 
@@ -58,7 +64,8 @@ def residual_scale(acc, scale: evtc.ColVector[f32], bias: evtc.RowVector[f32], R
     return (acc * scale + bias) * R1 + R2
 
 
-EPILOGUES = {"bare": bare, "bias_relu": bias_relu, "routed": routed, "swiglu_up": swiglu_up, "fp8_out": fp8_out,
+EPILOGUES = {"bare": bare, "bias_relu": bias_relu, "routed": routed, "swiglu_up": swiglu_up, "swiglu": swiglu,
+             "fp8_out": fp8_out,
              "gelu_aux": gelu_aux, "residual_scale": residual_scale}
 #: (tokens per group): empty and 1-token groups, skewed, trailing rows owned by no group
 ROUTINGS = {
@@ -142,8 +149,8 @@ def test_grouped_matches_the_reference(built, epi, routing, member):
     B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
     offs = torch.tensor(np.cumsum(tokens), dtype=torch.int32, device="cuda")
     ins = _inputs(g, tokens, E, T, gen)
-    outs = {o.name: torch.full((T, N), float("nan"), device="cuda").to(getattr(torch, o.dtype.torch))
-            for o in g.graph.outputs}
+    outs = {o.name: torch.full((T, o.columns(N)), float("nan"), device="cuda").to(getattr(torch, o.dtype.torch))
+            for o in g.graph.outputs}  # (evtc.glu's output: N / 2 columns)
     single = len(outs) == 1
     got = g(A, B, offs, out=next(iter(outs.values())) if single else outs, **ins)
     torch.cuda.synchronize()

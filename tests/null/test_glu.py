@@ -200,3 +200,29 @@ def test_oracle_reference_is_the_interpreters_and_bounds_the_pair():
     moved = _silu(y[..., 0::2] + 1e-6) * (y[..., 1::2] + 1e-6 * np.sign(y[..., 1::2]))
     assert np.all(np.abs(moved - _silu(y[..., 0::2]) * y[..., 1::2]) <= bound["D"])
     assert np.all(bound["D"] < 1e-4 * (1 + np.abs(ref["D"])))
+
+
+def test_grouped_gemm_pairs_columns_through_the_group_table():
+    """evtc.GroupedGemm with evtc.glu: void C and D, the gated store register-direct through a
+    per-group pointer of the (T, N / 2) output, on every member."""
+    gg = evtc.GroupedGemm(swiglu)
+    for m in gg.members:
+        plan = gg.kernel(m).plan
+        assert plan.d_slot is None and plan.config.grouped
+        src = gg.source(m)
+        assert "evtc::Sm90GluStoreGrouped<cutlass::bfloat16_t, cutlass::epilogue::thread::SiLu" in src
+        assert "t.ptr_D[e] = nullptr;" in src and "args.p_D) + start * args.ld_D;" in src
+        assert "register-direct per group" in str(plan)
+
+
+def test_grouped_torch_op_gives_n_half_columns():
+    torch = pytest.importorskip("torch")
+    gg = evtc.GroupedGemm(swiglu)
+    op = gg.torch_op()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        A, B = torch.empty(10, 64, dtype=torch.bfloat16), torch.empty(3, 48, 64, dtype=torch.bfloat16)
+        offs, bias = torch.empty(3, dtype=torch.int32), torch.empty(3, 48)
+        out = op.op(A, B, offs, bias)
+    assert tuple(out.shape) == (10, 24)
