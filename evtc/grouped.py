@@ -37,10 +37,15 @@ group, and how (:func:`check_grouped_graph` refuses the rest before anything is 
 * scalars by value (one for all), or by pointer: a (E,) tensor gives one per group
   (``Sm90ScalarBroadcast`` indexes its pointer by the group, the kernel's L coordinate).
 
-Not in the grouped kernel (yet): reductions. CUTLASS's and evtc's reduction visitors take one
-output pointer and a batch stride, and their workspace is laid out by uniform tiles; per-group
-outputs (a row max per token, an amax per expert) need per-group pointers and a workspace laid
-out by the group scheduler's tiles.
+* reductions, f32, through atomics into outputs evtc fills with the identity first (NOTE
+  [Reductions in the grouped kernel], include/evtc/sm90_grouped.hpp): a row reduction is one
+  value per token (T,), a column reduction one row per group (E, N), a scalar reduction one value
+  per group (E,) (an fp8 amax per expert). CUTLASS's reduction visitors take one pointer and a
+  batch stride, and their workspace is laid out by uniform tiles, not the group scheduler's, so
+  evtc's own visitor reduces each subtile and adds it atomically; sums are therefore not
+  bitwise reproducible run to run (max and min are).
+
+Not in the grouped kernel (yet): ``evtc.quantize``.
 """
 
 from __future__ import annotations
@@ -126,12 +131,10 @@ def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
             raise PlanError(f"output '{out.name}': the grouped kernel does not quantize (evtc.quantize) yet",
                             epilogue=graph.name, hint="quantize the grouped GEMM's output after it, or run evtc.Gemm "
                             "per group")
-        if isinstance(out, ir_nodes.Reduction):
-            raise PlanError(f"output '{out.name}' is a reduction: the grouped kernel has no per-group reductions yet "
-                            "(CUTLASS's and evtc's reduction visitors take one output pointer and a batch stride, "
-                            "and their workspace is laid out by uniform tiles)",
-                            epilogue=graph.name,
-                            hint="compute it from the outputs afterwards, or run evtc.Gemm per group")
+        if isinstance(out, ir_nodes.Reduction) and out.dtype is not dtypes.f32:
+            raise PlanError(f"output '{out.name}': the grouped kernel reduces into f32 (float atomics: NOTE "
+                            f"[Reductions in the grouped kernel]), not {out.dtype.name}", epilogue=graph.name,
+                            hint="drop the .to(...) on the reduction and convert it afterwards")
     stores = [o.name for o in graph.outputs if isinstance(o, ir_nodes.Store)]
     if not stores:
         raise PlanError("the grouped kernel stores at least one M x N output", epilogue=graph.name)
@@ -364,7 +367,8 @@ class GroupedGemm:
                 (E,) tensors of their dtype.
 
         Returns:
-            D, a (T, N) tensor of dtype ``d`` (several outputs: a dict by name). Inside a
+            D, a (T, N) tensor of dtype ``d`` (several outputs, or reductions: a dict by name; a
+            row reduction is (T,), a column reduction (E, N), a scalar reduction (E,), f32). Inside a
             ``torch.compile``-d function (no ``out=``, ``member=`` or ``check_offs=``) the call
             goes through the GroupedGemm's torch op (:mod:`evtc.torch.grouped_op`).
 
@@ -436,6 +440,14 @@ class GroupedGemm:
             setattr(args, f"ld_{o.name}", t.stride(0))
             setattr(args, f"bs_{o.name}", 0)
             outs[o.name] = t
+        reductions = [o for o in self.graph.outputs if isinstance(o, ir_nodes.Reduction)]
+        for o in reductions:  # NOTE [Reductions in the grouped kernel]: atomics into the identity
+            shape = (T,) if o.dim == 1 else (E, N) if o.dim == 0 else (E,)
+            t = torch.full(shape, o.op.identity, dtype=torch.float32, device=device)
+            setattr(args, f"p_{o.name}", t.data_ptr())
+            setattr(args, f"bs_{o.name}", N if o.dim == 0 else 1 if o.dim is None else 0)
+            outs[o.name] = t
+        single = single and not reductions
         result = outs[stores[0].name] if single else outs
         if T == 0 or E == 0:
             return result

@@ -25,7 +25,7 @@ from evtc.emit import common
 from evtc.emit.core import NodeTable
 from evtc.emit.sm90 import GROUPED_KERNEL_SCHEDULES, gemm_render_args, node_table
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import AuxLoad, ColBroadcast, RowBroadcast, Source, Store
+from evtc.ir.nodes import AuxLoad, ColBroadcast, ReduceOp, Reduction, RowBroadcast, Source, Store
 from evtc.lower import Role, Visitor
 from evtc.plan.model import Plan
 
@@ -48,6 +48,8 @@ def group_vectors(graph: Graph, plan: Plan) -> list[tuple[str, str, str]]:
     for o in graph.outputs:
         if isinstance(o, Store) and o.name != plan.d_slot:
             out.append((o.name, "mn", o.dtype.cutlass))
+        elif isinstance(o, Reduction):  # NOTE [Reductions in the grouped kernel]
+            out.append((o.name, {1: "red_row", 0: "red_col", None: "red_scalar"}[o.dim], "float"))
     return out
 
 
@@ -59,6 +61,9 @@ def _grouped_table(plan: Plan, vectors: list[tuple[str, str, str]]) -> NodeTable
         x = base.decisions(v)
         if v.role in (Role.ROW, Role.COL, Role.AUX_LOAD, Role.AUX_STORE, Role.GLU_STORE) and v.node.name in index:
             x = {**x, "direct": False, "group_array": f"table.vector[{index[v.node.name]}]"}
+        elif v.role.is_reduction and v.node.name in index:
+            x = {**x, "group_array": f"table.vector[{index[v.node.name]}]",
+                 "identity_code": {ReduceOp.SUM: 0, ReduceOp.MAX: 1, ReduceOp.MIN: 2}[v.node.op]}
         return x
 
     return NodeTable(base.template, base.evt, base.topo, decisions)
@@ -78,7 +83,8 @@ def emit_sm90_grouped(graph: Graph, plan: Plan, *, name: str | None = None) -> s
     Raises:
         ValueError: ``plan`` is not a grouped sm90 plan with a D slot.
     """
-    gated = plan.tree is not None and plan.tree.root.op.role is Role.GLU_STORE  # (its output: a group vector)
+    root = getattr(plan.tree, "root", None)
+    gated = getattr(getattr(root, "op", None), "role", None) is Role.GLU_STORE  # (its output: a group vector)
     if plan.arch != "sm90" or plan.tree is None or not plan.config.grouped or (plan.d_slot is None and not gated):
         raise ValueError("emit_sm90_grouped needs a grouped sm90 plan with its visitor tree and a D slot (or a "
                          "gated store)")

@@ -74,6 +74,9 @@ def reduction_mode(n: Reduction, config: GemmConfig) -> tuple[str, str]:
     evtc/family/spec.py).
     """
     axis = ReduceAxis.of(n.dim)
+    if config.grouped:
+        return "atomic", ("per group, float atomics through a per-group pointer, the output filled with the identity "
+                          "first (evtc::Sm90ReductionGrouped: NOTE [Reductions in the grouped kernel])")
     if not atomic_reduction(n, config):
         return "workspace", _REDUCTION_WHY[axis]
     return "atomic", _REDUCTION_WHY[axis] if axis is ReduceAxis.SCALAR else _ATOMIC_WHY[axis]

@@ -45,6 +45,10 @@ class GroupedTorchOp:
 
         graph = gg.graph
         self.gg = gg
+        if any(not isinstance(o, Store) for o in graph.outputs):
+            raise ArgumentError("a GroupedGemm with reductions has no torch op yet: its reductions' shapes ((T,), "
+                                "(E, N), (E,)) are not in the op's schema", epilogue=graph.name,
+                                hint="call it outside torch.compile, or compute the reductions from D there")
         leaves = [x for x in graph.used_inputs if not isinstance(x, Accumulator)]
         self.scalar_names = tuple(x.name for x in leaves if isinstance(x, ScalarBroadcast) and not x.by_pointer)
         self.tensor_names = tuple(x.name for x in leaves if x.name not in self.scalar_names)

@@ -12,7 +12,8 @@ How:
    ``torch.addmm`` and ``torch.bmm`` all arrive as ``aten.mm``, ``aten.addmm`` or ``aten.bmm``,
    and in-place ops as their functional forms. ``torch._grouped_mm(A, B, offs)`` (a
    mixture-of-experts layer) is an anchor too: its match runs as an :class:`evtc.GroupedGemm`,
-   whose kernel has no reductions, so its region grows over pointwise ops and views only.
+   whose torch op returns no reductions (evtc/torch/grouped_op.py), so its region grows over
+   pointwise ops and views only.
 2. Each ``mm``/``addmm``/``bmm`` (the anchor) grows a region forward over the nodes that the
    importer's table (:data:`evtc.frontend.torch_import.ATEN`: the one table of torch ops ->
    evtc ops) can lower: pointwise ops whose other operands are numbers, a length-N vector (a
@@ -310,7 +311,7 @@ def _grow(m: _Match, nodes: list, start: int, device) -> None:
             continue
         row = ATEN[name]
         if row.reduction and m.offs is not None:
-            continue  # the grouped kernel has no per-group reductions (evtc/grouped.py)
+            continue  # a GroupedGemm's torch op returns no reductions (evtc/torch/grouped_op.py)
         out = _val(node)
         if name in ("aten.max.dim", "aten.min.dim"):
             if any(not (target_name(u) == "getitem" and u.args[1] == 0) for u in node.users):

@@ -1,6 +1,7 @@
 """evtc.GroupedGemm on the GPU (issue 39): every epilogue form the grouped kernel takes (bare,
 source C with scalars and a per-expert row vector, per-token column vector with per-expert
-scalars, SwiGLU over the gate's output, SwiGLU in one GEMM (evtc.glu), an fp8 output, a saved pre-activation (aux store), two
+scalars, SwiGLU over the gate's output, SwiGLU in one GEMM (evtc.glu), the reference epilogues
+with reductions (per token: row max and sum; per expert: a column sum, an fp8 amax), an fp8 output, a saved pre-activation (aux store), two
 M x N inputs (one register-direct)), on each family member, with empty groups,
 1-token groups, skewed (Zipf) routing and trailing rows no group owns; every element against
 the float64 reference of its group (NOTE [The error bound]), outputs poisoned with NaN first.
@@ -12,6 +13,7 @@ import pytest
 import evtc
 from evtc import bf16, f32
 from evtc.grouped import GROUPED_MEMBERS, GroupedGemm
+from evtc.ir.nodes import Reduction, Store
 from evtc.testing.oracle import _exact_accumulator, accumulator_error, failure_report, to_numpy, verify
 
 torch = pytest.importorskip("torch")
@@ -64,8 +66,14 @@ def residual_scale(acc, scale: evtc.ColVector[f32], bias: evtc.RowVector[f32], R
     return (acc * scale + bias) * R1 + R2
 
 
+import epilogues as _E  # examples/epilogues.py: the reference epilogues with reductions
+
 EPILOGUES = {"bare": bare, "bias_relu": bias_relu, "routed": routed, "swiglu_up": swiglu_up, "swiglu": swiglu,
              "fp8_out": fp8_out,
+             # NOTE [Reductions in the grouped kernel]: per token (row_stats: row max and row sum of
+             # exp), per expert (dgelu_bgrad's column sum, fp8_out's amax), atomics into the identity
+             "row_stats": _E.REFERENCE["row_stats"], "dgelu_bgrad": _E.REFERENCE["dgelu_bgrad"],
+             "fp8_amax": _E.REFERENCE["fp8_out"],
              "gelu_aux": gelu_aux, "residual_scale": residual_scale}
 #: (tokens per group): empty and 1-token groups, skewed, trailing rows owned by no group
 ROUTINGS = {
@@ -149,24 +157,35 @@ def test_grouped_matches_the_reference(built, epi, routing, member):
     B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
     offs = torch.tensor(np.cumsum(tokens), dtype=torch.int32, device="cuda")
     ins = _inputs(g, tokens, E, T, gen)
+    stores = [o for o in g.graph.outputs if isinstance(o, Store)]
     outs = {o.name: torch.full((T, o.columns(N)), float("nan"), device="cuda").to(getattr(torch, o.dtype.torch))
-            for o in g.graph.outputs}  # (evtc.glu's output: N / 2 columns)
-    single = len(outs) == 1
+            for o in stores}  # (evtc.glu's output: N / 2 columns)
+    single = len(g.graph.outputs) == 1
     got = g(A, B, offs, out=next(iter(outs.values())) if single else outs, **ins)
     torch.cuda.synchronize()
     assert got is next(iter(outs.values())) if single else all(got[n] is outs[n] for n in outs)
+    reds = {o.name: o for o in g.graph.outputs if isinstance(o, Reduction)}
     lo = 0
     for e, m in enumerate(tokens):
         hi = lo + m
         if m:
             acc, sq = _exact_accumulator(A[lo:hi], B[e])
-            res = verify(g.graph, {n: to_numpy(t[lo:hi]) for n, t in outs.items()}, acc,
-                         accumulator_error(sq, K, g.a), _group_inputs(g, ins, e, lo, hi))
+            mine = {n: to_numpy(t[lo:hi]) for n, t in outs.items()}
+            for n, o in reds.items():  # a token's row, an expert's column row or scalar
+                mine[n] = to_numpy(got[n][lo:hi] if o.dim == 1 else got[n][e])
+            res = verify(g.graph, mine, acc, accumulator_error(sq, K, g.a), _group_inputs(g, ins, e, lo, hi))
             assert all(r.ok for r in res.values()), failure_report(res, f"{epi} {routing} {member} group {e}", g.graph)
+        else:  # an empty expert's reductions stay the identity (nothing added)
+            for n, o in reds.items():
+                if o.dim != 1:
+                    assert bool((got[n][e] == o.op.identity).all()), (epi, n, e)
         lo = hi
-    if tail:  # rows no group owns keep their poison
+    if tail:  # rows no group owns keep their poison (and their row reductions the identity)
         for t in outs.values():
             assert torch.isnan(t[lo:].float()).all()
+        for n, o in reds.items():
+            if o.dim == 1:
+                assert bool((got[n][lo:] == o.op.identity).all())
 
 
 def test_grouped_no_tokens_and_offsets_checked(built):

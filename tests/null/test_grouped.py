@@ -70,12 +70,35 @@ def test_grouped_plan_adds_the_tensor_maps(epilogue):
     assert p.mainloop_stages == (232448 - 256 - want) // p.mainloop_stage_bytes
 
 
-@pytest.mark.parametrize("epilogue,names", [(E.row_stats, "row_max"), (E.dgelu_bgrad, "dbias"), (E.fp8_out, "amax")])
-def test_grouped_refuses_reductions(epilogue, names, no_build):
-    with pytest.raises(PlanError, match="reduction") as e:
-        GroupedGemm(epilogue)
-    assert names in str(e.value)
-    assert e.value.epilogue == epilogue.name
+@pytest.mark.parametrize("epilogue,kinds", [(E.row_stats, {"row_max": "red_row", "row_sum": "red_row"}),
+                                            (E.dgelu_bgrad, {"dbias": "red_col"}), (E.fp8_out, {"amax": "red_scalar"})])
+def test_grouped_reductions_are_per_group_atomics(epilogue, kinds, no_build):
+    """NOTE [Reductions in the grouped kernel]: a row reduction per token, a column reduction per
+    expert and a scalar per expert, each evtc::Sm90ReductionGrouped through a group table pointer
+    (the token's, the expert's row of (E, N), its element of (E,)); no workspace."""
+    from evtc.emit.sm90_grouped import group_vectors
+
+    g = GroupedGemm(epilogue, member="coop128x256")
+    p = g.kernel().plan
+    got = {name: kind for name, kind, _ in group_vectors(g.graph, p)}
+    assert {n: got[n] for n in kinds} == kinds
+    for n in kinds:
+        assert p.buffer(n).mode == "atomic"
+    src = g.source()
+    assert src.count("evtc::Sm90ReductionGrouped<") == len(kinds)
+    for n, kind in kinds.items():
+        want = "+ start;" if kind == "red_row" else f"+ e * args.bs_{n};"
+        assert f"static_cast<float const*>(args.p_{n}) {want}" in src, n
+
+
+def test_grouped_reductions_into_16_bit_outputs_are_refused(no_build):
+    @evtc.epilogue
+    def rowmax_bf16(acc):
+        return {"D": acc, "m": evtc.max(acc, dim=1).to(evtc.bf16)}
+
+    with pytest.raises(PlanError, match="reduces into f32") as e:
+        GroupedGemm(rowmax_bf16)
+    assert "'m'" in str(e.value)
 
 
 @pytest.mark.parametrize("epilogue", [E.gelu_aux, E.residual_scale, E.many_aux])

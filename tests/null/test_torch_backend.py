@@ -308,7 +308,7 @@ def _register_grouped(g):
 
 def test_grouped_mm_with_its_epilogue_is_one_grouped_op():
     """torch._grouped_mm (a mixture-of-experts layer) and the pointwise ops after it become one
-    evtc.GroupedGemm; a reduction after it stays outside (the grouped kernel has none)."""
+    evtc.GroupedGemm; a reduction after it stays outside (a GroupedGemm's torch op returns none)."""
     import evtc
 
     def moe(a, w, offs, bias, weight):
