@@ -446,19 +446,22 @@ class Binder:
             store_tma = self.mn_tma and not self.packed_stores
             self._check(v, label, o.dtype, [(x.L, x.M, cols) if x.batched else (x.M, cols)], x.device, True,
                         tma=self.arch == "sm90", output=True, align16=store_tma)
-            if self.refuse_ragged_stores and store_tma and cols == x.N and x.N % (ALIGN // eb) and x.M and x.L:
+            if self.refuse_ragged_stores and store_tma and cols % (ALIGN // eb) and x.M and x.L:
                 # NOTE [Ragged N and TMA stores]: the TMA store (and the 16-byte register-direct
                 # store) writes the last 16-byte vector of each row whole, measured on the H100:
                 # with N = 1031 bf16 it writes column 1031 too. CUTLASS's can_implement refuses
                 # such an N; in evtc's own allocations that element is row padding, in a
-                # caller's tensor it may be someone's data.
+                # caller's tensor it may be someone's data. (evtc.glu's output has N / 2 columns,
+                # stored by TMA too: 500 bf16 columns wrote 4 more, H200 2026-11-29.)
+                what = f"N = {x.N}" if cols == x.N else f"N / 2 = {cols} (evtc.glu's)"
                 raise MisalignedError(
-                    f"output {label} has N = {x.N} columns, not a multiple of {ALIGN // eb} ({eb}-byte elements): "
-                    f"this kernel stores whole 16-byte vectors and would also write the {(-x.N) % (ALIGN // eb)} "
+                    f"output {label} has {what} columns, not a multiple of {ALIGN // eb} ({eb}-byte elements): "
+                    f"this kernel stores whole 16-byte vectors and would also write the {(-cols) % (ALIGN // eb)} "
                     "element(s) after each row",
                     epilogue=self.graph.name,
-                    hint="let evtc allocate the output, or use a family Gemm (no config) or "
-                         "GemmConfig(unaligned=True), which store element by element")
+                    hint="let evtc allocate the output (it pads the rows)" + (
+                        ", or use a family Gemm (no config) or GemmConfig(unaligned=True), which store element by "
+                        "element" if cols == x.N else ""))
             ops.add(v, label, f"p_{n}", o.dtype, output=True, mask=(ALIGN - 1) if store_tma else eb - 1, mn=True,
                     inplace=True)
             shape, strides = tuple(v.shape), tuple(v.strides)

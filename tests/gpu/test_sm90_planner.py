@@ -85,7 +85,8 @@ def built():
 def test_variants_are_really_what_they_say(built):
     g = built[("many_aux", str({"share": True}))]
     assert g.plan.shares and g.plan.reuse_smem_c and all(b.bytes == 0 for b in g.plan.buffers if b.name in ("P", "Q"))
-    assert "evtc::Sm90SmemAlias" in g.source
+    # the shared aux store and the root wrapper that points it at its load's buffer (NOTE [Aux buffer sharing])
+    assert "evtc::Sm90SharedAuxStore<" in g.source and "evtc::Sm90SmemShare<" in g.source
     g = built[("many_aux", str({"c_slot": None, "direct": ["Z", "Q"]}))]
     assert {b.name for b in g.plan.buffers if b.mode == "direct"} == {"Z", "Q"}
 

@@ -43,8 +43,9 @@ def test_emit_to_stdout_with_dtypes_and_tile():
 
 
 def test_emit_grouped(tmp_path):
-    """--grouped writes evtc.GroupedGemm's kernel (the member's, or a pinned configuration's);
-    sm80, --conv and a reduction are refused before anything is written."""
+    """--grouped writes evtc.GroupedGemm's kernel (the member's, or a pinned configuration's), its
+    reductions per group too; sm80, --conv and a 16-bit reduction are refused before anything is
+    written."""
     out = tmp_path / "g.cu"
     r = run("emit", f"{EX}:bias_relu", "--grouped", "pp64x128", "-o", str(out))
     assert r.exit_code == 0, r.output
@@ -58,7 +59,10 @@ def test_emit_grouped(tmp_path):
         assert r.exit_code == 2 and why in r.output, r.output
         assert not (tmp_path / "x.cu").exists()
     r = CliRunner().invoke(main, ["emit", f"{EX}:row_stats", "--grouped", "pp64x128"])
-    assert r.exit_code != 0 and "reduction" in r.output
+    assert r.exit_code == 0 and r.output.count("evtc::Sm90ReductionGrouped<1,") == 2, r.output[-2000:]
+    r = CliRunner().invoke(main, ["emit", "--expr", "D = acc; m = to(max(acc, dim=1), bf16)", "--grouped", "pp64x128",
+                                  "-o", str(tmp_path / "y.cu")])
+    assert r.exit_code != 0 and "reduces into f32" in r.output and not (tmp_path / "y.cu").exists(), r.output
 
 
 def test_print_includes():

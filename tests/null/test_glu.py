@@ -149,6 +149,13 @@ def test_binder_allocates_and_checks_m_by_n_half():
     assert args.ld_D == N // 2
     with pytest.raises(ArgumentError, match=r"shape \(7, 48\), expected \(7, 24\)"):
         binder.bind(Fake((M, K)), Fake((N, K)), {"bias": Fake((N,), "<f4")}, {"D": Fake((M, N), "<f2")})
+    # a caller's D whose rows end mid-vector: the TMA store would write past them (the GPU run of
+    # 2026-11-29 found 4 of 504 padding columns written at N / 2 = 500)
+    with pytest.raises(evtc.MisalignedError, match=r"N / 2 = 500 \(evtc.glu's\)"):
+        binder.bind(Fake((M, K)), Fake((1000, K)), {"bias": Fake((1000,), "<f4")},
+                    {"D": Fake((M, 500), "<f2", strides=(504, 1))})
+    args, *_ = binder.bind(Fake((M, K)), Fake((1000, K)), {"bias": Fake((1000,), "<f4")}, None)
+    assert args.ld_D == 504  # evtc's own allocation: rows padded to 16 bytes
     with pytest.raises(ArgumentError, match="must be even"):
         binder.bind(Fake((M, K)), Fake((N - 8 + 1, K)), {"bias": Fake((N - 7,), "<f4")}, None)
 
