@@ -211,6 +211,17 @@ def _build(dag: _Dag, g: nx.DiGraph, root: Node, region_of_exit: dict[int, set[i
                 index[b] = len(ops)
                 ops.append(Tree(visitor(b)))
                 edges.append(tuple(ins))
+            if len(ops) == 2:
+                # NOTE [Regions of two ops]: a leaf used several times by one op (``X * X``,
+                # ``multiply_add(X, X, X)``) is a region of two ops, and both topological visitors
+                # keep the values of the first R - 1 ops in ``cute::repeat<R - 1>(...)``, which for
+                # R = 2 is the value itself, no tuple (cute/algorithm/tuple_algorithms.hpp), so
+                # ``get<0>`` of it doesn't compile (an sm80 fuzz epilogue's build, 2026-11-29).
+                # A pass-through ``first(x, x)`` between them makes three.
+                leaf = ops[0].op.node if isinstance(ops[0], Tree) else dag.node_of[nid]
+                keep = Compute(f32, op="first", args=(leaf, leaf))
+                ops.insert(1, Tree(Visitor(keep, role_of(keep, c_input))))
+                edges = [edges[0], (0, 0), tuple(e + 1 for e in edges[1])]
             return Topo(tuple(ops), tuple(edges))
         children = []
         for x in dag.operands.get(nid, ()):

@@ -111,3 +111,30 @@ def test_roles_of_the_c_slot_and_keep_alive():
     assert [v for v in tree.visitors() if v.node is c][0].role is Role.SRC
     paths = tree.paths()
     assert (Role.AUX_STORE, "S") in paths and (Role.AUX_LOAD, "R") in paths
+
+
+def test_a_leaf_used_several_times_by_one_op_is_a_region_of_three():
+    """NOTE [Regions of two ops]: X used three times by multiply_add alone would be a region of
+    two ops, which CUTLASS's topological visitors can't hold (cute::repeat<1> is no tuple); a
+    pass-through first(X, X) makes three, and the region still computes X once."""
+
+    @evtc.epilogue
+    def cube(acc, X: evtc.Matrix):
+        return evtc.multiply_add(X, X, X) + acc
+
+    g = run(cube.graph, "sm90")
+    tree = lower(g, g.outputs[0])
+    topos = []
+    stack = [tree.root]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, Topo):
+            topos.append(t)
+            stack.extend(t.ops)
+        else:
+            stack.extend(t.children)
+    assert len(topos) == 1 and len(topos[0].ops) == 3, topos
+    t = topos[0]
+    assert t.ops[1].op.role is Role.KEEP and t.edges == ((), (0, 0), (1, 1, 1))
+    check_tree(g, tree)
+    assert evtc.Gemm(cube, arch="sm80").source.count("evtc::First") >= 1
