@@ -98,7 +98,7 @@ ROLES: dict[Role, RoleSpec] = {s.role: s for s in (
     RoleSpec(Role.AUX_STORE, "output", "Sm90AuxStore", "VisitorAuxStore", "aux_store"),
     RoleSpec(Role.ROW_REDUCTION, "output", "Sm90ColReduction", "VisitorColReduction", "row_reduction", ReduceAxis.ROW),
     RoleSpec(Role.COL_REDUCTION, "output", "Sm90RowReduction", "VisitorRowReduction", "col_reduction", ReduceAxis.COLUMN),
-    RoleSpec(Role.SCALAR_REDUCTION, "output", "Sm90ScalarReduction", "VisitorScalarReduction", "scalar_reduction",
+    RoleSpec(Role.SCALAR_REDUCTION, "output", "Sm90ScalarReduction", "evtc::Sm80ScalarReduction", "scalar_reduction",
              ReduceAxis.SCALAR),
     # evtc.quantize's scales, written by the root visitor that quantizes D's subtile (sm90 only:
     # the legalize pass refuses it elsewhere)

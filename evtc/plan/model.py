@@ -269,7 +269,7 @@ _WHY_SM80 = {
     "scalar": "read once per batch (VisitorScalarBroadcast)",
     "row_reduction": "warp shuffles, a float atomic per row and tile (VisitorColReduction)",
     "col_reduction": "rows meet in smem, a float atomic per column and tile (VisitorRowReduction)",
-    "scalar_reduction": "warp shuffles, one float atomic per warp (VisitorScalarReduction)",
+    "scalar_reduction": "warp shuffles, one float atomic per warp (evtc::Sm80ScalarReduction)",
 }
 
 

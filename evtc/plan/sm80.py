@@ -288,7 +288,7 @@ _WHY = {
     "scalar": "VisitorScalarBroadcast: read once per batch",
     "row_reduction": "VisitorColReduction: warp shuffles, one float atomic per row and tile",
     "col_reduction": "VisitorRowReduction: partial rows through shared memory, one float atomic per column and tile",
-    "scalar_reduction": "VisitorScalarReduction: warp shuffles, one float atomic per warp",
+    "scalar_reduction": "evtc::Sm80ScalarReduction (CUTLASS's VisitorScalarReduction, the atomic from lane 0): warp shuffles, one float atomic per warp",
 }
 
 

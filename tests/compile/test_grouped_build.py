@@ -17,11 +17,21 @@ def per_expert(acc, weight: evtc.ColVector[f32], alpha: evtc.DeviceScalar[f32], 
     return weight * (alpha * acc + bias)
 
 
+@evtc.epilogue
+def swiglu(acc, bias: evtc.RowVector[f32]):
+    """evtc.glu in the grouped kernel: void C and D, the pairs through the group table."""
+    return evtc.glu(acc + bias, act="silu")
+
+
 def cases():
     import epilogues as E
 
     return {"bias_relu/coop128x128": GroupedGemm(E.bias_relu, member="coop128x128"),
-            "per_expert/pp64x128": GroupedGemm(per_expert, member="pp64x128")}
+            "per_expert/pp64x128": GroupedGemm(per_expert, member="pp64x128"),
+            "swiglu/coop128x256": GroupedGemm(swiglu, member="coop128x256"),
+            # NOTE [Reductions in the grouped kernel]: per token, per expert, no shared memory
+            "row_stats/pp64x128": GroupedGemm(E.row_stats, member="pp64x128"),
+            "dgelu_bgrad/coop128x128": GroupedGemm(E.dgelu_bgrad, member="coop128x128")}
 
 
 @pytest.fixture(scope="module")

@@ -148,7 +148,7 @@ def test_fp8_output_is_supported_by_a_software_conversion():
 
     src = sm80(E.fp8_out).source
     assert lines_matching(src, r"VisitorAuxStore<OutputTileThreadMap, cutlass::float_e4m3_t")
-    assert lines_matching(src, r"VisitorScalarReduction<cutlass::maximum, cutlass::atomic_maximum")
+    assert lines_matching(src, r"Sm80ScalarReduction<cutlass::maximum, cutlass::atomic_maximum")
 
 
 def test_fp8_mainloop_is_a_config_error():
@@ -207,7 +207,7 @@ def test_every_node_kind_has_its_visitor():
                     # evtc's row reduction (over N) is CUTLASS's VisitorColReduction and vice versa
                     r"VisitorColReduction<cutlass::maximum, cutlass::atomic_maximum, OutputTileThreadMap, float, float, .*cute::Stride<cute::_1, cute::_0, int64_t>>",
                     r"VisitorRowReduction<cutlass::plus, cutlass::atomic_add, OutputTileThreadMap, float, float, .*cute::Stride<cute::_0, cute::_1, int64_t>>",
-                    r"VisitorScalarReduction<cutlass::minimum, evtc::atomic_minimum",
+                    r"Sm80ScalarReduction<cutlass::minimum, evtc::atomic_minimum",
                     r"Sm80TopologicalVisitor<float, cute::tuple<"]:
         assert lines_matching(src, pattern), pattern
     assert "static_cast<float const*>(args.p_s)" in src and "args.s_alpha" in src

@@ -88,4 +88,45 @@ inline cudaError_t convert_reduction(float const* src, T* dst, int64_t count, in
 }
 
 }  // namespace sm80
+// NOTE [The sm80 scalar reduction's writing lane]: CUTLASS's VisitorScalarReduction
+// (epilogue/threadblock/fusion/visitor_store.hpp, CUTLASS 4.2) reduces its partials across the
+// warp with a butterfly, which leaves the warp's total in every lane, then lets every lane add it
+// atomically: its is_writing_thread (lane 0) is set and never read. A max or min doesn't mind
+// (the same value 32 times); a sum comes out 32 times too large (the sm80 fuzz epilogues with a
+// scalar sum failed on the H200, 2026-11-29). This is the same visitor with the atomic from lane 0.
+template <template <class> class RegReduceFn, template <class> class AtomicReduceFn, class ThreadMap,
+          class ElementOutput, class ElementCompute, cutlass::FloatRoundStyle RoundStyle, class StrideMNL>
+struct Sm80ScalarReduction : cutlass::epilogue::threadblock::VisitorScalarReduction<
+    RegReduceFn, AtomicReduceFn, ThreadMap, ElementOutput, ElementCompute, RoundStyle, StrideMNL> {
+  using Base = cutlass::epilogue::threadblock::VisitorScalarReduction<
+      RegReduceFn, AtomicReduceFn, ThreadMap, ElementOutput, ElementCompute, RoundStyle, StrideMNL>;
+  using Base::Base;
+
+  template <class CTensor, class GTensor, class ProblemShape>
+  struct Callbacks : Base::template Callbacks<CTensor, GTensor, ProblemShape> {
+    using BaseCallbacks = typename Base::template Callbacks<CTensor, GTensor, ProblemShape>;
+    using BaseCallbacks::BaseCallbacks;
+
+    CUTLASS_DEVICE auto end_epilogue() {
+      using namespace cutlass::epilogue::threadblock;
+      intra_warp_row_reduce<RegReduceFn, ThreadMap::kWarpSize>(this->reduction_accum);
+      if (this->is_writing_thread) {
+        atomic_reduce<AtomicReduceFn, RoundStyle>(&this->tC_gScalar(cute::_0{}, cute::_0{}), this->reduction_accum);
+      }
+    }
+  };
+
+  template <class ProblemShape>
+  CUTLASS_DEVICE auto get_callbacks(cutlass::gemm::GemmCoord threadblock_tile_offset, int thread_idx,
+                                    ProblemShape problem_shape) {
+    using namespace cute;
+    Tensor cSrc = make_identity_tensor(problem_shape);
+    Tensor tC_cSrc = group_modes<2, 5>(ThreadMap::partition(cSrc, thread_idx, threadblock_tile_offset)(_0{}, _, _, _, _, _));
+    Tensor mScalar = make_tensor(make_gmem_ptr(this->params_ptr->ptr_scalar), problem_shape, this->params_ptr->dScalar);
+    Tensor tC_gScalar = mScalar(_, _, threadblock_tile_offset.k());
+    return Callbacks<decltype(tC_cSrc), decltype(tC_gScalar), ProblemShape>(
+        cute::move(tC_cSrc), cute::move(tC_gScalar), problem_shape, this->params_ptr, thread_idx);
+  }
+};
+
 }  // namespace evtc
