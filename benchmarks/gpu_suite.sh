@@ -12,7 +12,7 @@
 # the lent machine (docs/testing.md, "The whole GPU suite in chunks"):
 #
 #   bash benchmarks/gpu_suite.sh chunk list          # the chunks: their prebuild groups and tests
-#   bash benchmarks/gpu_suite.sh chunk 3/10 [DIR]    # chunk 3: prebuild its kernels, run its tests
+#   bash benchmarks/gpu_suite.sh chunk 3/14 [DIR]    # chunk 3: prebuild its kernels, run its tests
 #
 # A chunk builds its kernels first, in parallel (benchmarks/prebuild.py groups; one nvcc per core,
 # EVTC_BUILD_JOBS), then runs its tests with `pytest -v`, stopping both at a deadline
@@ -49,16 +49,23 @@ rc=0
 # rate (75 conv kernels in 207 s on its 16 cores: docs/performance.md) size them; the files without a
 # prebuild group (test_phase_split_gpu, test_staging_gpu, test_plugin_consumers, test_torch_backend_gpu)
 # build the members their calls choose, one at a time, and sit in chunks with room for that.
-NCHUNKS=10
+NCHUNKS=14
+FUZZ_K=(  # test_fuzz -k of the sm90 fuzz's four chunks (case ids sm90-000 ... sm90-199)
+  "sm90-00 or sm90-01 or sm90-02 or sm90-03 or sm90-04" "sm90-05 or sm90-06 or sm90-07 or sm90-08 or sm90-09"
+  "sm90-10 or sm90-11 or sm90-12 or sm90-13 or sm90-14" "sm90-15 or sm90-16 or sm90-17 or sm90-18 or sm90-19")
 CHUNKS=(
   ""
   "sm90 tests and the runtime's: prebuild tests runtime degenerate (45 kernels); test_sm90_reference, test_sm90_language, test_sm90_planner, test_runtime_checks, test_graphs, test_degenerate_gpu"
   "sm80, torch, plugin, portable: prebuild sm80 torch (54 kernels); test_sm80_reference, test_torch_gpu, test_torch_backend_gpu, test_torch_fast_gpu, test_plugin_consumers, test_portable_gpu (skipped unless EVTC_PORTABLE_ARCHIVE)"
   "the family: prebuild family (111 kernels); test_family_gpu"
-  "sm90 fuzz 0-99: prebuild random:0-99; test_fuzz -k sm90-0"
-  "sm90 fuzz 100-: prebuild random:100-199; test_fuzz -k 'sm90 and not sm90-0'"
-  "evtc.glu, the sm80 fuzz and the row-phase split: prebuild glu random80 (58 kernels); test_glu_gpu, test_fuzz -k sm80, test_phase_split_gpu"
-  "the padded staging route, batch invariance, grouped GEMMs, quantized outputs: prebuild invariance grouped quantize (57 kernels); test_batch_invariance_gpu, test_grouped_gpu, test_quantize_gpu, test_staging_gpu (no prebuild group: its calls build their members)"
+  "sm90 fuzz 0-49: prebuild random:0-49; test_fuzz -k 'sm90-00 ... sm90-04'"
+  "sm90 fuzz 50-99: prebuild random:50-99; test_fuzz -k 'sm90-05 ... sm90-09'"
+  "sm90 fuzz 100-149: prebuild random:100-149; test_fuzz -k 'sm90-10 ... sm90-14'"
+  "sm90 fuzz 150-199: prebuild random:150-199; test_fuzz -k 'sm90-15 ... sm90-19'"
+  "the sm80 fuzz: prebuild random80 (50 kernels); test_fuzz -k sm80"
+  "evtc.glu and the row-phase split: prebuild glu (8 kernels); test_glu_gpu, test_phase_split_gpu (no prebuild group: its calls build their members)"
+  "batch invariance, grouped GEMMs: prebuild invariance grouped (~60 kernels); test_batch_invariance_gpu, test_grouped_gpu"
+  "quantized outputs, the padded staging route: prebuild quantize (~15 kernels); test_quantize_gpu, test_staging_gpu (no prebuild group: its calls build their members)"
   "conv but the persistent members: prebuild conv:tests conv:family (86 kernels); test_conv_gpu -k 'not persistent_member'"
   "conv persistent members 1: bias_relu, row_stats, fp8_out (36 kernels); test_conv_gpu -k 'persistent_member and not (many_aux or dgelu_bgrad)'"
   "conv persistent members 2: many_aux, dgelu_bgrad (39 kernels); test_conv_gpu -k 'persistent_member and (many_aux or dgelu_bgrad)'"
@@ -122,21 +129,22 @@ run_chunk() {
          $G/test_plugin_consumers.py $G/test_portable_gpu.py ;;
     3) chunk_prebuild family; t1=$SECONDS
        chunk_pytest $G/test_family_gpu.py ;;
-    4) chunk_prebuild random:0-99; t1=$SECONDS
-       chunk_pytest $G/test_fuzz.py -k sm90-0 ;;
-    5) chunk_prebuild random:100-199; t1=$SECONDS
-       chunk_pytest $G/test_fuzz.py -k "sm90 and not sm90-0" ;;
-    6) chunk_prebuild glu random80; t1=$SECONDS
+    4|5|6|7) f=$(( (n - 4) * 50 )); chunk_prebuild random:$f-$(( f + 49 )); t1=$SECONDS
+       chunk_pytest $G/test_fuzz.py -k "${FUZZ_K[$(( n - 4 ))]}" ;;
+    8) chunk_prebuild random80; t1=$SECONDS
+       chunk_pytest $G/test_fuzz.py -k sm80 ;;
+    9) chunk_prebuild glu; t1=$SECONDS
        chunk_pytest $G/test_glu_gpu.py
-       chunk_pytest $G/test_fuzz.py -k sm80
        chunk_pytest $G/test_phase_split_gpu.py ;;
-    7) chunk_prebuild invariance grouped quantize; t1=$SECONDS
-       chunk_pytest $G/test_batch_invariance_gpu.py $G/test_grouped_gpu.py $G/test_quantize_gpu.py $G/test_staging_gpu.py ;;
-    8) chunk_prebuild conv:tests conv:family; t1=$SECONDS
+    10) chunk_prebuild invariance grouped; t1=$SECONDS
+       chunk_pytest $G/test_batch_invariance_gpu.py $G/test_grouped_gpu.py ;;
+    11) chunk_prebuild quantize; t1=$SECONDS
+       chunk_pytest $G/test_quantize_gpu.py $G/test_staging_gpu.py ;;
+    12) chunk_prebuild conv:tests conv:family; t1=$SECONDS
        chunk_pytest $G/test_conv_gpu.py -k "not persistent_member" ;;
-    9) chunk_prebuild_persistent bias_relu,row_stats,fp8_out; t1=$SECONDS
+    13) chunk_prebuild_persistent bias_relu,row_stats,fp8_out; t1=$SECONDS
        chunk_pytest $G/test_conv_gpu.py -k "persistent_member and not (many_aux or dgelu_bgrad)" ;;
-    10) chunk_prebuild_persistent many_aux,dgelu_bgrad; t1=$SECONDS
+    14) chunk_prebuild_persistent many_aux,dgelu_bgrad; t1=$SECONDS
        chunk_pytest $G/test_conv_gpu.py -k "persistent_member and (many_aux or dgelu_bgrad)" ;;
   esac
   local machine
