@@ -27,6 +27,8 @@ call :func:`clear_interleaved_cache` after them. At most :data:`CACHE_ENTRIES` e
 # (no `from __future__ import annotations`: the epilogue below annotates with a dtype variable)
 
 import collections
+import dataclasses
+import operator
 import threading
 from typing import Any, Callable, Mapping
 
@@ -180,44 +182,123 @@ def _epilogue(act: str, bias_dtype):
     return evtc.epilogue(gated, name=f"gated_{act}")
 
 
-def _match(mul, allow_cpu: bool):
-    """(x, (W_gate, W_up), (b_gate, b_up) or None, act, the nodes to erase) of a gated pair whose
-    product is ``mul``, or None."""
+@dataclasses.dataclass
+class _Pair:
+    """A gated pair found in the graph: the tokens ``x``; the weights, as (W_gate, W_up) nodes,
+    or as one concatenated [W_gate; W_up] node ``w`` (its halves sliced at ``I`` along ``wdim``);
+    the biases likewise (or None); ``offs`` for a grouped GEMM; the act; the nodes to erase."""
+
+    x: Any
+    act: str
+    dead: list
+    weights: tuple | None = None
+    w: Any = None
+    wdim: int = 0
+    biases: tuple | None = None
+    bias: Any = None
+    offs: Any = None
+
+
+def _match(mul, allow_cpu: bool) -> "_Pair | None":
+    """The gated pair whose product is ``mul``: two projections of the same tokens
+    (``act(x W_gate^T) * (x W_up^T)``) or the two halves of one (``g, u = (x W^T).chunk(2, -1)``,
+    Phi-3's ``gate_up_proj``; or of a ``torch._grouped_mm``, a mixture-of-experts layer)."""
     if str(getattr(mul, "target", "")) != "aten.mul.Tensor" or len(mul.args) != 2:
         return None
+    vmul = _val(mul)
     for p, q in (mul.args, mul.args[::-1]):
         a, views_a = _under_views(p)
         act = _act_of(a)
         if act is None or not _single(a) or not hasattr(q, "target"):
             continue
-        mm_g, views_g = _under_views(a.args[0])
-        mm_u, views_u = _under_views(q)
-        if mm_g is mm_u:
+        vp, vq = _val(p), _val(q)
+        if vmul is None or vp is None or vq is None or tuple(vp.shape) != tuple(vq.shape):
+            continue  # (a broadcasting product is no gated pair)
+        g, views_g = _under_views(a.args[0])
+        u, views_u = _under_views(q)
+        head = [mul, *views_a, a, *views_g, *views_u]
+        split = _halves(g, u)
+        if split is not None:
+            pair = _split_pair(split, act, head + [g, u, split], allow_cpu)
+            if pair is not None:
+                return pair
             continue
-        pg, pu = _projection(mm_g, allow_cpu), _projection(mm_u, allow_cpu)
+        if g is u:
+            continue
+        pg, pu = _projection(g, allow_cpu), _projection(u, allow_cpu)
         if pg is None or pu is None or not _same_rows(pg[0], pu[0]):
             continue
         vg, vu = _val(pg[1]), _val(pu[1])
         if tuple(vg.shape) != tuple(vu.shape) or (pg[2] is None) != (pu[2] is None):
             continue
-        vmul, vp, vq = _val(mul), _val(p), _val(q)
-        if vmul is None or vp is None or vq is None or tuple(vp.shape) != tuple(vq.shape):
-            continue  # (a broadcasting product is no gated pair)
-        dead = [mul, *views_a, a, *views_g, mm_g, *views_u, mm_u, mm_g.args[-1], mm_u.args[-1]]
+        dead = head + [g, u, g.args[-1], u.args[-1]]
         x_u = pu[0]
         while x_u is not pg[0] and str(getattr(x_u, "target", "")) in _VIEWS:  # up's own view of x
             dead.append(x_u)
             x_u = x_u.args[0]
         biases = (pg[2], pu[2]) if pg[2] is not None else None
-        return pg[0], (pg[1], pu[1]), biases, act, dead
+        return _Pair(pg[0], act, dead, weights=(pg[1], pu[1]), biases=biases)
     return None
+
+
+def _halves(g, u):
+    """The ``aten.split`` node whose items 0 and 1 (exactly) ``g`` and ``u`` are, over the last
+    dimension in two equal halves; else None."""
+    if getattr(g, "target", None) is not operator.getitem or getattr(u, "target", None) is not operator.getitem \
+            or g.args[0] is not u.args[0]:
+        return None
+    split = g.args[0]
+    if str(getattr(split, "target", "")) != "aten.split.Tensor" or (g.args[1], u.args[1]) != (0, 1):
+        return None
+    y = _val(split.args[0])
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    if y is None or not isinstance(dim, int) or dim % y.dim() != y.dim() - 1 or len(split.users) != 2 \
+            or not _single(g) or not _single(u) or 2 * int(split.args[1]) != y.shape[-1]:
+        return None
+    return split
+
+
+def _split_pair(split, act: str, dead: list, allow_cpu: bool) -> "_Pair | None":
+    """The pair of one projection's two halves (``split`` of its output, under row views)."""
+    import torch
+
+    y, views_y = _under_views(split.args[0])
+    if not _single(y):
+        return None
+    name = str(getattr(y, "target", ""))
+    if name == "aten._grouped_mm.default":
+        args = dict(zip(("mat_a", "mat_b", "offs", "bias", "out_dtype"), y.args))
+        args.update(y.kwargs)
+        x, bt, offs = args.get("mat_a"), args.get("mat_b"), args.get("offs")
+        if offs is None or args.get("bias") is not None or str(getattr(bt, "target", "")) != "aten.transpose.int" \
+                or tuple(d % 3 for d in bt.args[1:3]) not in ((1, 2), (2, 1)):
+            return None
+        w = bt.args[0]
+        vx, vw, vy = _val(x), _val(w), _val(y)
+        if not all(isinstance(v, torch.Tensor) for v in (vx, vw, vy)) or vw.dim() != 3 or vx.dim() != 2 \
+                or vx.dtype != vw.dtype or vy.dtype != vx.dtype or vx.dtype not in (torch.bfloat16, torch.float16) \
+                or (vx.device.type != "cuda" and not allow_cpu) \
+                or any(not isinstance(v, int) for v in (*vx.shape, *vw.shape, *vw.stride())):
+            return None
+        _, N, K = vw.shape
+        if N % 16 or K % 8 or vw.stride()[-1] != 1:
+            return None
+        return _Pair(x, act, dead + views_y + [y, bt], w=w, wdim=1, offs=offs)
+    proj = _projection(y, allow_cpu)
+    if proj is None:
+        return None
+    x, w, bias = proj
+    if _val(w).shape[0] % 16:
+        return None
+    return _Pair(x, act, dead + views_y + [y, y.args[-1]], w=w, wdim=0, bias=bias)
 
 
 def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None) -> int:
     """Rewrite every gated pair of the ATen graph ``gm`` into one evtc GEMM over the interleaved
     weights with ``evtc.glu`` in its epilogue (the module docs), in place; the arguments are
-    :func:`evtc.torch.regions.fuse`'s (``gate`` is asked with the GEMM of N = 2I columns).
+    :func:`evtc.torch.regions.fuse`'s (``gate`` is asked with the GEMM of N = 2I columns; a
+    grouped pair runs as an :class:`evtc.GroupedGemm`, which the gate doesn't judge).
 
     Returns:
         The number of pairs rewritten.
@@ -230,18 +311,29 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
 
     graph = gm.graph
     fused = 0
+    aten = torch.ops.aten
     for mul in [n for n in graph.nodes if n.op == "call_function"]:
         m = _match(mul, allow_cpu)
         if m is None:
             continue
-        x, (wg, wu), biases, act, dead = m
-        vx, vw = _val(x), _val(wg)
+        vx = _val(m.x)
         dt = _dtype_name(vx)
-        (I, K), M = vw.shape, vx.shape[0]
+        if m.weights is not None:
+            (I, K), E = _val(m.weights[0]).shape, None
+        else:
+            shape = _val(m.w).shape
+            E, (I2, K) = (shape[0], shape[1:]) if m.offs is not None else (None, shape)
+            I = I2 // 2
+        M = vx.shape[0]
+        has_bias = m.biases is not None or m.bias is not None
         try:
-            gemm = evtc.Gemm(_epilogue(act, dt if biases else None), a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
-            if gate is not None and not gate(gemm, M, 2 * I, K, 1, vx.device):
-                continue  # predicted slower than leaving it to Inductor
+            ep = _epilogue(m.act, dt if has_bias else None)
+            if m.offs is not None:
+                gemm = evtc.GroupedGemm(ep, a=dt, b=dt, c=dt, d=dt)
+            else:
+                gemm = evtc.Gemm(ep, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
+                if gate is not None and not gate(gemm, M, 2 * I, K, 1, vx.device):
+                    continue  # predicted slower than leaving it to Inductor
             if on_gemm is not None:
                 on_gemm(gemm)
             op = gemm.torch_op()
@@ -249,17 +341,22 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
             continue
         il = interleave_op()
         with graph.inserting_before(mul):
-            w = graph.call_function(il, (wg, wu))
-            args = [x, w]
-            if biases:
-                args.append(graph.call_function(il, biases))
+            def halves(t, dim):  # [W_gate; W_up] -> its two halves, views
+                return tuple(graph.call_function(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in (0, 1))
+
+            weights = m.weights or halves(m.w, m.wdim)
+            args = [m.x, graph.call_function(il, weights)]
+            if m.offs is not None:
+                args.append(m.offs)
+            if has_bias:
+                args.append(graph.call_function(il, m.biases or halves(m.bias, 0)))
             out = graph.call_function(op.overload, tuple(args))
             vmul = _val(mul)
             if tuple(vmul.shape) != (M, I):
-                out = graph.call_function(torch.ops.aten.view.default, (out, list(vmul.shape)))
+                out = graph.call_function(aten.view.default, (out, list(vmul.shape)))
             out.meta["val"] = vmul
         mul.replace_all_uses_with(out)
-        for n in dead:
+        for n in m.dead:
             if n in graph.nodes and not n.users:
                 graph.erase_node(n)
         fused += 1

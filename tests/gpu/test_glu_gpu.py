@@ -149,3 +149,61 @@ def test_torch_backend_runs_a_llama_mlp_as_one_glu_gemm():
         twice = f(xb)
         ref2 = m.double()(x.double())
         assert (twice.double() - ref2).abs().max().item() <= 2 * e_eager + ref2.abs().max().item() * 2.0 ** -7
+
+
+def test_torch_backend_chunked_gate_up_and_grouped_mm():
+    """The chunked forms (evtc/torch/gated.py): Phi-3's gate_up_proj (one nn.Linear of 2I
+    columns, chunked) and a mixture-of-experts up projection (torch._grouped_mm over each
+    expert's [W_gate; W_up], chunked; an empty expert), each one evtc.glu GEMM over the
+    interleaved weight, against float64."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from evtc.torch.backend import make_backend
+
+    class Phi3MLP(nn.Module):
+        def __init__(self, h=512, i=1376):
+            super().__init__()
+            self.gate_up_proj = nn.Linear(h, 2 * i, bias=False)
+            self.down_proj = nn.Linear(i, h, bias=False)
+
+        def forward(self, x):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(up * F.silu(gate))
+
+    def moe(a, w, offs):
+        g, u = torch._grouped_mm(a, w.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        m = Phi3MLP().cuda()
+        x = torch.randn(2, 77, 512, device="cuda")
+        ref = m.double()(x.double())
+        m.to(torch.bfloat16)
+        eager = m(x.bfloat16())
+        torch._dynamo.reset()
+        gemms = []
+        be = make_backend(on_gemm=gemms.append, fuse_all=True)
+        out = torch.compile(m, backend=be, fullgraph=True)(x.bfloat16())
+        assert be.fused == 2 and "glu(acc)" in str(gemms[0].graph)
+        e_evtc, e_eager = (out.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item()
+        assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8, (e_evtc, e_eager)
+
+        a = torch.randn(300, 256, device="cuda").bfloat16()
+        w = (torch.randn(6, 2 * 384, 256, device="cuda") / 16).bfloat16()
+        offs = torch.tensor([40, 40, 150, 151, 260, 300], dtype=torch.int32, device="cuda")
+        torch._dynamo.reset()
+        gemms = []
+        be = make_backend(on_gemm=gemms.append, fuse_all=True)
+        h = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs)
+        assert be.fused == 1 and "glu(acc)" in str(gemms[0].graph)
+        y = torch.zeros(300, 768, dtype=torch.float64, device="cuda")
+        lo = 0
+        for e, hi in enumerate(offs.tolist()):
+            y[lo:hi] = a[lo:hi].double() @ w[e].double().T
+            lo = hi
+        want = F.silu(y[:, :384]) * y[:, 384:]
+        err = (h.double() - want).abs()
+        assert bool((err <= 2.0 ** -7 * want.abs() + 2.0 ** -9 * want.abs().max()).all()), float(err.max())

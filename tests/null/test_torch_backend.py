@@ -283,7 +283,8 @@ def _register_grouped(g):
 
     def cpu(A, B, offs, *rest):
         kw = dict(zip(op.tensor_names + op.scalar_names, rest))
-        outs = {n: torch.zeros(A.shape[0], B.shape[1], dtype=getattr(torch, g.graph.output(n).dtype.torch))
+        outs = {n: torch.zeros(A.shape[0], g.graph.output(n).columns(B.shape[1]),  # (N / 2 for evtc.glu's)
+                               dtype=getattr(torch, g.graph.output(n).dtype.torch))
                 for n in op.output_names}
         lo = 0
         for e, hi in enumerate(offs.tolist()):

@@ -105,3 +105,65 @@ def test_interleaved_weights_are_cached_per_version():
     assert op(wg, wu) is not b
     bias = op(torch.arange(3.0), -torch.arange(3.0))
     assert bias.tolist() == [0.0, -0.0, 1.0, -1.0, 2.0, -2.0]
+
+
+class Phi3MLP(nn.Module):
+    """Phi-3's MLP: one gate_up_proj, chunked in two (transformers' Phi3MLP)."""
+
+    def __init__(self, d=64, ffn=96, bias=False):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(d, 2 * ffn, bias=bias)
+        self.down_proj = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * F.silu(gate))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(40, 64), (2, 20, 64)], ids=["2d", "3d"])
+def test_a_chunked_gate_up_projection_is_one_glu_gemm(bias, shape):
+    """The two halves of one projection (Phi-3's gate_up_proj): its weight's halves interleaved
+    (slices of the parameter, one cached copy), the bias's too."""
+    torch.manual_seed(4)
+    x = torch.randn(*shape).bfloat16()
+    fused, e_evtc, e_eager, ref = _run(Phi3MLP(bias=bias), x)
+    assert fused == 2 and "glu(" in ir(0) and ("add(acc, bias)" in ir(0)) == bias, [ir(i) for i in range(len(GEMMS))]
+    assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8, (e_evtc, e_eager)
+
+
+def test_a_grouped_mm_chunked_in_two_is_one_grouped_glu_gemm():
+    """A mixture-of-experts layer's up projection as torch._grouped_mm over each expert's
+    [W_gate; W_up] (E, 2I, H), chunked, silu(g) * u: one evtc.GroupedGemm with evtc.glu over
+    the interleaved weights; empty experts included."""
+    import evtc
+    from test_torch_backend import _register_grouped
+    from evtc.torch.backend import make_backend
+
+    def moe(a, w, offs):
+        g, u = torch._grouped_mm(a, w.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    torch.manual_seed(5)
+    a = torch.randn(64, 32).bfloat16()
+    w = (torch.randn(4, 96, 32) / 4).bfloat16()
+    offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32)
+    torch._dynamo.reset()
+    made = []
+
+    def on_gemm(g):
+        made.append(g)
+        _register_grouped(g)
+
+    be = make_backend(allow_cpu=True, on_gemm=on_gemm)
+    with torch.no_grad():
+        h = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs)
+    assert be.fused == 1 and isinstance(made[0], evtc.GroupedGemm) and "glu(acc) {act=silu}" in str(made[0].graph)
+    assert h.shape == (64, 48)
+    y = torch.zeros(64, 96, dtype=torch.float64)
+    lo = 0
+    for e, hi in enumerate(offs.tolist()):
+        y[lo:hi] = a[lo:hi].double() @ w[e].double().T
+        lo = hi
+    want = F.silu(y[:, :48]) * y[:, 48:]
+    assert ((h.double() - want).abs() <= 2.0 ** -8 * want.abs() + 1e-6).all()
