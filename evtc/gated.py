@@ -23,9 +23,9 @@ def interleave_gate_up(gate: Any, up: Any, dim: int | None = None) -> Any:
     2j is gate's row j and row 2j + 1 up's row j.
 
     Args:
-        gate, up: torch tensors or numpy arrays of one shape and dtype: weights (I, K) as
-            ``nn.Linear`` stores them (out_features x in_features), (E, I, K) per expert, or
-            biases (I,), (E, I).
+        gate: a torch tensor or numpy array: a weight (I, K) as ``nn.Linear`` stores it
+            (out_features x in_features), (E, I, K) per expert, or a bias (I,), (E, I).
+        up: the same kind, shape and dtype as ``gate``.
         dim: the axis of the I gate/up rows; default -2 for two or more dimensions (weights),
             -1 for one (a bias). Per-expert biases (E, I) need ``dim=-1``.
 
