@@ -55,7 +55,7 @@ FUZZ_K=(  # test_fuzz -k of the sm90 fuzz's four chunks (case ids sm90-000 ... s
   "sm90-10 or sm90-11 or sm90-12 or sm90-13 or sm90-14" "sm90-15 or sm90-16 or sm90-17 or sm90-18 or sm90-19")
 CHUNKS=(
   ""
-  "sm90 tests and the runtime's: prebuild tests runtime degenerate (45 kernels); test_sm90_reference, test_sm90_language, test_sm90_planner, test_runtime_checks, test_graphs, test_degenerate_gpu"
+  "sm90 tests and the runtime's: prebuild tests runtime degenerate (45 kernels); test_sm90_reference, test_sm90_language, test_sm90_planner, test_runtime_checks, test_graphs, test_degenerate_gpu, test_atomic_sums_gpu (builds its 8 kernels)"
   "sm80, torch, plugin, portable: prebuild sm80 torch (54 kernels); test_sm80_reference, test_torch_gpu, test_torch_backend_gpu, test_torch_fast_gpu, test_plugin_consumers, test_portable_gpu (skipped unless EVTC_PORTABLE_ARCHIVE)"
   "the family: prebuild family (111 kernels); test_family_gpu"
   "sm90 fuzz 0-49: prebuild random:0-49; test_fuzz -k 'sm90-00 ... sm90-04'"
@@ -123,7 +123,8 @@ run_chunk() {
   case $n in
     1) chunk_prebuild tests runtime degenerate; t1=$SECONDS
        chunk_pytest $G/test_sm90_reference.py $G/test_sm90_language.py $G/test_sm90_planner.py \
-         $G/test_runtime_checks.py $G/test_graphs.py $G/test_degenerate_gpu.py ;;
+         $G/test_runtime_checks.py $G/test_graphs.py $G/test_degenerate_gpu.py
+       chunk_pytest $G/test_atomic_sums_gpu.py ;;
     2) chunk_prebuild sm80 torch; t1=$SECONDS
        chunk_pytest $G/test_sm80_reference.py $G/test_torch_gpu.py $G/test_torch_backend_gpu.py $G/test_torch_fast_gpu.py \
          $G/test_plugin_consumers.py $G/test_portable_gpu.py ;;

@@ -130,8 +130,8 @@ class GemmFamily:
 
     Raises:
         ConfigError: a pinned stream-K decomposition with atomic reductions; with
-            ``batch_invariant``, a sum reduction whose order is the run's or a pinned
-            configuration that splits K or swaps A and B.
+            ``batch_invariant``, a sum reduction whose order is the run's (a scalar sum, atomic
+            row or column sums) or a pinned configuration that splits K or swaps A and B.
         EvtcError: planning errors of the primary kernel.
     """
 
@@ -163,6 +163,12 @@ class GemmFamily:
             from evtc.dispatch.invariance import Invariance
 
             rule = Invariance.of(self.graph, arch)
+            sums = [o.name for o in self.graph.outputs if isinstance(o, Reduction) and o.dim is not None
+                    and o.op.value == "sum" and config is not None and atomic_reduction(o, config)]
+            if sums:  # NOTE [Atomic row and column sums]
+                raise ConfigError(f"batch_invariant=True with atomic_reductions=True: the sums {sums} would be added "
+                                  "with float atomics, in the order the tiles finish", epilogue=self.name,
+                                  hint="leave atomic_reductions unset (sums through the workspace, in a fixed order)")
             self.invariance, self.members = rule.members(self.members.values(), self._epilogue_tile)
         first = next(iter(self.members.values()))
         planned = self._kernels.get(kernel_key(first)) if not (rank or fixed) else None

@@ -472,6 +472,14 @@ class Reduction(Output):
         return self.cross_tile and self.dim in (0, 1) and self.op in (ReduceOp.MAX, ReduceOp.MIN) \
             and self.dtype.name == "f32"
 
+    @property
+    def atomic_sum_capable(self) -> bool:
+        """A row or column sum into f32: what the sm90 planner reduces across tiles with float
+        ``red.global.add`` atomics when a configuration asks for it (``GemmConfig.atomic_reductions
+        = True``; never by default: float adds in the order the tiles finish are not bit-for-bit
+        reproducible, NOTE [Atomic row and column sums] in evtc/plan/config.py)."""
+        return self.cross_tile and self.dim in (0, 1) and self.op is ReduceOp.SUM and self.dtype.name == "f32"
+
 
 #: the per-token-group quantizations :class:`GroupScale` knows (NOTE [Per-token-group
 #: quantization conventions] in evtc/testing/quant.py gives each one's f32 operations and source)

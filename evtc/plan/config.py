@@ -117,7 +117,10 @@ class GemmConfig:
         atomic_reductions: sm90: how a row or column max/min into an f32 output is reduced across
             tiles (NOTE [Atomic row and column max], evtc/plan/sm90_buffers.py): True with atomics into
             the output, False through the workspace (per-tile partials, a tile counter, a final
-            reduction), None (default) atomics except on the stream-K scheduler. A kernel with
+            reduction), None (default) atomics except on the stream-K scheduler. True also adds
+            row and column sums into f32 with float atomics, whose last bits then depend on the
+            order the tiles finish (NOTE [Atomic row and column sums]; refused with
+            ``batch_invariant=True``); False and None keep sums on the workspace. A kernel with
             atomic reductions never runs the stream-K decomposition (NOTE [Scalar reductions and
             stream-K], evtc/gemm.py): its ``"heuristic"`` runs data-parallel (or split-K), an
             explicit ``"stream_k"`` is refused. Compiled in; left out of :meth:`to_json` while
@@ -254,9 +257,16 @@ def atomic_reduction(n, config: GemmConfig) -> bool:
     output; this one is cheap to import (a launch asks it, the planner need not be loaded)."""
     if n.dim is None:
         return True
-    if not n.atomic_capable:
-        return False
-    return config.scheduler != "streamk" if config.atomic_reductions is None else bool(config.atomic_reductions)
+    if n.atomic_capable:
+        return config.scheduler != "streamk" if config.atomic_reductions is None else bool(config.atomic_reductions)
+    # NOTE [Atomic row and column sums]: a row or column sum into f32 through float atomics (the
+    # same visitors as the max and min, cutlass::atomic_add) only where the configuration asks
+    # (atomic_reductions=True): it spares the workspace pass (per-tile partials, a tile counter,
+    # three CTA barriers a tile, a final reduction), which made the reduce class of the ground
+    # truth 1.8x cuBLAS's plain GEMM (docs/performance.md), but float adds in the order the tiles
+    # finish are not bit-for-bit reproducible run to run, so the default keeps the workspace and
+    # batch_invariant=True refuses it.
+    return config.atomic_reductions is True and n.atomic_sum_capable
 
 
 def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:

@@ -313,3 +313,29 @@ def test_the_unaligned_members_rule():
     assert name(g, 1) == name(g, 128) == "unaligned_pingpong"
     assert name(g, 129) == name(g, 8192) == "unaligned"
     assert name(r, 8) == name(r, 8192) == "unaligned"
+
+
+def test_atomic_row_and_column_sums_only_where_asked():
+    """NOTE [Atomic row and column sums]: atomic_reductions=True adds row and column sums into f32
+    with float atomics (cutlass::atomic_add through the same visitors as max and min); by default
+    (None, False) sums stay on the workspace, and batch_invariant=True refuses the atomic ones."""
+    import epilogues as E
+
+    atomic = evtc.GemmConfig(tile=(128, 128, 64), atomic_reductions=True)
+    stats = evtc.Gemm(E.REFERENCE["row_stats"], config=atomic)
+    assert {b.name: b.mode for b in stats.plan.buffers if b.role == "row_reduction"} == \
+        {"row_max": "atomic", "row_sum": "atomic"}
+    assert "Sm90ColReductionAtomic<cutlass::plus, cutlass::plus, cutlass::atomic_add" in stats.source
+    bgrad = evtc.Gemm(E.REFERENCE["dgelu_bgrad"], config=atomic)
+    assert bgrad.plan.buffer("dbias").mode == "atomic"
+    assert "Sm90RowReductionAtomic<cutlass::plus, cutlass::plus, cutlass::atomic_add" in bgrad.source
+    for cfg in (evtc.GemmConfig(tile=(128, 128, 64)), atomic.replace(atomic_reductions=False)):
+        assert evtc.Gemm(E.REFERENCE["row_stats"], config=cfg).plan.buffer("row_sum").mode == "workspace"
+    with pytest.raises(evtc.ConfigError, match="row_sum"):
+        evtc.Gemm(E.REFERENCE["row_stats"], config=atomic, batch_invariant=True)
+    # a sum into a 16-bit output has no float atomic: the workspace, whatever is asked
+    @evtc.epilogue
+    def half_sum(acc):
+        return {"D": acc, "s": evtc.sum(acc, dim=1).to(evtc.bf16)}
+
+    assert evtc.Gemm(half_sum, config=atomic).plan.buffer("s").mode == "workspace"
