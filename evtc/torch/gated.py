@@ -10,10 +10,11 @@ with a bias on both projections; views of the rows between the GEMMs and the mul
 ``(B, S, H)`` input gives), act one of :data:`ACTS`, the same ``x`` for both GEMMs, the weights
 2-D ``(I, K)`` K-major, every intermediate used once (so a training graph, whose forward saves the
 projections for the backward, never matches: :func:`evtc.torch.regions.fuse` fuses those as two
-GEMMs). It becomes ``glu_op(x, interleave_gate_up(W_gate, W_up)[, interleave(b_gate, b_up)])``.
+GEMMs). It becomes ``gated_op(x, W_gate, W_up[, b_gate, b_up])`` (:func:`gated_op`), which interleaves the
+weights and runs the glu GEMM.
 
 NOTE [The interleaved weights' cache]: the weights are graph inputs (the module's parameters), so
-the interleaved copy is made by a custom op, ``evtc::interleave_gate_up``, at run time, and kept:
+the interleaved copy is made at run time, inside the gated op (:func:`interleaved`), and kept:
 keyed by both tensors' data pointers, shapes, strides, dtypes and version counters (an in-place
 update, an optimizer step or ``load_state_dict``'s ``copy_``, bumps the counter), each entry
 holding both tensors' storages so that their addresses can't be reused by other tensors while it
@@ -32,7 +33,7 @@ import operator
 import threading
 from typing import Any, Callable, Mapping
 
-__all__ = ["ACTS", "CACHE_ENTRIES", "clear_interleaved_cache", "fuse_gated"]
+__all__ = ["ACTS", "CACHE_ENTRIES", "clear_interleaved_cache", "fuse_gated", "gated_op", "interleaved"]
 
 #: ATen activation -> evtc op (``aten.gelu`` by its ``approximate`` argument)
 ACTS = {"aten.silu.default": "silu", "aten.relu.default": "relu", "aten.sigmoid.default": "sigmoid",
@@ -58,41 +59,68 @@ def _key(t) -> tuple:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t._version)
 
 
-def interleave_op():
-    """The ``evtc::interleave_gate_up(Tensor gate, Tensor up) -> Tensor`` custom op (made once):
-    :func:`evtc.interleave_gate_up` of two weights (or biases), cached."""
-    global _OP
+def interleaved(gate, up):
+    """:func:`evtc.interleave_gate_up` of two weights (or biases), cached (NOTE [The interleaved
+    weights' cache]): the same copy while neither tensor changes."""
+    from evtc.gated import interleave_gate_up
+
+    key = (_key(gate), _key(up))
     with _LOCK:
-        if _OP is not None:
-            return _OP
-        import torch
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit[0]
+    out = interleave_gate_up(gate.detach(), up.detach())
+    with _LOCK:
+        _CACHE[key] = (out, gate.untyped_storage(), up.untyped_storage())
+        while len(_CACHE) > CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+    return out
 
-        from evtc.gated import interleave_gate_up
 
-        def run(gate, up):
-            key = (_key(gate), _key(up))
-            with _LOCK:
-                hit = _CACHE.get(key)
-                if hit is not None:
-                    _CACHE.move_to_end(key)
-                    return hit[0]
-            out = interleave_gate_up(gate.detach(), up.detach())
-            with _LOCK:
-                _CACHE[key] = (out, gate.untyped_storage(), up.untyped_storage())
-                while len(_CACHE) > CACHE_ENTRIES:
-                    _CACHE.popitem(last=False)
-            return out
+_OPS: dict = {}
 
-        def fake(gate, up):
-            shape = list(gate.shape)
-            shape[-2 if gate.dim() >= 2 else -1] *= 2
-            return gate.new_empty(shape)
 
-        op = torch.library.custom_op("evtc::interleave_gate_up", run, mutates_args=(),
-                                     schema="(Tensor gate, Tensor up) -> Tensor")
-        op.register_fake(fake)
-        _OP = torch.ops.evtc.interleave_gate_up.default
-        return _OP
+def gated_op(gemm, *, grouped: bool, bias: bool):
+    """The custom op ``evtc::gated_<the Gemm's op>(Tensor x, Tensor w_gate, Tensor w_up[, Tensor
+    offs][, Tensor b_gate, Tensor b_up]) -> Tensor`` that the rewrite calls (made once per Gemm and
+    form): it interleaves the weights (and biases) through the cache and runs ``gemm``'s own op.
+
+    NOTE [The interleaved copy stays inside the op]: the cached copy is never a value of the
+    graph, so Inductor can't plan a buffer over it (a dead extern output may be reused in place
+    by a later kernel, which would overwrite the cache). Inside a captured CUDA graph the copy of
+    the capture is replayed: weights updated in place after the capture are not seen by the gated
+    GEMM (capture again, as after any change a graph can't see)."""
+    import torch
+
+    inner = gemm.torch_op()
+    name = "gated_" + inner.qualname.split("::")[1]
+    key = (name, grouped, bias)
+    with _LOCK:
+        if key in _OPS:
+            return _OPS[key]
+    args = ["Tensor x", "Tensor w_gate", "Tensor w_up"] + (["Tensor offs"] if grouped else []) + \
+           (["Tensor b_gate", "Tensor b_up"] if bias else [])
+    qualname = f"evtc::{name}{'_b' if bias else ''}"
+
+    def run(x, w_gate, w_up, *rest):
+        rest = list(rest)
+        call = [x, interleaved(w_gate, w_up)] + ([rest.pop(0)] if grouped else [])
+        if bias:
+            call.append(interleaved(rest[0], rest[1]))
+        return inner.op(*call)
+
+    def fake(x, w_gate, w_up, *rest):
+        return x.new_empty((x.shape[0], w_gate.shape[-2]))
+
+    op = torch.library.custom_op(qualname, run, mutates_args=(), device_types=None,
+                                 schema="(" + ", ".join(args) + ") -> Tensor")
+    op.register_fake(fake)
+    ns, n = qualname.split("::")
+    overload = getattr(getattr(torch.ops, ns), n).default
+    with _LOCK:
+        _OPS[key] = overload
+    return overload
 
 
 def _val(node):
@@ -336,21 +364,20 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                     continue  # predicted slower than leaving it to Inductor
             if on_gemm is not None:
                 on_gemm(gemm)
-            op = gemm.torch_op()
+            gemm.torch_op()
         except EvtcError:
             continue
-        il = interleave_op()
+        overload = gated_op(gemm, grouped=m.offs is not None, bias=has_bias)
         with graph.inserting_before(mul):
             def halves(t, dim):  # [W_gate; W_up] -> its two halves, views
                 return tuple(graph.call_function(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in (0, 1))
 
-            weights = m.weights or halves(m.w, m.wdim)
-            args = [m.x, graph.call_function(il, weights)]
+            args = [m.x, *(m.weights or halves(m.w, m.wdim))]
             if m.offs is not None:
                 args.append(m.offs)
             if has_bias:
-                args.append(graph.call_function(il, m.biases or halves(m.bias, 0)))
-            out = graph.call_function(op.overload, tuple(args))
+                args.extend(m.biases or halves(m.bias, 0))
+            out = graph.call_function(overload, tuple(args))
             vmul = _val(mul)
             if tuple(vmul.shape) != (M, I):
                 out = graph.call_function(aten.view.default, (out, list(vmul.shape)))

@@ -89,9 +89,8 @@ def test_products_that_are_not_gated_pairs_stay_two_gemms(case):
 
 
 def test_interleaved_weights_are_cached_per_version():
-    from evtc.torch.gated import clear_interleaved_cache, interleave_op
+    from evtc.torch.gated import clear_interleaved_cache, interleaved as op
 
-    op = interleave_op()
     clear_interleaved_cache()
     wg, wu = torch.randn(6, 8), torch.randn(6, 8)
     a = op(wg, wu)
