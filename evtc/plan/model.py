@@ -215,6 +215,8 @@ def _why_sm90(plan: Plan, b: Buffer) -> str:
             why = f"no source C: aux load {b.name} is loaded through the collective's empty C slot"
             return why + (", so D can reuse its buffer" if plan.reuse_smem_c else "")
         return f"the source C, loaded by the collective's TMA pipeline (StagesC={plan.stages_c})"
+    if b.role == "D" and plan.d_slot is None and b.why:
+        return b.why  # a void-D variant's scratch (unaligned, packed stores, the gated store)
     if b.role == "D":
         took = "" if b.name == "D" else "took the D slot: "
         if plan.reuse_smem_c and c is not None:
@@ -231,7 +233,7 @@ def _why_sm90(plan: Plan, b: Buffer) -> str:
         if b.mode == "direct":
             return "each thread loads its columns a subtile ahead, no smem (evtc)"
         return "one CTA-N row in shared memory (stock Sm90RowBroadcast)"
-    if b.role == "group_scale":
+    if b.role in ("group_scale", "glu_store"):
         return b.why
     if b.mode == "direct":
         return "register-direct (Stages=0): frees its buffer for mainloop stages"
