@@ -101,6 +101,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--prebuild", action="store_true")
+    ap.add_argument("--atomic-sums", action="store_true",
+                    help="also time the evtc backend with options atomic_sums=True (bias gradients through float "
+                         "atomics: NOTE [Atomic row and column sums])")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -124,12 +127,14 @@ def main() -> None:
         torch._dynamo.reset()
         be = make_backend()
         fns = {"eager": block, "default": torch.compile(block), "evtc": torch.compile(block, backend=be)}
+        if args.atomic_sums:
+            fns["evtc_atomic"] = torch.compile(block, backend=make_backend(gemm_options={"atomic_sums": True}))
         grads = {}
         for mode, fn in fns.items():
             xg = _step(fn, block, inputs, loss_w)()
             grads[mode] = {"x": xg.clone(), **{n: p.grad.clone() for n, p in block.named_parameters()}}
         err = {}
-        for mode in ("default", "evtc"):
+        for mode in [m for m in fns if m != "eager"]:
             worst = 0.0
             for n, g in grads[mode].items():
                 ref = grads["eager"][n].float()
@@ -138,10 +143,13 @@ def main() -> None:
         t = time_interleaved({m: _step(f, block, inputs, loss_w) for m, f in fns.items()}, args.iters)
         row = {"block": name, "tokens": args.tokens, "d": d, "ffn": ffn, "fused": be.fused, "ms": t,
                "max_rel_grad_err": err, "evtc_over_default": t["evtc"] / t["default"]}
+        if "evtc_atomic" in t:
+            row["evtc_atomic_over_default"] = t["evtc_atomic"] / t["default"]
         rows.append(row)
         print(f"{name:8s} {args.tokens}  fused {be.fused}  step ms: eager {t['eager']:.3f} default {t['default']:.3f} "
               f"evtc {t['evtc']:.3f}  evtc/compile {row['evtc_over_default']:.3f}  grad err evtc {err['evtc']:.2e} "
-              f"(compile {err['default']:.2e})", flush=True)
+              f"(compile {err['default']:.2e})" + (f"  atomic sums: evtc/compile {row['evtc_atomic_over_default']:.3f}"
+                                                   if "evtc_atomic" in t else ""), flush=True)
         common.write_json(args.json, {"device": common.device_name(), "rows": rows})
 
 

@@ -64,6 +64,11 @@ class Gemm:
             (no split-K, stream-K or swap-AB), with a row reduction one tile N and epilogue tile,
             no atomic sums (NOTE [Batch invariance] in :mod:`evtc.dispatch.invariance`). None:
             ``EVTC_BATCH_INVARIANT`` (default off).
+        atomic_sums: add row and column sums into f32 across tiles with float atomics on every
+            member (``GemmConfig.atomic_reductions = True``; NOTE [Atomic row and column sums]
+            in evtc/plan/config.py): no workspace pass, but the sums' last bits depend on the
+            order the tiles finish. Default off (sums through the workspace, in a fixed order);
+            refused with ``batch_invariant``.
 
     Attributes:
         graph: the Graph after passes. ``str(gemm.graph)`` is its IR text.
@@ -90,7 +95,8 @@ class Gemm:
     def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
                  c: DType | str | None = None, d: DType | str | None = None, arch: str = "sm90",
                  config: GemmConfig | Mapping | None = None, plan: str | Mapping = "evtc", plan_rank: int = 0,
-                 autotune: bool | None = None, batch_invariant: bool | None = None) -> None:
+                 autotune: bool | None = None, batch_invariant: bool | None = None,
+                 atomic_sums: bool = False) -> None:
         self.a = dtypes.coerce(a)
         self.b = dtypes.coerce(b) if b is not None else self.a
         self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
@@ -109,9 +115,11 @@ class Gemm:
         policy = fixed.pop("policy", "evtc") if isinstance(plan, Mapping) else plan
         _check_flag("autotune", autotune, self.name)
         _check_flag("batch_invariant", batch_invariant, self.name)
+        _check_flag("atomic_sums", atomic_sums, self.name)
         invariant = knobs.batch_invariant.get() if batch_invariant is None else bool(batch_invariant)
         kernels = GemmFamily(self.pipeline, arch, self.target, config if pinned else None,
-                             policy=policy, rank=plan_rank, fixed=fixed, batch_invariant=invariant)
+                             policy=policy, rank=plan_rank, fixed=fixed, batch_invariant=invariant,
+                             atomic_sums=bool(atomic_sums))
         self.graph = kernels.graph
         self.family = kernels.members
         self.dispatch = Dispatcher(kernels, c=self.c, d=self.d, fast_path=FastPathHook)
@@ -323,7 +331,8 @@ class Gemm:
 
 
 def _check_flag(name: str, value: Any, epilogue: str) -> None:
-    """``autotune=``/``batch_invariant=``: True, False or None (``bool("false")`` would be True)."""
+    """``autotune=``/``batch_invariant=``/``atomic_sums=``: True, False or None (``bool("false")``
+    would be True)."""
     if value is not None and not isinstance(value, (bool, np.bool_)):
         raise ConfigError(f"{name}={value!r}: True, False or None (the environment's default)", epilogue=epilogue,
                           hint=f"pass {name}=True or {name}=False")

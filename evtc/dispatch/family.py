@@ -117,6 +117,9 @@ class GemmFamily:
             ``cutlass``).
         rank: the primary kernel's n-th best plan (:class:`evtc.Gemm`'s ``plan_rank``).
         fixed: the primary kernel's fixed planner decisions (:class:`evtc.Gemm`'s ``plan`` dict).
+        atomic_sums: every sm90 member adds row and column sums with float atomics
+            (``atomic_reductions=True`` on the members that leave it unset: NOTE [Atomic row and
+            column sums]).
         batch_invariant: keep only members (and candidates) whose outputs' bits for a row don't
             depend on M, L, the member or the run (NOTE [Batch invariance] in
             :mod:`evtc.dispatch.invariance`).
@@ -137,7 +140,7 @@ class GemmFamily:
 
     def __init__(self, pipeline: Pipeline, arch: str, target: Target, config: GemmConfig | None, *,
                  policy: str = "evtc", rank: int = 0, fixed: Mapping | None = None,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, atomic_sums: bool = False) -> None:
         self.pipeline = pipeline
         self.arch, self.target = arch, target
         self.a, self.b = pipeline.a, pipeline.b
@@ -156,6 +159,12 @@ class GemmFamily:
                             if s.arch != "sm90" or (column_reduction_tile_ok(self.graph, s.config)
                                                     and group_quant_config_ok(self.graph, s.config)
                                                     and glu_config_ok(self.graph, s.config))}
+        if atomic_sums and arch == "sm90":  # NOTE [Atomic row and column sums]
+            if batch_invariant:
+                raise ConfigError("atomic_sums=True with batch_invariant=True: float atomics add the sums in the order "
+                                  "the tiles finish", epilogue=self.name, hint="choose one of the two")
+            self.members = {n: dataclasses.replace(s, config=s.config.replace(atomic_reductions=True))
+                            if s.config.atomic_reductions is None else s for n, s in self.members.items()}
         self._kernels: dict[str, Kernel] = {}
         #: the batch-invariant rule (:class:`~evtc.dispatch.invariance.Invariance`), or None
         self.invariance = None

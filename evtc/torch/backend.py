@@ -195,7 +195,7 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
 
 #: the :class:`evtc.Gemm` keyword arguments the backend passes on (``torch.compile(...,
 #: backend="evtc", options={...})`` or :func:`make_backend`'s ``gemm_options``)
-GEMM_OPTIONS = ("batch_invariant", "autotune")
+GEMM_OPTIONS = ("batch_invariant", "autotune", "atomic_sums")
 #: the backend's own options: ``fuse_all`` fuses every match (no fuse gate)
 BACKEND_OPTIONS = ("fuse_all",)
 

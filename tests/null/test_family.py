@@ -339,3 +339,25 @@ def test_atomic_row_and_column_sums_only_where_asked():
         return {"D": acc, "s": evtc.sum(acc, dim=1).to(evtc.bf16)}
 
     assert evtc.Gemm(half_sum, config=atomic).plan.buffer("s").mode == "workspace"
+
+
+def test_atomic_sums_on_every_member():
+    """Gemm(atomic_sums=True): every member adds its row and column sums with float atomics
+    (atomic_reductions=True where unset), so no member runs the stream-K decomposition with
+    them; refused with batch_invariant; a backend option too."""
+    import epilogues as E
+
+    g = evtc.Gemm(E.REFERENCE["dgelu_bgrad"], atomic_sums=True)
+    assert all(s.config.atomic_reductions is True for s in g.family.values())
+    assert g.plan.buffer("dbias").mode == "atomic" and "cutlass::atomic_add" in g.source
+    plain = evtc.Gemm(E.REFERENCE["dgelu_bgrad"])
+    assert plain.plan.buffer("dbias").mode == "workspace"
+    assert not any(c.config.decomposition == "stream_k"
+                   for c in candidates(g.dispatch.family, Problem(1024, 1024, 16384), top=None))
+    with pytest.raises(evtc.ConfigError, match="atomic_sums=True with batch_invariant=True"):
+        evtc.Gemm(E.REFERENCE["dgelu_bgrad"], atomic_sums=True, batch_invariant=True)
+    with pytest.raises(evtc.EvtcError, match="atomic_sums"):
+        evtc.Gemm(E.REFERENCE["dgelu_bgrad"], atomic_sums="yes")
+    from evtc.torch.backend import GEMM_OPTIONS
+
+    assert "atomic_sums" in GEMM_OPTIONS
