@@ -244,6 +244,30 @@ def glu_gemms():
     return list(T.gemms().values())
 
 
+def atomic_sums_gemms():
+    """tests/gpu/test_atomic_sums_gpu.py's kernels (row and column sums through float atomics,
+    beside the workspace)."""
+    sys.path.insert(0, str(common.ROOT / "tests" / "gpu"))
+    import test_atomic_sums_gpu as T
+
+    return list(T.gemms().values())
+
+
+def bench_glu_gemms():
+    """bench_glu.py's kernels: what each row's Gemms choose on the H200 (jobs)."""
+    import bench_glu
+
+    jobs = {}
+    for _, H, I, act in bench_glu.MODELS:
+        table = bench_glu.gemms(act)
+        for name, N in (("glu", 2 * I), ("up", I), ("bare", I)):
+            g = table[name]
+            for M in bench_glu.TOKENS:
+                k = g.kernel(g.choose(M, N, H, device=bench_glu.DEVICE))
+                jobs.setdefault(k.source, k.job())
+    return list(jobs.values())
+
+
 def torch_gemms():
     """bench_torch.py's kernels (and tests/gpu/test_torch_gpu.py's backend tests): the families of
     the two epilogues the evtc torch.compile backend makes for an MLP block."""
@@ -255,6 +279,7 @@ def torch_gemms():
 GROUPS = {"torch": torch_gemms, "family": family_gemms, "shapes": shapes_gemms, "runtime": runtime_gemms, "conv": conv_gemms,
           "host": host_gemms, "sm80": sm80_gemms, "tests": test_gemms, "degenerate": degenerate_gemms,
           "invariance": invariance_jobs, "grouped": grouped_gemms, "quantize": quantize_gemms, "glu": glu_gemms,
+          "atomic_sums": atomic_sums_gemms, "bench_glu": bench_glu_gemms,
           "random": random_gemms, "random80": random80_gemms,
           "explore": explore_gemms, "reductions": reductions_gemms, "small": small_gemms, "bias_relu": bias_relu_gemms, "planner": planner_gemms,
           "plan_vs_stock": plan_vs_stock_gemms}
