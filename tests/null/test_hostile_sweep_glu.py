@@ -1,0 +1,76 @@
+"""A hostile-input sweep of the gated (evtc.glu) surfaces, no GPU and no nvcc: evtc.glu eagerly,
+evtc.interleave_gate_up, evtc.Gemm with a glu epilogue (configs, plan ranks, Gemm.choose, the
+binder of a pinned kernel), evtc.GroupedGemm's call checks, the torch backend's gated rewrite,
+and glu where no kernel has it (convolutions, plugin fragments). Each case is an input that
+escaped as a raw Python exception, was accepted silently, or was rewritten into a wrong result
+before its fix: now an EvtcError naming the argument, before any build (or no rewrite)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import evtc
+from evtc.errors import ArgumentError, ConfigError, EvtcError, FragmentError, PlanError
+
+torch = pytest.importorskip("torch")
+
+
+@evtc.epilogue
+def swiglu(acc, bias: evtc.RowVector[evtc.f32]):
+    return evtc.glu(acc + bias, act="silu")
+
+
+# ---- evtc.glu, eagerly --------------------------------------------------------------------------
+
+
+def test_eager_glu_with_an_act_that_has_no_torch_rule_runs_through_float64():
+    """gelu_grad has no torch rule: evtc.glu(tensor, act='gelu_grad') called None (a raw
+    TypeError); it goes through float64 numpy and back, as the other eager functions do."""
+    x = torch.linspace(-2, 2, 8, dtype=torch.float32).reshape(2, 4)
+    y = evtc.glu(x, act="gelu_grad")
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and tuple(y.shape) == (2, 2)
+    want = evtc.glu(x.double().numpy(), act="gelu_grad")
+    assert np.allclose(y.double().numpy(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("x", [
+    np.array([["a", "b"]]),                      # ValueError: could not convert string to float
+    np.array([[object(), object()]]),            # TypeError: float() argument must be...
+    np.ones((2, 2), dtype=complex),              # the imaginary parts dropped silently (a ComplexWarning)
+    torch.ones(2, 4, dtype=torch.int32),         # NotImplementedError: "silu_cpu" not implemented for 'Int'
+    torch.ones(2, 4, dtype=torch.bool),
+    torch.ones(2, 4, dtype=torch.complex64),
+], ids=["str", "object", "complex", "torch-int", "torch-bool", "torch-complex"])
+def test_eager_glu_refuses_values_that_are_not_real_numbers(x):
+    with pytest.raises(ArgumentError, match="evtc.glu"):
+        evtc.glu(x)
+
+
+class _Shaped:
+    shape = (2, 4)
+
+
+class _ShapedStr:
+    shape = "ab"
+
+
+class _ShapedIndexable:
+    shape = (2, 4)
+
+    def __getitem__(self, k):
+        return self
+
+
+@pytest.mark.parametrize("x", [_Shaped(), _ShapedStr(), _ShapedIndexable(), [[1.0, 2.0], [3.0]]],
+                         ids=["shape-only", "shape-str", "shape-getitem", "ragged-list"])
+def test_eager_glu_refuses_objects_that_only_look_like_arrays(x):
+    """An object with a .shape was indexed as an array (TypeError 'not subscriptable', string
+    formatting of shape[-1] % 2, 'setting an array element with a sequence')."""
+    with pytest.raises(ArgumentError, match="evtc.glu"):
+        evtc.glu(x)
+
+
+def test_eager_glu_takes_nested_lists_like_the_other_functions():
+    assert np.allclose(evtc.glu([[1.0, 2.0]]), [[2.0 / (1.0 + np.exp(-1.0))]])
+    assert evtc.glu(np.ones((2, 4), dtype=np.int32)).shape == (2, 2)
