@@ -74,3 +74,31 @@ def test_eager_glu_refuses_objects_that_only_look_like_arrays(x):
 def test_eager_glu_takes_nested_lists_like_the_other_functions():
     assert np.allclose(evtc.glu([[1.0, 2.0]]), [[2.0 / (1.0 + np.exp(-1.0))]])
     assert evtc.glu(np.ones((2, 4), dtype=np.int32)).shape == (2, 2)
+
+
+# ---- evtc.interleave_gate_up ------------------------------------------------------------------
+
+
+def test_interleave_refuses_tensors_on_two_devices():
+    """A meta gate and a cpu up escaped as torch.stack's RuntimeError ('Tensor on device cpu is
+    not on the expected device meta!')."""
+    with pytest.raises(ArgumentError, match="device"):
+        evtc.interleave_gate_up(torch.ones(3, 4, device="meta"), torch.zeros(3, 4))
+
+
+def test_interleave_refuses_sparse_tensors():
+    """Sparse weights escaped as 'reshape is not implemented for sparse tensors'."""
+    with pytest.raises(ArgumentError, match="dense"):
+        evtc.interleave_gate_up(torch.ones(3, 4).to_sparse(), torch.zeros(3, 4).to_sparse())
+
+
+def test_interleave_takes_a_parameter_and_a_tensor_and_numpy_integer_dims():
+    """nn.Parameter beside a plain tensor (one a module's weight, one loaded) was refused as
+    'two tensors of one shape' although the shapes were one; a numpy integer dim was refused."""
+    w = evtc.interleave_gate_up(torch.nn.Parameter(torch.ones(3, 4)), torch.zeros(3, 4))
+    assert tuple(w.shape) == (6, 4) and torch.equal(w[0::2], torch.ones(3, 4))
+    assert evtc.interleave_gate_up(np.ones((3, 4)), np.zeros((3, 4)), dim=np.int64(0)).shape == (6, 4)
+    with pytest.raises(ArgumentError):  # a torch tensor and a numpy array are still two kinds
+        evtc.interleave_gate_up(torch.ones(3, 4), np.zeros((3, 4)))
+    with pytest.raises(ArgumentError):  # and bools are no axes
+        evtc.interleave_gate_up(np.ones((3, 4)), np.zeros((3, 4)), dim=np.bool_(True))
