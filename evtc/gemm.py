@@ -78,7 +78,8 @@ class Gemm:
             configuration and planning errors; with ``batch_invariant``, a sum reduction
             that atomics add (a scalar sum; any sum on sm80), a pinned configuration that
             splits K or swaps A and B, or plan options that change a row reduction's epilogue
-            tile (:class:`~evtc.errors.ConfigError`).
+            tile (:class:`~evtc.errors.ConfigError`); a configuration of the grouped kernel
+            (``grouped=True``: :class:`evtc.GroupedGemm`'s, a ConfigError).
 
     Example::
 
@@ -103,6 +104,11 @@ class Gemm:
         pinned = config is not None
         config = validate_config(default_config(arch, self.a, self.b) if config is None else config,
                                  arch, self.a, self.b)
+        if pinned and config.grouped:
+            # (the pointer-array kernel behind the plain binder and launcher would misread every call)
+            raise ConfigError("config grouped=True is the grouped (pointer-array) kernel of evtc.GroupedGemm, not "
+                              "evtc.Gemm's", hint="run it with evtc.GroupedGemm(epilogue, config=...), or leave "
+                              "grouped False")
         self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
         self.name = self.pipeline.name
         fixed = dict(plan) if isinstance(plan, Mapping) else {}

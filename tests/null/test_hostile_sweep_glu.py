@@ -102,3 +102,27 @@ def test_interleave_takes_a_parameter_and_a_tensor_and_numpy_integer_dims():
         evtc.interleave_gate_up(torch.ones(3, 4), np.zeros((3, 4)))
     with pytest.raises(ArgumentError):  # and bools are no axes
         evtc.interleave_gate_up(np.ones((3, 4)), np.zeros((3, 4)), dim=np.bool_(True))
+
+
+# ---- evtc.Gemm with evtc.glu: configurations --------------------------------------------------
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["family", "pinned"])
+@pytest.mark.parametrize("rank", [1, 10 ** 9])
+def test_a_plan_rank_past_the_gated_store_s_one_plan_is_refused(pinned, rank):
+    """plan_glu ignored plan_rank: plan_rank=10**9 gave the rank-0 plan silently, where any other
+    epilogue says how many legal plans there are (a tuner trusting rank k got rank 0)."""
+    cfg = evtc.GemmConfig(tile=(128, 128, 64)) if pinned else None
+    with pytest.raises(ConfigError, match=f"plan_rank={rank}"):
+        evtc.Gemm(swiglu, config=cfg, plan_rank=rank).plan
+    assert evtc.Gemm(swiglu, config=cfg, plan_rank=0).plan.d_slot is None
+
+
+@pytest.mark.parametrize("ep", [swiglu, "D = acc + bias[n]"], ids=["glu", "plain"])
+def test_gemm_refuses_the_grouped_kernel_s_config(ep):
+    """GemmConfig(grouped=True) in evtc.Gemm emitted CUTLASS's pointer-array kernel behind the
+    plain binder and launcher: refused, pointing at evtc.GroupedGemm."""
+    with pytest.raises(ConfigError, match="GroupedGemm"):
+        evtc.Gemm(ep, config=evtc.GemmConfig(tile=(128, 128, 64), grouped=True))
+    with pytest.raises(ConfigError, match="GroupedGemm"):
+        evtc.Gemm(ep, config={"tile": [128, 128, 64], "grouped": True})
