@@ -126,3 +126,34 @@ def test_gemm_refuses_the_grouped_kernel_s_config(ep):
         evtc.Gemm(ep, config=evtc.GemmConfig(tile=(128, 128, 64), grouped=True))
     with pytest.raises(ConfigError, match="GroupedGemm"):
         evtc.Gemm(ep, config={"tile": [128, 128, 64], "grouped": True})
+
+
+# ---- Gemm.choose and Gemm.tune ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(sm_count=-5), "sm_count"),          # ZeroDivisionError in the ranker
+    (dict(sm_count="a"), "sm_count"),         # TypeError: '<' not supported between int and str
+    (dict(sm_count=0), "sm_count"),           # taken as the default silently (sm_count or ...)
+    (dict(sm_count=True), "sm_count"),
+    (dict(device=3), "device"),               # AttributeError: 'int' object has no attribute 'lower'
+    (dict(aligned_mn="no"), "aligned_mn"),    # a truthy string taken as aligned
+    (dict(aligned_k=None), "aligned_k"),
+], ids=lambda v: str(v))
+def test_choose_checks_its_options(kw, needle):
+    g = evtc.Gemm(swiglu)
+    with pytest.raises(ArgumentError, match=needle):
+        g.choose(7, 48, 64, **kw)
+    assert evtc.Gemm("D = acc + bias[n]").choose(7, 48, 64, sm_count=132, device="NVIDIA H200") is not None
+
+
+@pytest.mark.parametrize("N", [47, 1])
+def test_choose_and_tune_refuse_an_odd_n_for_glu(N):
+    """Gemm.choose picked a member for an odd N (whose call the binder refuses), and Gemm.tune
+    would have built candidates for it before the binder's refusal."""
+    g = evtc.Gemm(swiglu)
+    with pytest.raises(ArgumentError, match="must be even"):
+        g.choose(7, N, 64)
+    with pytest.raises(ArgumentError, match="must be even"):
+        g.tune([(64, 64, 64), (7, N, 64)])
+    assert evtc.Gemm("D = acc + bias[n]").choose(7, N, 64) is not None
