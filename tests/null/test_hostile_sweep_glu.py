@@ -157,3 +157,37 @@ def test_choose_and_tune_refuse_an_odd_n_for_glu(N):
     with pytest.raises(ArgumentError, match="must be even"):
         g.tune([(64, 64, 64), (7, N, 64)])
     assert evtc.Gemm("D = acc + bias[n]").choose(7, N, 64) is not None
+
+
+# ---- a pinned kernel's alignment rules, before its build ------------------------------------------
+
+
+def _fake():
+    from test_runtime_launch import Fake
+
+    return Fake
+
+
+@pytest.mark.parametrize("case", ["glu N/2 = 9", "glu out misaligned", "plain out misaligned", "plain A misaligned"])
+def test_a_pinned_kernel_s_alignment_is_checked_before_its_build(no_build, case):
+    """A pinned Gemm checked a call before its first build without the alignment rules (they
+    depend on the route, which a pinned family knows): an evtc.glu output of N / 2 = 9 f16
+    columns, or an out= / A starting 2 bytes past a 16-byte boundary, started nvcc and was
+    refused only after the build."""
+    Fake = _fake()
+    M, K = 7, 64
+    cfg = evtc.GemmConfig(tile=(128, 128, 64))
+    if case.startswith("glu"):
+        g = evtc.Gemm(swiglu, a=evtc.f16, d=evtc.f16, config=cfg)
+        N = 18 if case == "glu N/2 = 9" else 48
+        kw = {"bias": Fake((N,), "<f4")}
+        out = Fake((M, N // 2), ptr=(1 << 41) + 2 if "misaligned" in case else None)
+        A = Fake((M, K))
+    else:
+        g = evtc.Gemm("D = acc + bias[n]", a=evtc.f16, d=evtc.f16, config=cfg)
+        N = 48
+        kw = {"bias": Fake((N,), "<f4")}
+        out = Fake((M, N), ptr=(1 << 41) + 2 if case == "plain out misaligned" else None)
+        A = Fake((M, K), ptr=(1 << 42) + 2 if case == "plain A misaligned" else None)
+    with pytest.raises(ArgumentError, match="16"):
+        g(A, Fake((N, K)), out=out, **kw)
