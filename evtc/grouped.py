@@ -387,10 +387,20 @@ class GroupedGemm:
 
     @api_boundary
     def run_eager(self, A, B, offs, *, out=None, member: str | None = None, check_offs: bool = False, **inputs):
-        """:meth:`__call__` without the torch op (what the op runs)."""
+        """:meth:`__call__` without the torch op (what the op runs).
+
+        Raises:
+            ArgumentError: :meth:`__call__`'s, and ``member`` not a member's name or None,
+                ``check_offs`` not a bool (checked first).
+        """
         import torch
 
         name = self.name
+        if member is not None and not isinstance(member, str):
+            raise ArgumentError(f"member={member!r}: the name of a member, one of {self.members}, or None",
+                                epilogue=name)
+        if not isinstance(check_offs, (bool, np.bool_)):  # (bool("no") is True)
+            raise ArgumentError(f"check_offs={check_offs!r}: True or False", epilogue=name)
         A_, B_ = _check_operands(A, B, self.a, self.b, name)
         T, K = A_.shape
         E, N, _ = B_.shape

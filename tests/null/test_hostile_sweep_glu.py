@@ -191,3 +191,21 @@ def test_a_pinned_kernel_s_alignment_is_checked_before_its_build(no_build, case)
         A = Fake((M, K), ptr=(1 << 42) + 2 if case == "plain A misaligned" else None)
     with pytest.raises(ArgumentError, match="16"):
         g(A, Fake((N, K)), out=out, **kw)
+
+
+# ---- evtc.GroupedGemm's call checks ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(member=["coop128x128"]), "member"),   # TypeError: unhashable type: 'list'
+    (dict(member={"a": 1}), "member"),
+    (dict(check_offs="yes"), "check_offs"),     # a truthy string taken silently
+    (dict(check_offs=None), "check_offs"),
+], ids=["member-list", "member-dict", "check_offs-str", "check_offs-None"])
+def test_grouped_call_checks_member_and_check_offs(no_build, kw, needle):
+    gg = evtc.GroupedGemm(swiglu)
+    A = torch.zeros(10, 64, dtype=torch.bfloat16)
+    B = torch.zeros(3, 48, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([3, 6, 10], dtype=torch.int32)
+    with pytest.raises(ArgumentError, match=needle):  # (before the operands' device: cpu is refused later)
+        gg.run_eager(A, B, offs, bias=torch.zeros(48), **kw)
