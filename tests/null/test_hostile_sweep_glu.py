@@ -247,3 +247,35 @@ def test_a_chunk_of_a_view_with_another_last_dim_is_not_rewritten_wrongly(view):
     glu = any("glu" in ir(i) for i in range(len(GEMMS)))
     assert glu == (view == (2, 20, 192)), [ir(i) for i in range(len(GEMMS))]
     assert (out.double() - ref).abs().max().item() <= 2.0 ** -6 * ref.abs().max().item()
+
+
+# ---- evtc.glu where no kernel has its gated store ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fprop", "dgrad", "wgrad"])
+def test_a_convolution_refuses_glu(kind):
+    """evtc.Conv (and `evtc emit --conv`) of a glu epilogue planned the gated store's void D and
+    then asked the conv emitter for output None: a raw KeyError."""
+    with pytest.raises(PlanError, match="evtc.glu"):
+        evtc.Conv("D = glu(acc + bias[n])", kind=kind)
+
+
+def test_a_plugin_fragment_refuses_glu():
+    """evtc.plugin.lower (and `evtc emit --fragment`) of a glu epilogue: a raw KeyError from
+    graph.output(None), the gated plan having no D slot."""
+    import evtc.plugin
+
+    with pytest.raises(FragmentError, match="evtc.glu"):
+        evtc.plugin.lower(swiglu, tile=(128, 128, 64), a=evtc.bf16, d=evtc.bf16)
+
+
+@pytest.mark.parametrize("args", [["--conv", "fprop"], ["--conv", "wgrad"], ["--conv", "fprop", "--dims", "3"],
+                                  ["--fragment"]], ids=" ".join)
+def test_cli_emit_of_glu_where_no_kernel_has_it_is_a_usage_error(args):
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    r = CliRunner().invoke(main, ["emit", "--expr", "D = glu(acc + bias[n])", *args])
+    assert r.exit_code == 2 and "evtc.glu" in r.output, (r.exit_code, r.output, r.exception)
+    assert "Traceback" not in r.output and not isinstance(r.exception, KeyError)
