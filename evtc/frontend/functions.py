@@ -21,7 +21,7 @@ import numpy as np
 
 from evtc import ops
 from evtc.dtypes import DType
-from evtc.errors import UnknownFunctionError
+from evtc.errors import UnknownFunctionError, UnsupportedOpError
 from evtc.frontend.builder import PYTHON, _shown, constant_reduction_error, is_constant, unknown_function_error
 from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
 from evtc.frontend import trace as _trace
@@ -367,6 +367,8 @@ def glu(x, act: str = "silu"):
         EvtcError: ``act`` is not a unary op; x is no matrix of real numbers with an even number
             of columns (a string, object or complex array, a torch integer, bool or complex
             tensor, an object that only has a ``shape``).
+        UnsupportedOpError: called in an epilogue the torch importer reads (one written with
+            torch ops), at its line.
     """
     if isinstance(x, (Value, Reduced)):
         return _trace.glu(x, act)
@@ -377,6 +379,11 @@ def glu(x, act: str = "silu"):
     if op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
         raise ArgumentError(f"evtc.glu act={act!r}: the name of a unary op (evtc ops)", hint="act='silu' is SwiGLU")
     torch = _torch_of((x,))
+    if torch is not None and getattr(TORCH_IMPORT, "hook", None) is not None:
+        # (the importer's fake tensors have N = 7 columns, and its op table has no N / 2 op)
+        raise UnsupportedOpError("evtc.glu in an epilogue read with torch ops (the torch importer): the gated form is "
+                                 "evtc's tracer's", loc=user_loc(), hint="write the epilogue with evtc.* functions "
+                                 "only, e.g. evtc.glu(evtc.relu(acc) + bias)")
     if torch is not None:
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             raise ArgumentError(f"evtc.glu of a {getattr(x, 'dtype', type(x).__name__)} tensor: gate and up values "

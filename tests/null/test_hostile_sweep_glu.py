@@ -279,3 +279,16 @@ def test_cli_emit_of_glu_where_no_kernel_has_it_is_a_usage_error(args):
     r = CliRunner().invoke(main, ["emit", "--expr", "D = glu(acc + bias[n])", *args])
     assert r.exit_code == 2 and "evtc.glu" in r.output, (r.exit_code, r.output, r.exception)
     assert "Traceback" not in r.output and not isinstance(r.exception, KeyError)
+
+
+def test_glu_in_an_epilogue_read_with_torch_ops_is_refused_at_its_line():
+    """An epilogue mixing torch ops with evtc.glu goes to the torch importer, which ran evtc.glu
+    eagerly on its fake (5, 7) tensor: 'evtc.glu of FakeTensor with shape (5, 7): a matrix with an
+    even number of columns', hint 'build B with evtc.interleave_gate_up', nothing to do with B."""
+    @evtc.epilogue
+    def torch_written(acc, bias: evtc.RowVector[evtc.f32]):
+        return evtc.glu(torch.relu(acc) + bias)
+
+    with pytest.raises(evtc.UnsupportedOpError, match="torch importer") as e:
+        evtc.Gemm(torch_written)
+    assert "FakeTensor" not in str(e.value) and e.value.loc is not None and "evtc.glu(" in (e.value.loc.text or "")
