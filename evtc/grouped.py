@@ -481,7 +481,9 @@ class GroupedGemm:
                 of E per-group tensors ((m_e, N) and (m_e,)); row vectors, scalars as for a call.
 
         Returns:
-            A list of E tensors (m_e, N) (dicts of them by output name, with several outputs).
+            A list of E tensors (m_e, N) (dicts of them by output name, with several outputs or
+            reductions: group e's rows of a row reduction (m_e,), its column reduction (N,), its
+            scalar reduction (a 0-d tensor)); (m_e, N / 2) for ``evtc.glu``'s output.
 
         Raises:
             ArgumentError: lists of different lengths, or as for a call.
@@ -531,7 +533,9 @@ class GroupedGemm:
                 packed[name] = value
         got = self(torch.cat(As), Bs, offs, **packed)
         if isinstance(got, dict):
-            parts = {n: torch.split(t, sizes) for n, t in got.items()}
+            # (a column reduction (E, N) and a scalar one (E,) have a row per group, not per token)
+            per_group = {o.name for o in self.graph.outputs if isinstance(o, ir_nodes.Reduction) and o.dim != 1}
+            parts = {n: t.unbind(0) if n in per_group else torch.split(t, sizes) for n, t in got.items()}
             return [{n: parts[n][e] for n in parts} for e in range(E)]
         return list(torch.split(got, sizes))
 

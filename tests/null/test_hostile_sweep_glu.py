@@ -292,3 +292,29 @@ def test_glu_in_an_epilogue_read_with_torch_ops_is_refused_at_its_line():
     with pytest.raises(evtc.UnsupportedOpError, match="torch importer") as e:
         evtc.Gemm(torch_written)
     assert "FakeTensor" not in str(e.value) and e.value.loc is not None and "evtc.glu(" in (e.value.loc.text or "")
+
+
+def test_run_list_gives_each_group_its_own_column_and_scalar_reductions(no_build, monkeypatch):
+    """run_list split every output by the groups' token counts: a column reduction (E, N) and a
+    scalar one (E,) have a row per group, not per token (torch.split's raw RuntimeError 'split_with
+    _sizes expects split_sizes to sum exactly to 3', or group e given other groups' rows). Run here
+    with every group empty (no kernel runs; the device check lets cpu tensors through)."""
+    from examples import epilogues as E
+
+    import evtc.grouped as grouped
+
+    def on_cpu_too(t, what, device, name):
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentError(f"{what} is not a tensor")
+
+    monkeypatch.setattr(grouped, "_check_cuda", on_cpu_too)
+    gg = evtc.GroupedGemm(E.dgelu_bgrad)
+    As = [torch.zeros(0, 64, dtype=torch.bfloat16) for _ in range(3)]
+    Bs = [torch.zeros(48, 64, dtype=torch.bfloat16) for _ in range(3)]
+    got = gg.run_list(As, Bs, F=[torch.zeros(0, 48, dtype=torch.bfloat16) for _ in range(3)])
+    assert len(got) == 3
+    for e in range(3):
+        assert tuple(got[e]["D"].shape) == (0, 48) and tuple(got[e]["dbias"].shape) == (48,)
+    gf = evtc.GroupedGemm(E.fp8_out)
+    got = gf.run_list(As, Bs, scale_a=1.0, scale_b=1.0, scale_d=1.0, bias=torch.zeros(48))
+    assert [tuple(g["amax"].shape) for g in got] == [(), (), ()]
