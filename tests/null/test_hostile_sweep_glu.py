@@ -318,3 +318,17 @@ def test_run_list_gives_each_group_its_own_column_and_scalar_reductions(no_build
     gf = evtc.GroupedGemm(E.fp8_out)
     got = gf.run_list(As, Bs, scale_a=1.0, scale_b=1.0, scale_d=1.0, bias=torch.zeros(48))
     assert [tuple(g["amax"].shape) for g in got] == [(), (), ()]
+
+
+# ---- the expression form ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("expr", ["D = glu(acc, act=relu)", "D = glu(acc, act=gelu)", "D = glu(acc + bias[n], act=silu)",
+                                  "D = glu(acc, act=gelu_tanh)"])
+def test_expression_glu_with_an_act_keyword_says_what_to_do(expr):
+    """glu(acc, act=relu), the natural way to ask for ReGLU, said "'relu' is a function: call it,
+    e.g. 'relu(x)'" (the keyword's value read as an input first): the glu keyword error, which
+    says where another activation is written, never showed for an act naming a function."""
+    with pytest.raises(evtc.GrammarError, match="glu\\(\\) takes no keyword arguments") as e:
+        evtc.Gemm(expr)
+    assert "evtc.glu(x, act=" in (e.value.hint or "")
