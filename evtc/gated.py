@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from evtc.errors import ArgumentError
 
 __all__ = ["interleave_gate_up"]
@@ -34,20 +36,33 @@ def interleave_gate_up(gate: Any, up: Any, dim: int | None = None) -> Any:
         a copy to make once (at load or compile time), not per call.
 
     Raises:
-        ArgumentError: shapes, kinds or dtypes differ, or ``dim`` is out of range.
+        ArgumentError: shapes, kinds (torch tensors or numpy arrays) or dtypes differ, torch
+            tensors on two devices or not dense (sparse layouts), or ``dim`` is no integer axis
+            in range.
     """
     shape_g, shape_u = tuple(getattr(gate, "shape", ())), tuple(getattr(up, "shape", ()))
-    if not shape_g or shape_g != shape_u or type(gate) is not type(up):
+    # (a kind, not an exact type: an nn.Parameter pairs with a plain tensor)
+    is_torch = [type(t).__module__.startswith("torch") for t in (gate, up)]
+    if not shape_g or shape_g != shape_u or is_torch[0] != is_torch[1] or (
+            not is_torch[0] and type(gate) is not type(up)):
         raise ArgumentError(f"interleave_gate_up of {type(gate).__name__} {shape_g} and {type(up).__name__} "
                             f"{shape_u}: two tensors (or arrays) of one shape, W_gate and W_up as nn.Linear stores them")
     if getattr(gate, "dtype", None) != getattr(up, "dtype", None):
         raise ArgumentError(f"interleave_gate_up: W_gate is {gate.dtype}, W_up {up.dtype}: one dtype",
                             hint="convert one of them first")
+    if is_torch[0]:
+        if gate.device != up.device:
+            raise ArgumentError(f"interleave_gate_up: W_gate is on {gate.device}, W_up on {up.device}: one device",
+                                hint="move one of them first")
+        if str(gate.layout) != "torch.strided" or str(up.layout) != "torch.strided":
+            raise ArgumentError(f"interleave_gate_up of {gate.layout} and {up.layout} tensors: dense (strided) ones",
+                                hint="call .to_dense() first")
     nd = len(shape_g)
     if dim is None:
         dim = -2 if nd >= 2 else -1
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -nd <= dim < nd:
+    if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)) or not -nd <= dim < nd:
         raise ArgumentError(f"interleave_gate_up dim={dim!r} for {nd}-D inputs", hint="-2 for weights, -1 for biases")
+    dim = int(dim)
     axis = dim % nd
     new = list(shape_g)
     new[axis] *= 2
@@ -56,6 +71,4 @@ def interleave_gate_up(gate: Any, up: Any, dim: int | None = None) -> Any:
 
         torch = sys.modules["torch"]
         return torch.stack((gate, up), dim=axis + 1).reshape(tuple(new)).contiguous()
-    import numpy as np
-
     return np.ascontiguousarray(np.stack((np.asarray(gate), np.asarray(up)), axis=axis + 1).reshape(tuple(new)))

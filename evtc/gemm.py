@@ -24,6 +24,7 @@ from evtc.dtypes import DType
 from evtc.errors import ArgumentError, ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
+from evtc.ir.nodes import is_gated
 from evtc.pipeline import Kernel, Pipeline
 from evtc.plan import GemmConfig, default_config, get_target
 from evtc.plan.config import check_mainloop_dtypes
@@ -83,7 +84,8 @@ class Gemm:
             configuration and planning errors; with ``batch_invariant``, a sum reduction
             that atomics add (a scalar sum; any sum on sm80), a pinned configuration that
             splits K or swaps A and B, or plan options that change a row reduction's epilogue
-            tile (:class:`~evtc.errors.ConfigError`).
+            tile (:class:`~evtc.errors.ConfigError`); a configuration of the grouped kernel
+            (``grouped=True``: :class:`evtc.GroupedGemm`'s, a ConfigError).
 
     Example::
 
@@ -109,6 +111,11 @@ class Gemm:
         pinned = config is not None
         config = validate_config(default_config(arch, self.a, self.b) if config is None else config,
                                  arch, self.a, self.b)
+        if pinned and config.grouped:
+            # (the pointer-array kernel behind the plain binder and launcher would misread every call)
+            raise ConfigError("config grouped=True is the grouped (pointer-array) kernel of evtc.GroupedGemm, not "
+                              "evtc.Gemm's", hint="run it with evtc.GroupedGemm(epilogue, config=...), or leave "
+                              "grouped False")
         self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
         self.name = self.pipeline.name
         fixed = dict(plan) if isinstance(plan, Mapping) else {}
@@ -180,11 +187,34 @@ class Gemm:
         (:mod:`evtc.dispatch.select`).
 
         Raises:
-            ArgumentError: M, N, K or L not an integer from 1 to INT32_MAX.
+            ArgumentError: M, N, K or L not an integer from 1 to INT32_MAX; an odd N for an
+                epilogue with ``evtc.glu``; ``aligned_mn``/``aligned_k`` not bools, ``sm_count``
+                not an integer >= 1, ``device`` not a device name (str) or None.
         """
-        _tune_shapes([(M, N, K, L)], self.name)
+        self._gated_n(_tune_shapes([(M, N, K, L)], self.name))
+        for flag, v in (("aligned_mn", aligned_mn), ("aligned_k", aligned_k)):
+            if not isinstance(v, (bool, np.bool_)):
+                raise ArgumentError(f"{flag}={v!r}: True or False", epilogue=self.name)
+        if sm_count is not None and (isinstance(sm_count, (bool, np.bool_)) or
+                                     not isinstance(sm_count, (int, np.integer)) or sm_count < 1):
+            raise ArgumentError(f"sm_count={sm_count!r}: the number of SMs, an integer >= 1 (None: the arch's)",
+                                epilogue=self.name)
+        if device is not None and not isinstance(device, str):
+            raise ArgumentError(f"device={device!r}: a device name such as 'NVIDIA H100 80GB HBM3' (the tuner's "
+                                "key), or None", epilogue=self.name, hint="torch.cuda.get_device_name(i)")
         return self.dispatch.family.choose(M, N, K, L, aligned_mn=aligned_mn, aligned_k=aligned_k,
                                            sm_count=sm_count, device=device)
+
+    def _gated_n(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """``shapes``, checked for evtc.glu: its GEMM pairs B's N rows (gate and up interleaved),
+        so N is even (the binder's rule, checked here before a member is chosen or built)."""
+        if any(is_gated(o) for o in self.graph.outputs):
+            for shape in shapes:
+                if shape[1] % 2:
+                    raise ArgumentError(f"shape {shape}: N = {shape[1]}, the columns of B that evtc.glu pairs (gate "
+                                        "and up interleaved), must be even", epilogue=self.name,
+                                        hint="build B with evtc.interleave_gate_up(W_gate, W_up)")
+        return shapes
 
     def launcher(self, spec: KernelSpec) -> Launcher:
         """The launcher of a family member with its run-time arguments (builds its kernel on
@@ -199,13 +229,14 @@ class Gemm:
         this and later processes (:func:`evtc.dispatch.tune.tune`: its returns and raises).
 
         Raises:
-            ArgumentError: a shape that is not 3 or 4 integers from 1 to 2^31 - 1, no shape,
-                ``iters`` or ``top`` not a positive integer, ``limit_s`` not a positive finite
-                number, ``store`` or ``verbose`` not a bool (checked before the GPU is looked for).
+            ArgumentError: a shape that is not 3 or 4 integers from 1 to 2^31 - 1 (N even for
+                an epilogue with evtc.glu), no shape, ``iters`` or ``top`` not a positive
+                integer, ``limit_s`` not a positive finite number, ``store`` or ``verbose`` not a
+                bool (checked before the GPU is looked for).
         """
         from evtc.dispatch.tune import tune
 
-        shapes = _tune_shapes(shapes, self.name)
+        shapes = self._gated_n(_tune_shapes(shapes, self.name))
         _check_tune_options(self.name, iters=iters, limit_s=limit_s, store=store, verbose=verbose, top=top)
         return tune(self.dispatch, shapes, iters=iters, limit_s=limit_s, store=store, verbose=verbose, top=top)
 

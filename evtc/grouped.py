@@ -387,10 +387,20 @@ class GroupedGemm:
 
     @api_boundary
     def run_eager(self, A, B, offs, *, out=None, member: str | None = None, check_offs: bool = False, **inputs):
-        """:meth:`__call__` without the torch op (what the op runs)."""
+        """:meth:`__call__` without the torch op (what the op runs).
+
+        Raises:
+            ArgumentError: :meth:`__call__`'s, and ``member`` not a member's name or None,
+                ``check_offs`` not a bool (checked first).
+        """
         import torch
 
         name = self.name
+        if member is not None and not isinstance(member, str):
+            raise ArgumentError(f"member={member!r}: the name of a member, one of {self.members}, or None",
+                                epilogue=name)
+        if not isinstance(check_offs, (bool, np.bool_)):  # (bool("no") is True)
+            raise ArgumentError(f"check_offs={check_offs!r}: True or False", epilogue=name)
         A_, B_ = _check_operands(A, B, self.a, self.b, name)
         T, K = A_.shape
         E, N, _ = B_.shape
@@ -471,7 +481,9 @@ class GroupedGemm:
                 of E per-group tensors ((m_e, N) and (m_e,)); row vectors, scalars as for a call.
 
         Returns:
-            A list of E tensors (m_e, N) (dicts of them by output name, with several outputs).
+            A list of E tensors (m_e, N) (dicts of them by output name, with several outputs or
+            reductions: group e's rows of a row reduction (m_e,), its column reduction (N,), its
+            scalar reduction (a 0-d tensor)); (m_e, N / 2) for ``evtc.glu``'s output.
 
         Raises:
             ArgumentError: lists of different lengths, or as for a call.
@@ -521,7 +533,9 @@ class GroupedGemm:
                 packed[name] = value
         got = self(torch.cat(As), Bs, offs, **packed)
         if isinstance(got, dict):
-            parts = {n: torch.split(t, sizes) for n, t in got.items()}
+            # (a column reduction (E, N) and a scalar one (E,) have a row per group, not per token)
+            per_group = {o.name for o in self.graph.outputs if isinstance(o, ir_nodes.Reduction) and o.dim != 1}
+            parts = {n: t.unbind(0) if n in per_group else torch.split(t, sizes) for n, t in got.items()}
             return [{n: parts[n][e] for n in parts} for e in range(E)]
         return list(torch.split(got, sizes))
 

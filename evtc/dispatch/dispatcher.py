@@ -136,7 +136,8 @@ class Dispatcher:
         (NOTE [Padded staging for unaligned rows] in :mod:`evtc.dispatch.staging`).
 
         Raises:
-            ArgumentError: a malformed call (the full checks of the primary kernel's binder).
+            ArgumentError: a malformed call (the full checks of the primary kernel's binder; on a
+                pinned family, alignment included, before its kernel is built).
             BuildError: the chosen kernel did not build.
         """
         fam = self.family
@@ -152,8 +153,13 @@ class Dispatcher:
                 self._autotune(p, device)
             spec = self.choose(p, device)
         if fam.kernel(spec).library is None:
-            # NOTE [Checks before builds]: every argument is checked before a build starts
+            # NOTE [Checks before builds]: every argument is checked before a build starts; a
+            # pinned family's route is its one kernel, so its binder's alignment rules too (the
+            # ones its launcher applies after the build: a caller's rows or base address TMA
+            # can't use), after the rules of every route
             self.precheck.signature(A, B, kwargs, out)
+            if fam.pinned:
+                fam.binder(spec, fam.kernel(spec)).signature(A, B, kwargs, out)
         if not fam.pinned and not p.aligned_mn and p.aligned_k and spec.config.unaligned and spec.arch == "sm90":
             from evtc.dispatch import staging
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from evtc import ops
 from evtc.dtypes import DType
-from evtc.errors import UnknownFunctionError
+from evtc.errors import UnknownFunctionError, UnsupportedOpError
 from evtc.frontend.builder import PYTHON, _shown, constant_reduction_error, is_constant, unknown_function_error
 from evtc.frontend.trace import Reduced, Value, call, not_elementwise, reduce, user_loc
 from evtc.frontend import trace as _trace
@@ -359,11 +359,16 @@ def glu(x, act: str = "silu"):
     In an epilogue it is the one-GEMM gated form: the GEMM runs over ``[W_gate; W_up]`` with their
     rows interleaved (:func:`evtc.interleave_gate_up`), the epilogue pairs each gate column with
     its up column inside the tile and stores N / 2 columns, and its value can only be returned as
-    an output (``return evtc.glu(acc + bias)``). On torch tensors and numpy arrays it runs
-    eagerly (float64 for numpy).
+    an output (``return evtc.glu(acc + bias)``). On torch tensors (floating point) it runs eagerly
+    in torch (through float64 numpy where the act has no torch rule, as ``gelu_grad``); anything
+    else is taken as a numpy array of real numbers (nested lists included) and runs in float64.
 
     Raises:
-        EvtcError: ``act`` is not a unary op; x is no matrix with an even number of columns.
+        EvtcError: ``act`` is not a unary op; x is no matrix of real numbers with an even number
+            of columns (a string, object or complex array, a torch integer, bool or complex
+            tensor, an object that only has a ``shape``).
+        UnsupportedOpError: called in an epilogue the torch importer reads (one written with
+            torch ops), at its line.
     """
     if isinstance(x, (Value, Reduced)):
         return _trace.glu(x, act)
@@ -373,15 +378,39 @@ def glu(x, act: str = "silu"):
     op = ops.OPS.get(act) if isinstance(act, str) else None
     if op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
         raise ArgumentError(f"evtc.glu act={act!r}: the name of a unary op (evtc ops)", hint="act='silu' is SwiGLU")
-    shape = getattr(x, "shape", None)
-    if shape is None or len(shape) < 2 or shape[-1] % 2:
+    torch = _torch_of((x,))
+    if torch is not None and getattr(TORCH_IMPORT, "hook", None) is not None:
+        # (the importer's fake tensors have N = 7 columns, and its op table has no N / 2 op)
+        raise UnsupportedOpError("evtc.glu in an epilogue read with torch ops (the torch importer): the gated form is "
+                                 "evtc's tracer's", loc=user_loc(), hint="write the epilogue with evtc.* functions "
+                                 "only, e.g. evtc.glu(evtc.relu(acc) + bias)")
+    if torch is not None:
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+            raise ArgumentError(f"evtc.glu of a {getattr(x, 'dtype', type(x).__name__)} tensor: gate and up values "
+                                "are floating point", hint="convert it first, e.g. x.float()")
+    else:
+        try:
+            with np.errstate(all="ignore"):
+                arr = np.asarray(x)
+        except (TypeError, ValueError) as e:  # a ragged list, an object numpy can't read
+            raise ArgumentError(f"evtc.glu of {type(x).__name__}: not an array of numbers ({e})",
+                                hint="pass a torch tensor, a numpy array or nested lists of numbers") from None
+        if arr.dtype.kind not in "biuf":
+            raise ArgumentError(f"evtc.glu of {type(x).__name__} with dtype {arr.dtype}: an array of real numbers",
+                                hint="pass a torch tensor, a numpy array or nested lists of numbers")
+        x = arr
+    shape = tuple(x.shape)
+    if len(shape) < 2 or shape[-1] % 2:
         raise ArgumentError(f"evtc.glu of {type(x).__name__} with shape {shape}: a matrix with an even number of "
                             "columns (gate and up interleaved)", hint="build B with evtc.interleave_gate_up")
     g, u = x[..., 0::2], x[..., 1::2]
-    torch = _torch_of((x,))
-    if torch is not None:
+    if torch is not None and op.torch is not None:
         return op.torch(torch, g) * u
-    return op.numpy(np.asarray(g, dtype=np.float64)) * np.asarray(u, dtype=np.float64)
+    if torch is not None:  # no torch rule: float64 numpy on the host and back, as _call does
+        host = g.detach().double().cpu().numpy()
+        return torch.as_tensor(op.numpy(host)).to(x.device, x.dtype) * u
+    with np.errstate(all="ignore"):
+        return op.numpy(np.asarray(g, dtype=np.float64)) * np.asarray(u, dtype=np.float64)
 
 
 def _no_elementwise(name: str, x, rest) -> None:

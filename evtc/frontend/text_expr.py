@@ -10,7 +10,7 @@ docstring states the form.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Union
+from typing import Any, Callable, NoReturn, Union
 
 import numpy as np
 from lark import Tree, v_args
@@ -90,6 +90,12 @@ class _ExprReader(_TextReader):
             if stmt is None:
                 continue
             target, rhs = stmt.children
+            for call in rhs.find_data("call"):  # (before its keyword's value is read as an input)
+                name_tok, arglist = call.children
+                kw = next((a for a in (arglist.children if isinstance(arglist, Tree) else ())
+                           if isinstance(a, Tree) and a.data == "kwarg"), None)
+                if str(name_tok) == "glu" and kw is not None:
+                    self._glu_keyword(kw)
             refs = sorted(rhs.find_data("ref"), key=lambda t: (t.meta.line, t.meta.column))
             for ref in refs:
                 self._declare_ref(ref, decls, assigned)
@@ -253,9 +259,7 @@ class _ExprReader(_TextReader):
         if name not in self.functions:
             raise unknown_function_error(name, sorted(self.functions), EXPRESSION, self.loc(name_tok), self.epilogue)
         if name == "glu" and keywords:
-            self.fail(GrammarError, "glu() takes no keyword arguments in the expression form: glu(x) is SwiGLU "
-                      "(act silu)", keywords[0].loc,
-                      hint="another activation is a Python epilogue's evtc.glu(x, act='gelu')")
+            self._glu_keyword(keywords[0].loc)
         if keywords:
             self.fail(GrammarError, f"{name}() takes no keyword arguments", keywords[0].loc,
                       hint="pass the arguments by position")
@@ -269,6 +273,11 @@ class _ExprReader(_TextReader):
             return b.call("minimum", (b.call("maximum", (x, lo), loc), hi), loc)
         self._check_arity(name, positional, ops.get(name).arity, loc)
         return b.call(name, positional, loc)
+
+    def _glu_keyword(self, where) -> NoReturn:
+        """Raise the error for ``glu(x, act=...)``: the expression form's glu is SwiGLU."""
+        self.fail(GrammarError, "glu() takes no keyword arguments in the expression form: glu(x) is SwiGLU "
+                  "(act silu)", where, hint="another activation is a Python epilogue's evtc.glu(x, act='gelu')")
 
     def _check_arity(self, name: str, args: tuple, arity: int, loc: SourceLoc) -> None:
         if len(args) != arity:

@@ -18,6 +18,7 @@ from typing import Any
 from evtc.dtypes import DType
 from evtc.errors import ConfigError, PlanError
 from evtc.ir.graph import Graph
+from evtc.ir.nodes import is_gated
 from evtc.plan.config import GemmConfig
 from evtc.plan.config import validate as validate_gemm_config
 from evtc.plan.model import Plan, format_plan
@@ -292,8 +293,14 @@ def plan_conv(graph: Graph, arch: str, a: DType, b: DType, config: GemmConfig, *
 
     Raises:
         PlanError: nothing fits; an epilogue that quantizes D (``evtc.quantize``: built and
-            checked for GEMMs only).
+            checked for GEMMs only), or whose output is ``evtc.glu``'s (the gated store is the
+            GEMMs' root visitor over a void D; the conv kernels store D).
     """
+    if any(is_gated(o) for o in graph.outputs):
+        raise PlanError("evtc.glu (the one-GEMM gated form) is built for evtc.Gemm and evtc.GroupedGemm only: the "
+                        "conv kernels store a D of the convolution's N columns", epilogue=graph.name,
+                        hint="return the convolution's output and apply the gated unit after it (evtc.glu on torch "
+                        "tensors runs eagerly), or run the conv as a GEMM")
     if any(getattr(o, "kind", "") == "group_scale" for o in graph.outputs):
         raise PlanError("evtc.quantize is built for GEMMs only: the conv kernels' epilogue was not checked with it",
                         epilogue=graph.name, hint="quantize the convolution's output after it "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from evtc.errors import PlanError
+from evtc.errors import ConfigError, PlanError
 from evtc.ir.axes import ReduceAxis
 from evtc.ir.nodes import AuxLoad, Reduction, ScalarBroadcast, is_gated
 from evtc.lower import Role, Tree, Visitor, lower
@@ -353,6 +353,7 @@ def plan_glu(req: PlanRequest) -> Plan:
         PlanError: a configuration the gated store can't run (swap-AB, the unaligned or packed
             variants, fixed plan decisions), or an output row of the half subtile that is not a
             whole 16-byte TMA vector (the grouped kernel stores register-direct instead).
+        ConfigError: a plan rank other than 0 (there is one plan).
     """
     graph, config = req.graph, req.config
     top = next(o for o in graph.outputs if is_gated(o))
@@ -367,6 +368,9 @@ def plan_glu(req: PlanRequest) -> Plan:
         raise PlanError(f"'{top.name}': evtc.glu can't run on this configuration: {why}", epilogue=graph.name,
                         hint="use a configuration without swap_ab, unaligned, packed_stores and plan decisions "
                              "(or let the family choose)")
+    if req.rank:  # (as plan_sm90 refuses a rank past its last legal plan)
+        raise ConfigError(f"plan_rank={req.rank}: the gated store has 1 legal plan for this configuration (rank 0)",
+                          epilogue=graph.name, hint="leave plan_rank at 0 for an epilogue with evtc.glu")
     inner = lower(graph, top, None)
     root = inner.root
     if not (isinstance(root, Tree) and root.op.node is top.value and len(root.children) == 1):  # rule glu-store

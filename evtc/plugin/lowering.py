@@ -218,7 +218,8 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
 
     Raises:
         FragmentError: an arch other than sm90, a name or namespace that is not a usable C++
-            identifier, an epilogue of another type.
+            identifier, an epilogue of another type, an epilogue with ``evtc.glu`` (its gated
+            store is evtc's own root visitor over a void D, no fusion of a stock collective).
         ConfigError: an illegal tile, schedule, cluster, epilogue tile (one that does not divide
             the tile), stage count or dtype, naming it.
         PlanError: the epilogue's buffers do not fit beside two mainloop stages at this tile.
@@ -247,6 +248,12 @@ def lower(epilogue: Any, *, arch: str = "sm90", tile: Any, epilogue_tile: Any = 
     config = GemmConfig(tile=_as_tuple(tile), cluster=cluster, schedule=schedule, stages=stages,
                         epilogue_tile=_as_tuple(epilogue_tile))
     gemm = Gemm(source, a=a, b=b, c=c, d=d, arch=arch, config=config, plan=plan)
+    gated = [o.name for o in gemm.graph.outputs if N.is_gated(o)]
+    if gated:
+        raise FragmentError(f"output '{gated[0]}' is evtc.glu's: the gated store is evtc's own root visitor over a "
+                            "void D (N / 2 columns), which a stock CUTLASS collective epilogue's fusion can't be",
+                            epilogue=gemm.name, hint="build the gated GEMM with evtc.Gemm, or make the fragment "
+                            "of the epilogue without glu and apply it after the GEMM")
     return _fragment(gemm.graph, gemm.plan, arch, name, namespace)
 
 

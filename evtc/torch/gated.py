@@ -287,11 +287,14 @@ def _halves(g, u):
 
 
 def _split_pair(split, act: str, dead: list, allow_cpu: bool) -> "_Pair | None":
-    """The pair of one projection's two halves (``split`` of its output, under row views)."""
+    """The pair of one projection's two halves (``split`` of its output, under row views: views
+    that keep its last dimension, so that the halves are its first and last I columns; a view
+    to another last dimension, ``y.view(M, 2, I)``, pairs other columns)."""
     import torch
 
     y, views_y = _under_views(split.args[0])
-    if not _single(y):
+    vy, vs = _val(y), _val(split.args[0])
+    if not _single(y) or vy is None or vs is None or vy.dim() < 1 or vs.shape[-1] != vy.shape[-1]:
         return None
     name = str(getattr(y, "target", ""))
     if name == "aten._grouped_mm.default":
