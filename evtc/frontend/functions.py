@@ -69,6 +69,36 @@ def _torch_of(args):
 TORCH_IMPORT = threading.local()
 
 
+def _eager_operand(name: str, a: Any, torch) -> Any:
+    """``a`` as an eager operand of ``evtc.<name>``: a floating point torch tensor as it is;
+    anything else read as a numpy array of real numbers (numbers, nested lists, numpy arrays).
+
+    Raises:
+        ArgumentError: a string, object or complex array, a ragged list, a torch integer or
+            complex tensor (torch's rules for those differ from the kernel's f32 ones).
+    """
+    from evtc.errors import ArgumentError
+
+    if torch is not None and isinstance(a, torch.Tensor):
+        if not a.dtype.is_floating_point and a.dtype != torch.bool:  # (a bool mask is where's condition)
+            raise ArgumentError(f"evtc.{name} of a {a.dtype} tensor: the epilogue computes in floating point",
+                                hint="convert it first, e.g. x.float()")
+        return a
+    if type(a).__module__.startswith("torch"):
+        raise ArgumentError(f"evtc.{name} of a {type(a).__name__}: a tensor, an array or a number",
+                            hint="pass a torch tensor, a numpy array or a number")
+    try:
+        with np.errstate(all="ignore"):
+            arr = np.asarray(a)
+    except (TypeError, ValueError) as e:  # a ragged list, an object numpy can't read
+        raise ArgumentError(f"evtc.{name} of {type(a).__name__}: not an array of numbers ({e})",
+                            hint="pass a torch tensor, a numpy array, nested lists of numbers or a number") from None
+    if arr.dtype.kind not in "biuf":
+        raise ArgumentError(f"evtc.{name} of {type(a).__name__} with dtype {arr.dtype}: real numbers",
+                            hint="pass a torch tensor, a numpy array, nested lists of numbers or a number")
+    return a
+
+
 def _call(name: str, *args: Any):
     if _is_traced(args):
         return call(name, *args)
@@ -77,16 +107,25 @@ def _call(name: str, *args: Any):
     hook = getattr(TORCH_IMPORT, "hook", None)
     if torch is not None and hook is not None:
         return hook(name, args)
-    if torch is not None and op.torch is not None:
-        targs = [a if type(a).__module__.startswith("torch") else torch.as_tensor(a) for a in args]
-        return op.torch(torch, *targs)
-    if torch is not None:
-        # No torch rule: go through float64 numpy on the host and come back.
-        like = next(a for a in args if type(a).__module__.startswith("torch"))
-        host = [a.detach().double().cpu().numpy() if type(a).__module__.startswith("torch") else a for a in args]
-        return torch.as_tensor(op.numpy(*[np.asarray(h, dtype=np.float64) for h in host])).to(like.device, like.dtype)
-    with np.errstate(all="ignore"):
-        out = op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+    args = tuple(_eager_operand(name, a, torch) for a in args)
+    try:
+        if torch is not None and op.torch is not None:
+            targs = [a if type(a).__module__.startswith("torch") else torch.as_tensor(a) for a in args]
+            return op.torch(torch, *targs)
+        if torch is not None:
+            # No torch rule: go through float64 numpy on the host and come back.
+            like = next(a for a in args if type(a).__module__.startswith("torch"))
+            host = [a.detach().double().cpu().numpy() if type(a).__module__.startswith("torch") else a for a in args]
+            return torch.as_tensor(op.numpy(*[np.asarray(h, dtype=np.float64) for h in host])).to(like.device,
+                                                                                                   like.dtype)
+        with np.errstate(all="ignore"):
+            out = op.numpy(*[np.asarray(a, dtype=np.float64) for a in args])
+    except (RuntimeError, ValueError, TypeError) as e:  # shapes that don't broadcast, tensors on two devices
+        from evtc.errors import ArgumentError
+
+        shapes = ", ".join(str(tuple(getattr(a, "shape", ()))) for a in args)
+        raise ArgumentError(f"evtc.{name} of operands of shapes {shapes}: {str(e).splitlines()[0]}",
+                            hint="operands broadcast as in torch (a column as (M, 1)) and live on one device") from None
     if all(is_constant(a) for a in args):  # a constant folded, as math.exp(1000) raises: the fold rule
         from evtc.passes.fold import check_fold
 

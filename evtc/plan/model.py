@@ -215,8 +215,8 @@ def _why_sm90(plan: Plan, b: Buffer) -> str:
             why = f"no source C: aux load {b.name} is loaded through the collective's empty C slot"
             return why + (", so D can reuse its buffer" if plan.reuse_smem_c else "")
         return f"the source C, loaded by the collective's TMA pipeline (StagesC={plan.stages_c})"
-    if b.role == "D" and plan.d_slot is None and b.why:
-        return b.why  # a void-D variant's scratch (unaligned, packed stores, the gated store)
+    if b.role == "D" and plan.d_slot is None and any(n.startswith("gated store") for n in plan.notes):
+        return b.why  # the gated store's void D buffer: what it holds (evtc/plan/sm90_buffers.py plan_glu)
     if b.role == "D":
         took = "" if b.name == "D" else "took the D slot: "
         if plan.reuse_smem_c and c is not None:

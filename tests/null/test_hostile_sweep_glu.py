@@ -344,3 +344,31 @@ def test_expression_glu_with_an_act_keyword_says_what_to_do(expr):
     with pytest.raises(evtc.GrammarError, match="glu\\(\\) takes no keyword arguments") as e:
         evtc.Gemm(expr)
     assert "evtc.glu(x, act=" in (e.value.hint or "")
+
+
+# ---- the other eager functions (the helper's sweep found glu's leaks in them too) ----------------
+
+@pytest.mark.parametrize("bad", ["string array", "complex array", "ragged list", "object", "torch int", "torch complex"])
+def test_eager_functions_refuse_what_is_no_real_number(bad):
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    value = {"string array": np.array(["a"]), "complex array": np.array([1 + 2j]), "ragged list": [[1, 2], [3]],
+             "object": object(), "torch int": torch.tensor([1, 2]),
+             "torch complex": torch.ones(3, dtype=torch.complex64)}[bad]
+    for fn in (evtc.relu, evtc.exp, evtc.gelu_grad):
+        with pytest.raises(evtc.ArgumentError, match=fn.__name__):
+            fn(value)
+
+
+def test_eager_functions_name_operands_that_do_not_broadcast():
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    for args in ((torch.ones(3), torch.ones(4)), (np.ones(3), np.ones(4))):
+        with pytest.raises(evtc.ArgumentError, match=r"evtc.maximum of operands of shapes \(3,\), \(4,\)"):
+            evtc.maximum(*args)
+    # what stays accepted: numbers, nested lists, bool arrays, a torch bool mask as where's condition
+    assert evtc.relu([[-1, 2]]).tolist() == [[0.0, 2.0]]
+    assert evtc.relu(np.array([True, False])).tolist() == [1.0, 0.0]
+    assert evtc.where(torch.tensor([True, False]), torch.ones(2), torch.zeros(2)).tolist() == [1.0, 0.0]
