@@ -111,8 +111,8 @@ from evtc.ir import limits
 from evtc.ir.graph import Graph, GraphBuilder
 from evtc.ir.names import name_problem, reserved_output, reserved_parameter
 from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, AuxLoad, Bcast, Compute,
-                           GLU_EXCLUDED_OPS, GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, Source,
-                           Store)
+                           GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, Source, Store,
+                           glu_acts, is_glu_act)
 
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
@@ -614,11 +614,9 @@ class IRBuilder:
         return q, Pending(scales, loc)
 
     def glu(self, x: Value, act: Any, loc: SourceLoc | None) -> Compute:
-        """``evtc.glu(y, act)``: the gated linear unit over the interleaved columns of the M x N
-        value ``y``: column j of the result is ``act(y[:, 2j]) * y[:, 2j + 1]`` (N / 2 columns),
-        as SwiGLU (act silu), GeGLU (gelu, gelu_tanh) and ReGLU (relu) compute it over
-        ``[x W_gate^T, x W_up^T]`` with W_gate's and W_up's rows interleaved
-        (:func:`evtc.interleave_gate_up`).
+        """``evtc.glu(y, act)``: column j of the result is ``act(y[:, 2j]) * y[:, 2j + 1]`` (N / 2
+        columns) of the M x N value ``y``: SwiGLU (act silu), GeGLU (gelu, gelu_tanh), ReGLU (relu)
+        over W_gate's and W_up's rows interleaved (:func:`evtc.interleave_gate_up`).
 
         Returns:
             the ``glu`` :class:`~evtc.ir.nodes.Compute` (f32), an M x N/2 value that can only be
@@ -628,13 +626,9 @@ class IRBuilder:
             EvtcError (``trace_error``): ``act`` is not the name of a unary op of the table;
                 :class:`~evtc.errors.EpilogueTypeError`: ``y`` is a constant or not M x N.
         """
-        from evtc import ops as _ops
-
-        op = _ops.OPS.get(act) if isinstance(act, str) else None
-        if op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
-            unary = sorted(n for n, o in _ops.OPS.items() if o.arity == 1 and n not in GLU_EXCLUDED_OPS)
+        if not is_glu_act(act):
             self.fail(self.dialect.trace_error, f"glu act={act!r}: the gate's activation is the name of a unary op, "
-                      f"one of {', '.join(unary)}", loc, hint="act='silu' is SwiGLU, 'gelu' GeGLU, 'relu' ReGLU")
+                      f"one of {', '.join(glu_acts())}", loc, hint="act='silu' is SwiGLU, 'gelu' GeGLU, 'relu' ReGLU")
         if is_constant(x):
             self.fail(EpilogueTypeError, "glu of a constant; glu takes the M x N value of interleaved gate and up "
                       "columns", loc)

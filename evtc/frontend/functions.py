@@ -412,32 +412,23 @@ def glu(x, act: str = "silu"):
     if isinstance(x, (Value, Reduced)):
         return _trace.glu(x, act)
     from evtc.errors import ArgumentError
-    from evtc.ir.nodes import GLU_EXCLUDED_OPS
+    from evtc.ir.nodes import is_glu_act
 
-    op = ops.OPS.get(act) if isinstance(act, str) else None
-    if op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
+    if not is_glu_act(act):
         raise ArgumentError(f"evtc.glu act={act!r}: the name of a unary op (evtc ops)", hint="act='silu' is SwiGLU")
+    op = ops.OPS[act]
     torch = _torch_of((x,))
     if torch is not None and getattr(TORCH_IMPORT, "hook", None) is not None:
         # (the importer's fake tensors have N = 7 columns, and its op table has no N / 2 op)
         raise UnsupportedOpError("evtc.glu in an epilogue read with torch ops (the torch importer): the gated form is "
                                  "evtc's tracer's", loc=user_loc(), hint="write the epilogue with evtc.* functions "
                                  "only, e.g. evtc.glu(evtc.relu(acc) + bias)")
-    if torch is not None:
-        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-            raise ArgumentError(f"evtc.glu of a {getattr(x, 'dtype', type(x).__name__)} tensor: gate and up values "
-                                "are floating point", hint="convert it first, e.g. x.float()")
-    else:
-        try:
-            with np.errstate(all="ignore"):
-                arr = np.asarray(x)
-        except (TypeError, ValueError) as e:  # a ragged list, an object numpy can't read
-            raise ArgumentError(f"evtc.glu of {type(x).__name__}: not an array of numbers ({e})",
-                                hint="pass a torch tensor, a numpy array or nested lists of numbers") from None
-        if arr.dtype.kind not in "biuf":
-            raise ArgumentError(f"evtc.glu of {type(x).__name__} with dtype {arr.dtype}: an array of real numbers",
-                                hint="pass a torch tensor, a numpy array or nested lists of numbers")
-        x = arr
+    x = _eager_operand("glu", x, torch)  # (a floating point tensor, or numbers numpy reads as real)
+    if torch is not None and not x.dtype.is_floating_point:  # a bool mask is no gate and up values
+        raise ArgumentError(f"evtc.glu of a {x.dtype} tensor: gate and up values are floating point",
+                            hint="convert it first, e.g. x.float()")
+    if torch is None:
+        x = np.asarray(x)
     shape = tuple(x.shape)
     if len(shape) < 2 or shape[-1] % 2:
         raise ArgumentError(f"evtc.glu of {type(x).__name__} with shape {shape}: a matrix with an even number of "

@@ -361,6 +361,21 @@ class Store(Output):
 GLU_EXCLUDED_OPS = ("convert", "group_quant", "glu", "first")
 
 
+def glu_acts() -> list[str]:
+    """The names ``evtc.glu``'s act may take: the unary ops of the table but plumbing, sorted."""
+    from evtc import ops
+
+    return sorted(n for n, o in ops.OPS.items() if o.arity == 1 and n not in GLU_EXCLUDED_OPS)
+
+
+def is_glu_act(act: Any) -> bool:
+    """Whether ``act`` names an activation ``evtc.glu`` takes (:func:`glu_acts`)."""
+    from evtc import ops
+
+    o = ops.OPS.get(act) if isinstance(act, str) else None
+    return o is not None and o.arity == 1 and act not in GLU_EXCLUDED_OPS
+
+
 def is_gated(out: Node) -> bool:
     """Whether ``out`` is the store of a ``glu`` value: an M x N/2 output whose column j is
     ``act(y[:, 2j]) * y[:, 2j + 1]`` (NOTE [The gated epilogue] in include/evtc/sm90_glu_store.hpp)."""

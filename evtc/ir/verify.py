@@ -69,8 +69,8 @@ import numpy as np
 from evtc import dtypes, ops
 from evtc.errors import EpilogueTypeError, EvtcError, IRVerificationError, UnsupportedOpError
 from evtc.ir.graph import Graph
-from evtc.ir.nodes import (GLU_EXCLUDED_OPS, QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, Bcast,
-                           Compute, GroupScale, Immediate, Leaf, Node, Output, Reduction, Store)
+from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS, Accumulator, Bcast,
+                           Compute, GroupScale, Immediate, Leaf, Node, Output, Reduction, Store, is_glu_act)
 from evtc.ir.printer import window
 
 __all__ = ["RULES", "Violation", "bcast_classes", "format_violation", "verify", "violations"]
@@ -304,9 +304,7 @@ def _glu_violations(graph: Graph) -> Iterator[Violation]:
             what = ", ".join(sorted({getattr(u, "name", "") or getattr(u, "op", "") or u.kind for u in us})) or "nothing"
             yield Violation("glu-store", f"a glu value (N / 2 columns) can only be stored as it is; here it is used "
                             f"by: {what}", node, hint=_GLU_HINT + " (set the output's dtype with the epilogue's d)")
-        act = node.attr("act")
-        op = ops.OPS.get(act) if isinstance(act, str) else None
-        if [k for k, _ in node.attrs] != ["act"] or op is None or op.arity != 1 or act in GLU_EXCLUDED_OPS:
+        if [k for k, _ in node.attrs] != ["act"] or not is_glu_act(node.attr("act")):
             given = ", ".join(f"{k}={v!r}" for k, v in node.attrs)
             yield Violation("glu-store", f"glu {{{given}}}: its one attribute is act, the name of a unary op", node,
                             hint="e.g. {act=silu}")

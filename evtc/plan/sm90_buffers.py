@@ -259,6 +259,41 @@ def _void_cd_plan(req: PlanRequest, tree, et, cand: Candidate, storage, stages: 
     )
 
 
+def _fit_load_stages(req: PlanRequest, tree, top, et, epi_tiles: int, direct: frozenset, variant: str):
+    """(candidate, storage, mainloop stages) of a void-C-and-D variant with stock stage counts
+    (``sm90_get_tma_dispatch_policy``), fewer load stages while the mainloop would keep fewer
+    than it needs.
+
+    Raises:
+        PlanError: even one load stage leaves the mainloop too few (:func:`_void_cd_stages`).
+    """
+    stages_c0, stages_d = stock_stages(epi_tiles, False)
+    cand = storage = None
+    stages = 0
+    for stages_c in range(stages_c0, 0, -1):
+        cand = Candidate(None, top, et, stages_c, stages_d, False, False, direct)
+        storage = shared_storage(tree, cand, req.config)
+        stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
+        if stages >= req.need:
+            break
+    return cand, storage, _void_cd_stages(req, variant, stages)
+
+
+def _broadcast_buffer(v, buffers: list, sizes: dict, offsets: dict) -> Buffer | None:
+    """The row of a void-C-and-D plan for a row or column broadcast visitor ``v`` not listed yet
+    (a row broadcast in shared memory, a column broadcast in registers), else None."""
+    if any(b.name == v.name for b in buffers):
+        return None
+    if v.role is Role.ROW:
+        label = row_label(v.name)
+        return Buffer(v.name, "row_broadcast", v.node.dtype, "smem", 0, sizes[label], offsets[label], (),
+                      "one CTA-N row (Sm90RowBroadcast)")
+    if v.role is Role.COL:
+        return Buffer(v.name, "col_broadcast", v.node.dtype, "registers", 0, 0, -1, (),
+                      "Sm90ColBroadcast: each thread loads its rows into registers")
+    return None
+
+
 def plan_packed(req: PlanRequest) -> Plan:
     """The plan of the packed-store variant (``GemmConfig.packed_stores``).
 
@@ -300,16 +335,7 @@ def plan_packed(req: PlanRequest) -> Plan:
         raise PlanError(f"packed stores need an epilogue tile N that is a multiple of the 16-byte vector ({vec} "
                         f"elements of {top.dtype.name}), not {et[1]}", epilogue=graph.name,
                         hint=f"use an epilogue_tile N of {max(vec, 32)}")
-    stages_c0, stages_d = stock_stages(epi_tiles, False)
-    cand = storage = None
-    stages = 0
-    for stages_c in range(stages_c0, 0, -1):
-        cand = Candidate(None, top, et, stages_c, stages_d, False, False, frozenset())
-        storage = shared_storage(tree, cand, config)
-        stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
-        if stages >= req.need:
-            break
-    stages = _void_cd_stages(req, "the packed-store variant", stages)
+    cand, storage, stages = _fit_load_stages(req, tree, top, et, epi_tiles, frozenset(), "the packed-store variant")
     offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
     for v in tree.visitors():
         n = v.node
@@ -323,13 +349,10 @@ def plan_packed(req: PlanRequest) -> Plan:
                                   (), "shared memory, then stored by the epilogue threads, 32 consecutive "
                                       "elements of a row per instruction: rows need only be element-aligned "
                                       "(evtc::Sm90AuxStorePacked)"))
-        elif v.role is Role.ROW and not any(b.name == v.name for b in buffers):
-            label = row_label(v.name)
-            buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
-                                  "one CTA-N row (Sm90RowBroadcast)"))
-        elif v.role is Role.COL and not any(b.name == v.name for b in buffers):
-            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
-                                  "Sm90ColBroadcast: each thread loads its rows into registers"))
+        elif v.role in (Role.ROW, Role.COL):
+            row = _broadcast_buffer(v, buffers, sizes, offsets)
+            if row is not None:
+                buffers.append(row)
         elif v.role is Role.GROUP_SCALE:
             buffers.append(_group_scale_buffer(v.name, n))
         elif v.role.is_reduction:
@@ -385,16 +408,8 @@ def plan_glu(req: PlanRequest) -> Plan:
                         hint=f"use an epilogue_tile N of {32 // top.dtype.bytes} or more")
     # the grouped kernel's M x N inputs: register-direct through per-group pointers (evtc/grouped.py)
     direct = frozenset(n.name for n in _aux_loads(graph)) if config.grouped else frozenset()
-    stages_c0, stages_d = stock_stages((tm // et[0]) * (tn // et[1]), False)
-    cand = storage = None
-    stages = 0
-    for stages_c in range(stages_c0, 0, -1):
-        cand = Candidate(None, top, et, stages_c, stages_d, False, False, direct)
-        storage = shared_storage(tree, cand, config)
-        stages = mainloop_stages(req.target.smem_capacity, storage.size, req.stage_bytes)
-        if stages >= req.need:
-            break
-    stages = _void_cd_stages(req, "the gated store", stages)
+    cand, storage, stages = _fit_load_stages(req, tree, top, et, (tm // et[0]) * (tn // et[1]), direct,
+                                             "the gated store")
     offsets, sizes, buffers = _void_d_buffers(storage, top, cand)
     buffers[0] = dataclasses.replace(buffers[0], why="the collective's (void) D buffer: each subtile's N / 2 gated "
                                                      "columns, row-major, stored from it by TMA (evtc::Sm90GluStore)")
@@ -407,13 +422,10 @@ def plan_glu(req: PlanRequest) -> Plan:
             label = aux_label(v.name)
             buffers.append(Buffer(v.name, "aux_load", n.dtype, "tma", cand.stages_c, sizes[label], offsets[label], (),
                                   "TMA, StagesC deep"))
-        elif v.role is Role.ROW and not any(b.name == v.name for b in buffers):
-            label = row_label(v.name)
-            buffers.append(Buffer(v.name, "row_broadcast", n.dtype, "smem", 0, sizes[label], offsets[label], (),
-                                  "one CTA-N row (Sm90RowBroadcast)"))
-        elif v.role is Role.COL and not any(b.name == v.name for b in buffers):
-            buffers.append(Buffer(v.name, "col_broadcast", n.dtype, "registers", 0, 0, -1, (),
-                                  "Sm90ColBroadcast: each thread loads its rows into registers"))
+        elif v.role in (Role.ROW, Role.COL):
+            row = _broadcast_buffer(v, buffers, sizes, offsets)
+            if row is not None:
+                buffers.append(row)
     if config.grouped:
         buffers.append(Buffer(top.name, "glu_store", top.dtype, "direct", 0, 0, -1, (),
                               "register-direct through a per-group pointer, N / 2 columns (evtc::Sm90GluStoreGrouped)"))
