@@ -307,6 +307,22 @@ def _register_grouped(g):
     torch.library.register_kernel(op.qualname, "cpu", cpu)
 
 
+def compiled_grouped(fn, *args):
+    """(fn's output, the backend, the Gemms it made) of ``fn`` compiled with the evtc backend on
+    the CPU, each GroupedGemm's op given a float64 CPU kernel (:func:`_register_grouped`)."""
+    torch._dynamo.reset()
+    made = []
+
+    def on_gemm(g):
+        made.append(g)
+        _register_grouped(g)
+
+    be = make_backend(allow_cpu=True, on_gemm=on_gemm)
+    with torch.no_grad():
+        out = torch.compile(fn, backend=be, fullgraph=True)(*args)
+    return out, be, made
+
+
 def test_grouped_mm_with_its_epilogue_is_one_grouped_op():
     """torch._grouped_mm (a mixture-of-experts layer) and the pointwise ops after it become one
     evtc.GroupedGemm; a reduction after it stays outside (a GroupedGemm's torch op returns none)."""
@@ -322,16 +338,7 @@ def test_grouped_mm_with_its_epilogue_is_one_grouped_op():
     w = (torch.randn(4, 48, 32) / 4).bfloat16()
     offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32)
     bias, weight = torch.randn(48).bfloat16(), torch.rand(64, 1).bfloat16()
-    torch._dynamo.reset()
-    made = []
-
-    def on_gemm(g):
-        made.append(g)
-        _register_grouped(g)
-
-    be = make_backend(allow_cpu=True, on_gemm=on_gemm)
-    with torch.no_grad():
-        (h, amax) = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs, bias, weight)
+    (h, amax), be, made = compiled_grouped(moe, a, w, offs, bias, weight)
     assert be.fused == 1 and isinstance(made[0], evtc.GroupedGemm)
     assert "silu" in str(made[0].graph) and "max" not in str(made[0].graph)
     y = torch.cat([a[lo:hi].double() @ w[e].double().T for e, (lo, hi) in enumerate(zip([0, 10, 10, 40], offs.tolist()))])

@@ -136,8 +136,7 @@ def test_a_grouped_mm_chunked_in_two_is_one_grouped_glu_gemm():
     [W_gate; W_up] (E, 2I, H), chunked, silu(g) * u: one evtc.GroupedGemm with evtc.glu over
     the interleaved weights; empty experts included."""
     import evtc
-    from test_torch_backend import _register_grouped
-    from evtc.torch.backend import make_backend
+    from test_torch_backend import compiled_grouped
 
     def moe(a, w, offs):
         g, u = torch._grouped_mm(a, w.transpose(1, 2), offs=offs).chunk(2, dim=-1)
@@ -147,16 +146,7 @@ def test_a_grouped_mm_chunked_in_two_is_one_grouped_glu_gemm():
     a = torch.randn(64, 32).bfloat16()
     w = (torch.randn(4, 96, 32) / 4).bfloat16()
     offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32)
-    torch._dynamo.reset()
-    made = []
-
-    def on_gemm(g):
-        made.append(g)
-        _register_grouped(g)
-
-    be = make_backend(allow_cpu=True, on_gemm=on_gemm)
-    with torch.no_grad():
-        h = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs)
+    h, be, made = compiled_grouped(moe, a, w, offs)
     assert be.fused == 1 and isinstance(made[0], evtc.GroupedGemm) and "glu(acc) {act=silu}" in str(made[0].graph)
     assert h.shape == (64, 48)
     y = torch.zeros(64, 96, dtype=torch.float64)
