@@ -52,10 +52,11 @@ def zero_kernel(g, on_call=None) -> None:
     torch.library.register_kernel(op.qualname, "cpu", cpu)
 
 
-def cpu_step(name: str, tokens: int, on_gemm):
+def cpu_step(name: str, tokens: int, on_gemm, gemm_options=None):
     """One training step (forward and backward) of zoo block ``name`` at its model's real widths
     under the evtc backend on the CPU, fake data, Inductor off; ``on_gemm`` registers each
-    Gemm's CPU kernel. Returns the backend (``.fused``: the GEMMs it fused)."""
+    Gemm's CPU kernel, ``gemm_options`` are the backend's (``{"atomic_sums": True}``). Returns
+    the backend (``.fused``: the GEMMs it fused)."""
     import torch
 
     sys.path.insert(0, str(common.ROOT / "tests"))
@@ -66,13 +67,13 @@ def cpu_step(name: str, tokens: int, on_gemm):
     d, ffn = Z.REAL[name]
     block, args = Z.make(name, d, ffn, tokens)
     torch._dynamo.reset()
-    be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=False)
+    be = make_backend(allow_cpu=True, on_gemm=on_gemm, inductor=False, gemm_options=gemm_options)
     x = args[0].detach().requires_grad_(True)
     torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
     return be
 
 
-def prebuild(names, tokens):
+def prebuild(names, tokens, atomic_sums=False):
     from evtc.compiler import build_many
 
     problems = []
@@ -84,8 +85,9 @@ def prebuild(names, tokens):
         zero_kernel(g, record)
 
     for name in names:
-        be = cpu_step(name, tokens, on_gemm)
-        print(f"{name}: {be.fused} fused GEMMs")
+        for options in [None] + ([{"atomic_sums": True}] if atomic_sums else []):
+            be = cpu_step(name, tokens, on_gemm, options)
+            print(f"{name}{' (atomic sums)' if options else ''}: {be.fused} fused GEMMs")
     jobs = {}
     for g, M, N, K, L in problems:
         k = g.kernel(g.choose(M, N, K, L, device="NVIDIA H200"))
@@ -113,7 +115,7 @@ def main() -> None:
 
     names = args.blocks.split(",")
     if args.prebuild:
-        prebuild(names, args.tokens)
+        prebuild(names, args.tokens, args.atomic_sums)
         return
     from evtc.testing.bench import time_interleaved
     from evtc.torch.backend import make_backend
