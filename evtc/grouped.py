@@ -358,7 +358,9 @@ class GroupedGemm:
             offs: (E,) int32 tensor on A's device: cumulative row counts, non-decreasing, at
                 most T (an empty group repeats the previous offset).
             out: optional (T, N) tensor for D (dtype ``d``, rows of 16 bytes; (T, N / 2) for
-                ``evtc.glu``'s); with several outputs, a dict of some of them by name.
+                ``evtc.glu``'s), or a dict of some of the M x N outputs by name (with several
+                outputs, or reductions beside D: the result is a dict too). Reductions are
+                always evtc's own (it fills them with the identity before the launch).
             member: run this family member instead of the chosen one.
             check_offs: check ``offs`` on the host first (one synchronisation); otherwise
                 offsets outside [0, T] or decreasing are clamped on the device.
@@ -433,8 +435,15 @@ class GroupedGemm:
             keep.append(_bind_input(args, leaf, inputs[leaf.name], T, N, E, device, name))
         stores = [o for o in self.graph.outputs if isinstance(o, ir_nodes.Store)]
         single = len(stores) == 1
-        given = {stores[0].name: out} if single else dict(out or {})
+        # a dict by output name whenever the result is one (several stores, or reductions beside
+        # one store); a bare tensor for a lone store
+        given = dict(out) if isinstance(out, Mapping) else {stores[0].name: out} if single else dict(out or {})
         unknown_out = set(given) - {o.name for o in stores}
+        reduced = sorted(unknown_out & {o.name for o in self.graph.outputs})
+        if reduced:
+            raise ArgumentError(f"out= holds the reduction(s) {reduced}: evtc allocates a grouped kernel's "
+                                "reductions (filled with the identity before the atomics)", epilogue=name,
+                                hint=f"pass only M x N outputs in out=: {[o.name for o in stores]}")
         if unknown_out:
             raise ArgumentError(f"out= names {sorted(unknown_out)}, which the epilogue does not return", epilogue=name,
                                 hint=f"its outputs: {[o.name for o in stores]}")
@@ -445,7 +454,8 @@ class GroupedGemm:
             if t is None:
                 t = torch.empty((T, cols), dtype=getattr(torch, o.dtype.torch), device=device)
             else:
-                _check_matrix(t, f"out['{o.name}']" if not single else "out", o.dtype, T, cols, device, name)
+                _check_matrix(t, "out" if single and not isinstance(out, Mapping) else f"out['{o.name}']", o.dtype, T,
+                              cols, device, name)
             setattr(args, f"p_{o.name}", t.data_ptr())
             setattr(args, f"ld_{o.name}", t.stride(0))
             setattr(args, f"bs_{o.name}", 0)

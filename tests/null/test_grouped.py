@@ -182,3 +182,32 @@ def test_grouped_torch_op_schema_and_fake():
         assert (tuple(D.shape), D.dtype) == ((10, 48), torch.bfloat16)
     with pytest.raises(ArgumentError, match="missing bias"):
         op(A, B, offs, C=A, alpha=1.0, beta=2.0)
+
+
+def test_grouped_out_is_a_dict_when_the_result_is(no_build, monkeypatch):
+    """With reductions beside D the result is a dict, and so may out= be (the GPU test passed
+    {'D': ...} and got "out is a dict, not a torch tensor"); a bare tensor still names D; a
+    reduction in out= is refused by name (evtc allocates and fills it). T = 0: no kernel runs."""
+    torch = pytest.importorskip("torch")
+    import evtc.grouped as grouped
+
+    def on_cpu_too(t, what, device, name):
+        if not isinstance(t, torch.Tensor):
+            raise ArgumentError(f"{what} is a {type(t).__name__}, not a torch tensor")
+
+    monkeypatch.setattr(grouped, "_check_cuda", on_cpu_too)
+    g = GroupedGemm(E.row_stats)
+    A = torch.zeros(0, 64, dtype=torch.bfloat16)
+    B = torch.zeros(2, 48, 64, dtype=torch.bfloat16)
+    offs = torch.zeros(2, dtype=torch.int32)
+    ins = dict(C=torch.zeros(0, 48, dtype=torch.bfloat16), alpha=1.0, beta=0.5, shift=torch.zeros(0))
+    d_name = next(o.name for o in g.graph.outputs if isinstance(o, evtc.ir.nodes.Store))
+    D = torch.zeros(0, 48, dtype=getattr(torch, g.graph.outputs[0].dtype.torch))
+    for out in ({d_name: D}, D):
+        got = g.run_eager(A, B, offs, out=out, **ins)
+        assert isinstance(got, dict) and got[d_name] is D and set(got) == {o.name for o in g.graph.outputs}
+    red = next(o.name for o in g.graph.outputs if not isinstance(o, evtc.ir.nodes.Store))
+    with pytest.raises(ArgumentError, match=f"reduction.*'{red}'"):
+        g.run_eager(A, B, offs, out={d_name: D, red: torch.zeros(0)}, **ins)
+    with pytest.raises(ArgumentError, match="out\\['D'\\]|out\\['"):
+        g.run_eager(A, B, offs, out={d_name: torch.zeros(0, 47, dtype=D.dtype)}, **ins)
