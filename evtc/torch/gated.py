@@ -338,7 +338,7 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
 
     import evtc
     from evtc.errors import EvtcError
-    from evtc.torch.regions import _dtype_name
+    from evtc.torch.regions import _dtype_name, fake_val
 
     graph = gm.graph
     fused = 0
@@ -372,18 +372,23 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
             continue
         overload = gated_op(gemm, grouped=m.offs is not None, bias=has_bias)
         with graph.inserting_before(mul):
+            def node(target, args):  # with its fake value (NOTE [New nodes carry their fake values])
+                n = graph.call_function(target, args)
+                fake_val(n)
+                return n
+
             def halves(t, dim):  # [W_gate; W_up] -> its two halves, views
-                return tuple(graph.call_function(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in (0, 1))
+                return tuple(node(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in (0, 1))
 
             args = [m.x, *(m.weights or halves(m.w, m.wdim))]
             if m.offs is not None:
                 args.append(m.offs)
             if has_bias:
                 args.extend(m.biases or halves(m.bias, 0))
-            out = graph.call_function(overload, tuple(args))
+            out = node(overload, tuple(args))
             vmul = _val(mul)
             if tuple(vmul.shape) != (M, I):
-                out = graph.call_function(aten.view.default, (out, list(vmul.shape)))
+                out = node(aten.view.default, (out, list(vmul.shape)))
             out.meta["val"] = vmul
         mul.replace_all_uses_with(out)
         for n in m.dead:

@@ -17,11 +17,14 @@ from evtc.torch.backend import make_backend
 from torch_models import Fp8Out, LayerNormStats, LinearGelu, MLPBlock, ulp, within_half_ulp  # noqa: E402
 
 
-def register(g):
-    """A CPU kernel for ``g``'s op: the float64 interpreter rounded to each output's dtype."""
+def register(g, on_call=None):
+    """A CPU kernel for ``g``'s op: the float64 interpreter rounded to each output's dtype
+    (``on_call(A, B)`` first, where given)."""
     op = g.torch_op()
 
     def cpu(A, B, *rest):
+        if on_call is not None:
+            on_call(A, B)
         kw = dict(zip(op.tensor_names + op.scalar_names, rest))
         acc = A.double().numpy() @ np.swapaxes(B.double().numpy(), -1, -2)
         res = interpret(g.graph, acc, {k: (v.double().numpy() if torch.is_tensor(v) else v) for k, v in kw.items()})
