@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--ops", action="store_true", help="also each op's CUDA time (evtc's fused ops, aten's mm)")
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -41,13 +42,19 @@ def main() -> None:
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.ops else [])
+            with profile(activities=acts) as prof:
                 for _ in range(args.steps):
                     step()
                 torch.cuda.synchronize()
             print(f"== {name} {args.tokens} tokens, {mode}: CUDA time per step, {args.steps} steps", flush=True)
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=90),
                   flush=True)
+            if args.ops:
+                for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+                    if e.key.startswith("evtc::") or e.key in ("aten::mm", "aten::addmm", "aten::bmm"):
+                        print(f"  op {e.key:60s} calls {e.count // args.steps:3d}  CUDA us/step "
+                              f"{e.device_time_total / args.steps:9.1f}", flush=True)
 
 
 if __name__ == "__main__":
