@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import evtc
-from evtc.errors import ConfigError, PlanError
+from evtc.errors import ConfigError, EvtcError, PlanError, TraceError
 
 LIN = "D = relu(acc + bias[n])"
 SUMS = "D = acc; s = sum(acc, dim=1)"
@@ -86,5 +86,62 @@ def test_plugin_lower_with_a_schedule_of_the_wrong_type():
 def test_gemm_arch_of_the_wrong_type(arch):
     with pytest.raises(ConfigError, match="unknown arch"):  # a list was TypeError: unhashable
         evtc.Gemm(LIN, arch=arch)
+
+
+# ---- torch-written epilogues that read an extent --------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def _shape0(acc):
+    return torch.relu(acc) * acc.shape[0]
+
+
+def _size(acc):
+    return torch.relu(acc) / acc.size(-1)
+
+
+def _sizes(acc):
+    return torch.relu(acc) / acc.size()[1]
+
+
+def _len(acc):
+    return torch.relu(acc) / len(acc)
+
+
+def _numel(acc):
+    return torch.relu(acc) / acc.numel()
+
+
+def _torch_numel(acc):
+    return torch.relu(acc) / torch.numel(acc)
+
+
+@pytest.mark.parametrize("fn, read", [(_shape0, ".shape"), (_size, "size()"), (_sizes, "size()"), (_len, "len()"),
+                                      (_numel, "numel()"), (_torch_numel, "torch.numel()")])
+def test_a_torch_epilogue_that_reads_an_extent_is_refused_at_its_line(fn, read):
+    # acc.shape[0] was imported as the constant 5.0 (the fake tensors' M): mul(relu(acc), 5.0)
+    with pytest.raises(TraceError) as e:
+        evtc.Gemm(evtc.epilogue(fn))
+    msg = str(e.value)
+    assert f"extent ({read})" in msg and "scalar parameter" in msg, msg
+    assert e.value.loc is not None and e.value.loc.line == fn.__code__.co_firstlineno + 1
+
+
+def test_a_torch_epilogue_still_imports_ndim_and_functions_that_read_extents_inside_torch():
+    import torch.nn.functional as F
+
+    def fine(acc):
+        return {"D": F.normalize(acc, dim=1) * 0 + F.silu(acc) * acc.ndim + F.leaky_relu(acc, 0.1),
+                "m": acc.amax(dim=1)}
+
+    with pytest.raises(EvtcError) as e:  # normalize is refused for what it computes, not for reading extents
+        evtc.Gemm(evtc.epilogue(fine))
+    assert "extent" not in str(e.value)
+
+    def fine2(acc):
+        return {"D": F.silu(acc) * acc.ndim + F.leaky_relu(acc, 0.1), "m": acc.amax(dim=1)}
+
+    assert "mul(" in str(evtc.epilogue(fine2).graph)
 
 
