@@ -53,7 +53,7 @@ def check_options(kind: str, dims: int, layout: str, fast_divmod: tuple[bool, bo
     """
     if kind not in CONV_KINDS:
         raise ConfigError(f"kind = {kind!r} is not one of {CONV_KINDS}", anchor="conv-config")
-    if dims not in (2, 3) or isinstance(dims, bool):
+    if not isinstance(dims, int) or isinstance(dims, bool) or dims not in (2, 3):  # (2.0 reached the emitter)
         raise ConfigError(f"dims = {dims!r}: evtc's convolutions are 2-D or 3-D", anchor="conv-config")
     if layout not in LAYOUTS:
         raise ConfigError(f"layout = {layout!r} is not one of {LAYOUTS}", anchor="conv-config")

@@ -8,10 +8,12 @@ before any build."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import evtc
-from evtc.errors import ConfigError, EvtcError, PlanError, TraceError
+from evtc.errors import ConfigError, EvtcError, FragmentError, PlanError, TraceError
 
 LIN = "D = relu(acc + bias[n])"
 SUMS = "D = acc; s = sum(acc, dim=1)"
@@ -88,6 +90,48 @@ def test_gemm_arch_of_the_wrong_type(arch):
         evtc.Gemm(LIN, arch=arch)
 
 
+# ---- evtc.Conv's dims -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims", [2.0, 3.0, "2", True])
+def test_conv_dims_that_are_no_integer(dims):
+    # 2.0 passed `dims in (2, 3)` and reached the emitter: TypeError (tuple indices must be integers)
+    with pytest.raises(ConfigError, match=f"dims = {dims!r}"):
+        evtc.Conv(LIN, dims=dims)
+
+
+def test_conv_dims_as_a_numpy_integer():
+    # np.int64(3) was planned and failed in the emitter: "Object of type int64 is not JSON serializable"
+    conv = evtc.Conv(LIN, dims=np.int64(3))
+    assert conv.dims == 3 and type(conv.dims) is int and "3-D" in conv.source
+
+
+# ---- the plugin fragment: bind and check ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fragment():
+    import evtc.plugin
+
+    return evtc.plugin.lower(LIN, tile=(128, 256, 64), a="bf16")
+
+
+@pytest.mark.parametrize("values", ["p_bias=x", 3, [("p_bias", "x")]])
+def test_fragment_bind_of_no_dict(fragment, values):
+    with pytest.raises(FragmentError, match="bind") as e:  # "x" was AttributeError: no attribute 'items'
+        fragment.bind(values)
+    assert "dict of placeholder name" in str(e.value)
+    assert fragment.bind({p.name: "0" for p in fragment.placeholders})
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1"])
+def test_fragment_check_version_of_no_integer(fragment, version):
+    # True == 1 and 1.0 == 1 passed as version 1
+    with pytest.raises(FragmentError, match=f"version={version!r}"):
+        fragment.check(version=version)
+    fragment.check(version=fragment.version)
+
+
 # ---- torch-written epilogues that read an extent --------------------------------------------------
 
 torch = pytest.importorskip("torch")
@@ -145,3 +189,34 @@ def test_a_torch_epilogue_still_imports_ndim_and_functions_that_read_extents_ins
     assert "mul(" in str(evtc.epilogue(fine2).graph)
 
 
+# ---- evtc cache prune sizes and ages, evtc demo --out-dir -----------------------------------------
+
+
+def _cli(args):
+    from evtc.cli import main
+
+    return CliRunner().invoke(main, args)
+
+
+@pytest.mark.parametrize("option, value", [("--max-size", "9" * 80), ("--older-than", "9" * 400 + "w")])
+def test_cache_prune_of_a_size_or_age_no_number_holds(tmp_path, option, value):
+    # --max-size 9...9 (80 digits) was OverflowError: cannot convert float infinity to integer
+    (tmp_path / "c").mkdir(mode=0o700)
+    r = _cli(["cache", "--dir", str(tmp_path / "c"), "prune", option, value])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), r.exception
+    assert "larger than any cache" in r.output or "longer than any cache" in r.output, r.output
+
+
+def test_cache_prune_of_an_ordinary_size_still_runs(tmp_path):
+    (tmp_path / "c").mkdir(mode=0o700)
+    r = _cli(["cache", "--dir", str(tmp_path / "c"), "prune", "--max-size", "5G", "--older-than", "30d"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("out_dir", ["", "  "])
+def test_demo_out_dir_that_is_empty(no_build, tmp_path, monkeypatch, out_dir):
+    # --out-dir "" was Path(""): the demo wrote its .cu and pictures into the current folder (and built)
+    monkeypatch.chdir(tmp_path)
+    r = _cli(["demo", "--out-dir", out_dir])
+    assert r.exit_code == 2 and "--out-dir" in r.output and "empty" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
