@@ -341,6 +341,8 @@ class ConvDispatcher:
             ArgumentError: a bad argument or problem, named, before any build.
             LaunchError: CUDA reported an error.
         """
+        if stream is not None:  # NOTE [Checks before builds]: the stream too (the launcher reads it after the build)
+            tensors.stream_handle(stream, None, self.family.name)
         spec = self.spec(problem)
         route = self.gemm_route
         if route is not None and pointwise_problem(self.family.kind, spec.stride, spec.padding, spec.dilation,

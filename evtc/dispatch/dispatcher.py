@@ -235,6 +235,8 @@ class Dispatcher:
     def run_checked(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any, stream: Any):
         """:meth:`run` on the Python launch path: checks, routes (once per signature), launches,
         and registers the call with the fast path."""
+        if stream is not None:  # NOTE [Checks before builds]: the stream too (the launcher reads it after the build)
+            tensors.stream_handle(stream, None, self.family.name)
         if self.mn_loads and (out is None or isinstance(out, Mapping)):
             out = self.packed_outputs(A, B, kwargs, out)
         single = self._single

@@ -220,3 +220,22 @@ def test_demo_out_dir_that_is_empty(no_build, tmp_path, monkeypatch, out_dir):
     r = _cli(["demo", "--out-dir", out_dir])
     assert r.exit_code == 2 and "--out-dir" in r.output and "empty" in r.output, r.output
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- the stream of a call, before the build ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream, needle", [("x", "is a str"), (1.5, "is a float"), (7, "raw handle 0x7"),
+                                            (-1, "raw handle -0x1"), (2**70, "raw handle 0x4")])
+def test_a_bad_stream_is_refused_before_any_build(no_build, stream, needle):
+    # the stream was read by the launcher, after the first call's kernel was built (minutes of nvcc)
+    from test_runtime_launch import Fake, lin_args
+
+    g = evtc.Gemm("D = relu(alpha*acc + C + bias[n])", a="f16", b="f16", c="f16", d="f16")
+    A, B, kw = lin_args(64, 32, 16)
+    with pytest.raises(evtc.ArgumentError, match="argument 'stream'") as e:
+        g(A, B, out=Fake((64, 32)), stream=stream, **kw)
+    assert needle in str(e.value)
+    conv = evtc.Conv(LIN)
+    with pytest.raises(evtc.ArgumentError, match="argument 'stream'"):
+        conv(Fake((1, 8, 8, 64)), Fake((64, 3, 3, 64)), bias=Fake((64,), "<f4"), stream=stream)
