@@ -123,8 +123,8 @@ class Conv:
             dims = int(dims)  # a numpy integer is a dimension count too (and JSON can write an int)
         self.a, self.b = check_options(kind, dims, layout, fast_divmod, arch, a, b)
         self.kind, self.dims, self.arch, self.layout, self.fast_divmod = kind, dims, arch, layout, fast_divmod
-        self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
-        self.c = dtypes.coerce(c) if c is not None else None
+        self.d = dtypes.coerce(d, "d") if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
+        self.c = dtypes.coerce(c, "c") if c is not None else None
         self.config = conv_config(arch, self.a, self.b, config, kind=kind)
         self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
         self.traced, self.name = self.pipeline.traced, self.pipeline.name

@@ -61,8 +61,8 @@ def check_options(kind: str, dims: int, layout: str, fast_divmod: tuple[bool, bo
             or not all(isinstance(x, bool) for x in fast_divmod)):
         raise ConfigError(f"fast_divmod = {fast_divmod!r}: a pair of bools (aux loads, stores)", anchor="conv-config")
     get_target(arch)
-    a = dtypes.coerce(a)
-    b = dtypes.coerce(b) if b is not None else a
+    a = dtypes.coerce(a, "a")
+    b = dtypes.coerce(b, "b") if b is not None else a
     for name, dt in (("a", a), ("b", b)):
         if dt not in (dtypes.f16, dtypes.bf16):
             raise ConfigError(f"{name}={dt.name}: evtc's conv kernels take f16 or bf16 operands",

@@ -239,3 +239,28 @@ def test_a_bad_stream_is_refused_before_any_build(no_build, stream, needle):
     conv = evtc.Conv(LIN)
     with pytest.raises(evtc.ArgumentError, match="argument 'stream'"):
         conv(Fake((1, 8, 8, 64)), Fake((64, 3, 3, 64)), bias=Fake((64,), "<f4"), stream=stream)
+
+
+# ---- dtypes: which argument ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [evtc.Gemm, evtc.GroupedGemm, evtc.Conv], ids=["Gemm", "GroupedGemm", "Conv"])
+@pytest.mark.parametrize("arg, value", [("a", "int8"), ("b", "i8"), ("c", "f64"), ("d", 3), ("d", "float64")])
+def test_an_unknown_dtype_names_its_argument(make, arg, value):
+    # "unknown dtype 'int8'" / "can't interpret 3 as a dtype" said neither a, b, c nor d
+    with pytest.raises(evtc.UnknownDTypeError) as e:
+        make(LIN, **{arg: value})
+    assert str(e.value).startswith(f"{arg}={value!r}: "), str(e.value)
+
+
+@pytest.mark.parametrize("arg", ["c", "d"])
+def test_an_unknown_dtype_of_the_decorator_and_the_expression_names_its_argument(arg):
+    def f(acc):
+        return acc
+
+    with pytest.raises(evtc.UnknownDTypeError, match=f"^{arg}='int8': unknown dtype"):
+        evtc.epilogue(f, **{arg: "int8"})
+    with pytest.raises(evtc.UnknownDTypeError, match=f"^{arg}='int8': unknown dtype"):
+        evtc.epilogue(f).trace(**{arg: "int8"})
+    with pytest.raises(evtc.errors.EpilogueTypeError, match=f"^{arg}='int8': unknown dtype"):
+        evtc.from_expr("D = acc", **{arg: "int8"})
