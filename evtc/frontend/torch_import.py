@@ -125,7 +125,7 @@ def _loc_mode(locs: dict[str, SourceLoc]):
                 locs[key] = loc
                 fx_traceback.set_stack_trace([key])
             read = _extent_read(func, extents)
-            if read is not None:  # NOTE [Extents are not known when an epilogue is imported]
+            if read is not None and not _evtc_caller(torch_dir):  # NOTE [Extents are not known when an epilogue is imported]
                 raise TraceError(f"the epilogue reads a tensor's extent ({read}): it is traced once on fake tensors of "
                                  f"M={FAKE_M}, N={FAKE_N}, so the kernel would compute with those numbers for every "
                                  "problem", loc=loc, anchor="trace-error",
@@ -151,6 +151,17 @@ def _extent_reads(torch) -> dict:
     """The torch functions that read a tensor's extents -> how an error shows the read."""
     return {torch.Tensor.size: "size()", torch.Tensor.numel: "numel()", torch.numel: "torch.numel()",
             torch.Tensor.nelement: "nelement()", torch.Tensor.stride: "stride()", torch.Tensor.__len__: "len()"}
+
+
+def _evtc_caller(torch_dir: str) -> bool:
+    """Whether the torch call the mode sees was made by evtc's own code (an evtc function reading
+    a tensor's rank), not by the user's: the first frame outside torch below the mode's."""
+    from evtc.frontend.trace import _is_evtc_file
+
+    frame = sys._getframe(2)  # (this function's caller is the mode's __torch_function__)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(torch_dir):
+        frame = frame.f_back
+    return frame is not None and _is_evtc_file(frame.f_code.co_filename)
 
 
 def _extent_read(func, extents: dict) -> str | None:

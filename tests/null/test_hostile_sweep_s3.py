@@ -264,3 +264,44 @@ def test_an_unknown_dtype_of_the_decorator_and_the_expression_names_its_argument
         evtc.epilogue(f).trace(**{arg: "int8"})
     with pytest.raises(evtc.errors.EpilogueTypeError, match=f"^{arg}='int8': unknown dtype"):
         evtc.from_expr("D = acc", **{arg: "int8"})
+
+
+# ---- eager reductions and evtc.to ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [evtc.sum, evtc.max, evtc.min, evtc.amax], ids=["sum", "max", "min", "amax"])
+@pytest.mark.parametrize("dim", [2, -3, True, 1.0, "1", [0, 1], (0, 1)])
+def test_eager_reductions_take_the_axes_the_traced_ones_take(fn, dim):
+    # dim=2 reduced over M (2 % 2), dim=True over N, dim=1.0 over N; '1' and lists were TypeErrors
+    # of the string formatting / modulo; the traced form refuses all of them
+    with pytest.raises(evtc.ArgumentError, match=r"dim=.* is not a reduction axis"):
+        fn(np.ones((2, 3)), dim=dim)
+    assert np.array_equal(fn(np.ones((2, 3)), dim=np.int64(1)), fn(np.ones((2, 3)), dim=1))
+
+
+@pytest.mark.parametrize("x", [None, "1.0", np.ones(3), 5.0], ids=["None", "str", "1-D", "number"])
+def test_eager_reductions_of_what_is_no_matrix(x):
+    # None and "1.0" escaped as numpy's AxisError; a 1-D array was reduced whole for dim=1
+    with pytest.raises(EvtcError):
+        evtc.sum(x, dim=1)
+
+
+@pytest.mark.parametrize("x", [None, "1.0", 10**400], ids=["None", "str", "huge int"])
+def test_eager_to_of_what_is_no_number(x):
+    # None was nan, "1.0" was 1.0, 10**400 an OverflowError
+    with pytest.raises(evtc.ArgumentError, match="evtc.to"):
+        evtc.to(x, evtc.e4m3)
+
+
+def test_a_torch_epilogue_s_reduction_axis_is_checked():
+    # evtc.sum(acc, dim=2) in a torch-written epilogue was imported as a column reduction (2 % 2)
+    def bad(acc):
+        return {"D": torch.relu(acc), "s": evtc.sum(acc, dim=2)}
+
+    with pytest.raises(evtc.ArgumentError, match="dim=2 is not a reduction axis"):
+        evtc.Gemm(evtc.epilogue(bad))
+
+    def good(acc):
+        return {"D": torch.relu(acc), "s": evtc.sum(acc, dim=1), "m": evtc.amax(acc, dim=0)}
+
+    assert "reduce_max(%1, dim=0)" in str(evtc.epilogue(good).graph)
