@@ -15,6 +15,7 @@ import math
 import sys
 from typing import Any, Callable, Mapping
 
+from evtc import knobs
 from evtc.abi import abi_fields, ctypes_struct
 from evtc.dispatch.family import GemmFamily, kernel_key
 from evtc.dtypes import DType
@@ -158,6 +159,7 @@ class Dispatcher:
             # ones its launcher applies after the build: a caller's rows or base address TMA
             # can't use), after the rules of every route
             self.precheck.signature(A, B, kwargs, out)
+            knobs.check(knobs.CALL_KNOBS + knobs.BUILD_KNOBS)  # the environment's too
             if fam.pinned:
                 fam.binder(spec, fam.kernel(spec)).signature(A, B, kwargs, out)
         if not fam.pinned and not p.aligned_mn and p.aligned_k and spec.config.unaligned and spec.arch == "sm90":

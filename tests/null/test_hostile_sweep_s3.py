@@ -305,3 +305,38 @@ def test_a_torch_epilogue_s_reduction_axis_is_checked():
         return {"D": torch.relu(acc), "s": evtc.sum(acc, dim=1), "m": evtc.amax(acc, dim=0)}
 
     assert "reduce_max(%1, dim=0)" in str(evtc.epilogue(good).graph)
+
+
+# ---- environment knobs, before the build -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["EVTC_PHASE_SPLIT", "EVTC_PACKED_STORES", "EVTC_TORCH_FASTPATH", "EVTC_NVCC_TIMEOUT",
+                                  "EVTC_LOCK_TIMEOUT", "EVTC_CACHE_TOOLCHAIN", "EVTC_PROGRESS"])
+def test_a_knob_the_call_or_its_build_reads_later_is_checked_before_the_build(no_build, monkeypatch, name):
+    # each was read after the first call's kernel was built (or, for the build's own, inside the
+    # build: EVTC_LOCK_TIMEOUT after `nvcc --version`); EVTC_UNALIGNED_STAGING was already checked
+    from test_runtime_launch import Fake, lin_args
+
+    monkeypatch.setenv(name, "bogus")
+    g = evtc.Gemm("D = relu(alpha*acc + C + bias[n])", a="f16", b="f16", c="f16", d="f16")
+    A, B, kw = lin_args(64, 32, 16)
+    with pytest.raises(EvtcError, match=f"{name}='bogus'"):
+        g(A, B, out=Fake((64, 32)), **kw)
+
+
+@pytest.mark.parametrize("name", ["EVTC_NVCC_TIMEOUT", "EVTC_LOCK_TIMEOUT", "EVTC_CACHE_TOOLCHAIN", "EVTC_PROGRESS"])
+def test_a_build_knob_is_checked_before_nvcc_is_looked_for(monkeypatch, tmp_path, name):
+    from evtc.compiler import cache, nvcc
+
+    def no_nvcc(*a, **k):
+        pytest.fail("nvcc was looked for before the build's knobs were checked")
+
+    monkeypatch.setenv("EVTC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(nvcc, "find_nvcc", no_nvcc)
+    monkeypatch.setattr(nvcc, "toolchain", no_nvcc)
+    monkeypatch.setenv(name, "-1" if "TIMEOUT" in name else "bogus")
+    source = evtc.Gemm(LIN).source
+    with pytest.raises(EvtcError, match=name):
+        cache.build(source, "sm90", name="k")
+    with pytest.raises(EvtcError, match=name):
+        cache.build_many([(source, "sm90", "k")])
