@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -118,10 +119,12 @@ class Conv:
                  d: DType | str | None = None, arch: str = "sm90", config: GemmConfig | Mapping | None = None,
                  plan: str | Mapping = "evtc", plan_rank: int = 0, layout: str = "nhwc",
                  fast_divmod: tuple[bool, bool] = (True, True)) -> None:
+        if isinstance(dims, numbers.Integral) and not isinstance(dims, bool):
+            dims = int(dims)  # a numpy integer is a dimension count too (and JSON can write an int)
         self.a, self.b = check_options(kind, dims, layout, fast_divmod, arch, a, b)
         self.kind, self.dims, self.arch, self.layout, self.fast_divmod = kind, dims, arch, layout, fast_divmod
-        self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
-        self.c = dtypes.coerce(c) if c is not None else None
+        self.d = dtypes.coerce(d, "d") if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
+        self.c = dtypes.coerce(c, "c") if c is not None else None
         self.config = conv_config(arch, self.a, self.b, config, kind=kind)
         self.pipeline = Pipeline(epilogue, a=self.a, b=self.b, c=self.c, d=self.d)
         self.traced, self.name = self.pipeline.traced, self.pipeline.name

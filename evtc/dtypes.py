@@ -102,20 +102,31 @@ def by_name(name: str) -> DType:
     raise UnknownDTypeError(f"unknown dtype '{name}'", hint=_KNOWN_HINT)
 
 
-def coerce(value: "DType | str") -> DType:
+def coerce(value: "DType | str", arg: str | None = None) -> DType:
     """Accept a DType, an evtc name, or a torch dtype object (``torch.bfloat16``).
+
+    Args:
+        value: the dtype.
+        arg: the argument it was given as (``"d"``), which an error then names first
+            (``d='int8': unknown dtype 'int8'``): a call with several dtypes says which one.
 
     Raises:
         UnknownDTypeError: ``value`` names no dtype evtc handles.
     """
     if isinstance(value, DType):
         return value
-    if isinstance(value, str):
-        return by_name(value)
-    text = str(value)  # torch.bfloat16 -> "torch.bfloat16"
-    if text.startswith("torch."):
-        return by_name(text[len("torch."):])
-    raise UnknownDTypeError(f"can't interpret {value!r} as a dtype", hint=_KNOWN_HINT)
+    try:
+        if isinstance(value, str):
+            return by_name(value)
+        text = str(value)  # torch.bfloat16 -> "torch.bfloat16"
+        if text.startswith("torch."):
+            return by_name(text[len("torch."):])
+        raise UnknownDTypeError(f"can't interpret {value!r:.60} as a dtype", hint=_KNOWN_HINT)
+    except UnknownDTypeError as e:
+        if arg is not None:
+            e.message = f"{arg}={value!r:.60}: {e.message}"
+            e.args = (e.message,)
+        raise
 
 
 def from_dlpack(code: int, bits: int) -> DType | None:

@@ -99,10 +99,10 @@ class Gemm:
                  config: GemmConfig | Mapping | None = None, plan: str | Mapping = "evtc", plan_rank: int = 0,
                  autotune: bool | None = None, batch_invariant: bool | None = None,
                  atomic_sums: bool = False) -> None:
-        self.a = dtypes.coerce(a)
-        self.b = dtypes.coerce(b) if b is not None else self.a
-        self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
-        self.c = dtypes.coerce(c) if c is not None else None
+        self.a = dtypes.coerce(a, "a")
+        self.b = dtypes.coerce(b, "b") if b is not None else self.a
+        self.d = dtypes.coerce(d, "d") if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
+        self.c = dtypes.coerce(c, "c") if c is not None else None
         self.arch = arch
         self.target = get_target(arch)
         check_mainloop_dtypes(arch, self.a, self.b)

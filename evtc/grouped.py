@@ -228,10 +228,10 @@ class GroupedGemm:
     def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
                  c: DType | str | None = None, d: DType | str | None = None, member: str | None = None,
                  config: GemmConfig | Mapping | None = None) -> None:
-        self.a = dtypes.coerce(a)
-        self.b = dtypes.coerce(b) if b is not None else self.a
-        self.c = dtypes.coerce(c) if c is not None else None
-        self.d = dtypes.coerce(d) if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
+        self.a = dtypes.coerce(a, "a")
+        self.b = dtypes.coerce(b, "b") if b is not None else self.a
+        self.c = dtypes.coerce(c, "c") if c is not None else None
+        self.d = dtypes.coerce(d, "d") if d is not None else getattr(epilogue, "default_d", dtypes.bf16)
         check_mainloop_dtypes(self.arch, self.a, self.b)
         if member is not None and (not isinstance(member, str) or member not in GROUPED_MEMBERS):
             raise ConfigError(f"member {member!r} is not one of the grouped family's {sorted(GROUPED_MEMBERS)}",

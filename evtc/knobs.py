@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from evtc import errors
 
-__all__ = ["KNOBS", "Knob", "parse_bool", "table"]
+__all__ = ["BUILD_KNOBS", "CALL_KNOBS", "KNOBS", "Knob", "check", "parse_bool", "table"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -207,6 +207,23 @@ error_report = _text("EVTC_ERROR_REPORT", "tests/gpu: a JSON file for every outp
 
 #: every knob, in the order above
 KNOBS: tuple[Knob, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Knob))
+
+#: the knobs a kernel build reads (checked before nvcc runs: :func:`evtc.compiler.cache.build`)
+BUILD_KNOBS: tuple[Knob, ...] = (cache_toolchain, lock_timeout, nvcc_timeout, progress)
+#: the knobs a call reads after its kernel is built (checked before the build: NOTE [Checks before
+#: builds] in evtc/dispatch/dispatcher.py)
+CALL_KNOBS: tuple[Knob, ...] = (unaligned_staging, phase_split, packed_stores, torch_fastpath)
+
+
+def check(knobs: tuple[Knob, ...]) -> None:
+    """Read each of ``knobs``, so that a value it doesn't take raises now, before the work that
+    reads it later (a build of minutes).
+
+    Raises:
+        EvtcError (the knob's class): the first value that doesn't parse, naming the variable.
+    """
+    for k in knobs:
+        k.get()
 
 
 def table() -> list[dict[str, str]]:

@@ -31,6 +31,8 @@ __all__ = ["cache", "parse_duration", "parse_size"]
 
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _UNITS_B = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+#: the largest size parse_size reads (2**63: a file offset)
+_MAX_BYTES = 1 << 63
 
 
 def parse_duration(text: str) -> float:
@@ -42,7 +44,10 @@ def parse_duration(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
     if not m:
         raise click.BadParameter(f"'{text}' is not a duration like 30d, 12h, 90m")
-    return float(m.group(1)) * _UNITS_S[m.group(2) or "d"]
+    seconds = float(m.group(1)) * _UNITS_S[m.group(2) or "d"]
+    if seconds == float("inf"):
+        raise click.BadParameter(f"'{text:.40}{'...' if len(text) > 40 else ''}' is longer than any cache has existed")
+    return seconds
 
 
 def parse_size(text: str) -> int:
@@ -54,7 +59,11 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
     if not m:
         raise click.BadParameter(f"'{text}' is not a size like 5G, 500M")
-    return int(float(m.group(1)) * _UNITS_B[m.group(2)])
+    size = float(m.group(1)) * _UNITS_B[m.group(2)]
+    if not size < _MAX_BYTES:  # (an 80-digit size was float infinity: int() raised OverflowError)
+        raise click.BadParameter(f"'{text:.40}{'...' if len(text) > 40 else ''}' is larger than any cache (at most "
+                                 f"{_MAX_BYTES >> 60} EB)")
+    return int(size)
 
 
 def _size(n: int) -> str:

@@ -429,8 +429,16 @@ def _section(markdown: str, anchor: str) -> str | None:
     return "\n".join(out).rstrip() + "\n" if out else None
 
 
+def _out_dir(value: str) -> Path:
+    """``demo --out-dir``: a folder name (an empty one was Path(''), the current folder, written into
+    without being named)."""
+    if not value.strip():
+        raise click.BadParameter("an empty name is no folder; give one (or '.' for the current folder)")
+    return Path(value)
+
+
 @main.command()
-@click.option("--out-dir", callback=lambda c, p, v: Path(v), default="evtc-demo", show_default=True,
+@click.option("--out-dir", callback=lambda c, p, v: _out_dir(v), default="evtc-demo", show_default=True,
               help="where the emitted source and the pictures go")
 @click.option("--arch", type=click.Choice(ARCH_CHOICES), default="sm90", show_default=True)
 def demo(out_dir: Path, arch: str):

@@ -297,6 +297,7 @@ def build(source: str, arch: Any = None, *, name: str = "kernel", extra_flags: S
             longer than ``EVTC_LOCK_TIMEOUT``.
     """
     arch = _arch_name(arch)
+    knobs.check(knobs.BUILD_KNOBS)  # (EVTC_LOCK_TIMEOUT=x was read after nvcc --version, EVTC_NVCC_TIMEOUT at nvcc)
     flags = tuple(extra_flags) + tuple(extra or ())
     source = _override(name, source)
     root = cache_root(create=False)
@@ -538,7 +539,12 @@ def build_many(jobs: Sequence[Any], *, executor: concurrent.futures.Executor | N
     Returns:
         One Artifact or error (BuildError, NoDeviceError, CacheError) per job, in order; errors
         are returned, not raised.
+
+    Raises:
+        EvtcError: a build knob (:data:`evtc.knobs.BUILD_KNOBS`) holds a value it doesn't take,
+            before any job starts.
     """
+    knobs.check(knobs.BUILD_KNOBS)  # raised once, not returned per job after each nvcc
     norm = [_as_job(j, extra) for j in jobs]
     results: list[Any] = [None] * len(norm)
 

@@ -53,7 +53,7 @@ def check_options(kind: str, dims: int, layout: str, fast_divmod: tuple[bool, bo
     """
     if kind not in CONV_KINDS:
         raise ConfigError(f"kind = {kind!r} is not one of {CONV_KINDS}", anchor="conv-config")
-    if dims not in (2, 3) or isinstance(dims, bool):
+    if not isinstance(dims, int) or isinstance(dims, bool) or dims not in (2, 3):  # (2.0 reached the emitter)
         raise ConfigError(f"dims = {dims!r}: evtc's convolutions are 2-D or 3-D", anchor="conv-config")
     if layout not in LAYOUTS:
         raise ConfigError(f"layout = {layout!r} is not one of {LAYOUTS}", anchor="conv-config")
@@ -61,8 +61,8 @@ def check_options(kind: str, dims: int, layout: str, fast_divmod: tuple[bool, bo
             or not all(isinstance(x, bool) for x in fast_divmod)):
         raise ConfigError(f"fast_divmod = {fast_divmod!r}: a pair of bools (aux loads, stores)", anchor="conv-config")
     get_target(arch)
-    a = dtypes.coerce(a)
-    b = dtypes.coerce(b) if b is not None else a
+    a = dtypes.coerce(a, "a")
+    b = dtypes.coerce(b, "b") if b is not None else a
     for name, dt in (("a", a), ("b", b)):
         if dt not in (dtypes.f16, dtypes.bf16):
             raise ConfigError(f"{name}={dt.name}: evtc's conv kernels take f16 or bf16 operands",
@@ -341,6 +341,8 @@ class ConvDispatcher:
             ArgumentError: a bad argument or problem, named, before any build.
             LaunchError: CUDA reported an error.
         """
+        if stream is not None:  # NOTE [Checks before builds]: the stream too (the launcher reads it after the build)
+            tensors.stream_handle(stream, None, self.family.name)
         spec = self.spec(problem)
         route = self.gemm_route
         if route is not None and pointwise_problem(self.family.kind, spec.stride, spec.padding, spec.dilation,

@@ -15,6 +15,7 @@ import math
 import sys
 from typing import Any, Callable, Mapping
 
+from evtc import knobs
 from evtc.abi import abi_fields, ctypes_struct
 from evtc.dispatch.family import GemmFamily, kernel_key
 from evtc.dtypes import DType
@@ -158,6 +159,7 @@ class Dispatcher:
             # ones its launcher applies after the build: a caller's rows or base address TMA
             # can't use), after the rules of every route
             self.precheck.signature(A, B, kwargs, out)
+            knobs.check(knobs.CALL_KNOBS + knobs.BUILD_KNOBS)  # the environment's too
             if fam.pinned:
                 fam.binder(spec, fam.kernel(spec)).signature(A, B, kwargs, out)
         if not fam.pinned and not p.aligned_mn and p.aligned_k and spec.config.unaligned and spec.arch == "sm90":
@@ -235,6 +237,8 @@ class Dispatcher:
     def run_checked(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any, stream: Any):
         """:meth:`run` on the Python launch path: checks, routes (once per signature), launches,
         and registers the call with the fast path."""
+        if stream is not None:  # NOTE [Checks before builds]: the stream too (the launcher reads it after the build)
+            tensors.stream_handle(stream, None, self.family.name)
         if self.mn_loads and (out is None or isinstance(out, Mapping)):
             out = self.packed_outputs(A, B, kwargs, out)
         single = self._single

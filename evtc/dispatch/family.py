@@ -22,8 +22,8 @@ from evtc.family.spec import (ON_DEMAND, EpilogueTraits, KernelSpec, Problem, ch
 from evtc.ir.graph import Graph
 from evtc.ir.nodes import GroupScale, Reduction, is_gated
 from evtc.pipeline import Kernel, Pipeline
-from evtc.plan.config import (DECOMPOSITIONS, RASTER_ORDERS, GemmConfig, atomic_reduction, column_reduction_tile_ok,
-                              glu_config_ok, group_quant_config_ok)
+from evtc.plan.config import (DECOMPOSITIONS, RASTER_ORDERS, GemmConfig, atomic_reduction, check_plan_options,
+                              column_reduction_tile_ok, glu_config_ok, group_quant_config_ok)
 from evtc.plan.target import Target
 from evtc.runtime.bind import Binder
 from evtc.runtime.launch import Launcher
@@ -148,6 +148,7 @@ class GemmFamily:
         self.graph = pipeline.graph_for(arch)
         self.traits = EpilogueTraits.of(self.graph)  # what the choice of member depends on
         self.policy = policy
+        check_plan_options(arch, policy, rank, fixed, epilogue=self.name)  # (before the construct memo answers)
         if config is not None:
             check_decomposition(pipeline.traced, config)
             self.members = {"pinned": KernelSpec("pinned", config, arch)}
@@ -163,6 +164,10 @@ class GemmFamily:
             if batch_invariant:
                 raise ConfigError("atomic_sums=True with batch_invariant=True: float atomics add the sums in the order "
                                   "the tiles finish", epilogue=self.name, hint="choose one of the two")
+            if config is not None and config.atomic_reductions is False:
+                raise ConfigError("atomic_sums=True with a pinned config of atomic_reductions=False: the config keeps "
+                                  "the sums on the workspace, so atomic_sums would be ignored", epilogue=self.name,
+                                  hint="choose one: leave the config's atomic_reductions unset, or drop atomic_sums")
             self.members = {n: dataclasses.replace(s, config=s.config.replace(atomic_reductions=True))
                             if s.config.atomic_reductions is None else s for n, s in self.members.items()}
         self._kernels: dict[str, Kernel] = {}

@@ -93,6 +93,8 @@ from evtc.frontend.builder_rules import (
     EXPRESSION,
     F32_OVERFLOW,
     IR_TEXT,
+    is_reduction_dim,
+    reduction_dim_message,
     KIND_WORDS,
     MAX_INT_BITS,
     PYTHON,
@@ -553,9 +555,8 @@ class IRBuilder:
             EvtcError (``trace_error``): a bad axis, or ``x`` is a pending reduction;
                 :class:`~evtc.errors.EpilogueTypeError`: ``x`` is a constant or not M x N.
         """
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, (int, np.integer))
-                                or dim not in (0, 1, -1, -2)):
-            self.fail(self.dialect.trace_error, f"dim={dim!r} is not a reduction axis of an M x N tile",
+        if not is_reduction_dim(dim):
+            self.fail(self.dialect.trace_error, reduction_dim_message(dim),
                       dim_loc or loc, hint=_DIM_HINT)
         if dim is not None:
             dim = int(dim) % 2

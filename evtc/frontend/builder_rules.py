@@ -32,6 +32,7 @@ from evtc.ir.nodes import (Accumulator, AuxLoad, ColBroadcast, Leaf, Node, Reduc
 __all__ = [
     "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "is_constant", "MAX_INT_BITS", "F32_OVERFLOW",
     "short_repr", "not_elementwise_error", "constant_reduction_error", "unknown_function_error", "KIND_WORDS",
+    "is_reduction_dim", "reduction_dim_message",
 ]
 
 #: integer constants are folded exactly (as Python does) up to this many bits; a result that
@@ -196,6 +197,17 @@ _REFLECTED = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": 
 _USED_INSIDE_HINT = "a reduction is only complete after every tile is done, so it can only be returned as an output"
 _OUTPUT_HINT = "outputs must depend on acc, C or an M x N aux input; vectors come out of reductions"
 _DIM_HINT = "dim=1 (or -1) reduces over N, one value per row; dim=0 (or -2) over M; no dim: both"
+
+
+def reduction_dim_message(dim) -> str:
+    """What is wrong with a ``dim`` that :func:`is_reduction_dim` refuses (both forms say it)."""
+    return f"dim={dim!r:.40} is not a reduction axis of an M x N tile"
+
+
+def is_reduction_dim(dim) -> bool:
+    """Whether ``dim`` is a reduction axis of an M x N tile: None, or the integer 0, 1, -1 or -2
+    (a bool, a float or a string is none; the traced and the eager forms both ask)."""
+    return dim is None or (not isinstance(dim, bool) and isinstance(dim, (int, np.integer)) and dim in (0, 1, -1, -2))
 
 #: how each input kind is named in messages
 KIND_WORDS: dict[type[Leaf], str] = {

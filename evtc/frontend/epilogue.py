@@ -56,8 +56,8 @@ class Epilogue:
         functools.update_wrapper(self, fn)  # first: it copies fn.__dict__, which must not hide ours
         self.fn = fn
         self.name = name or default_name(fn)
-        self.default_c = dtypes.coerce(c) if c is not None else None
-        self.default_d = dtypes.coerce(d)
+        self.default_c = dtypes.coerce(c, "c") if c is not None else None
+        self.default_d = dtypes.coerce(d, "d")
         self.frontend = frontend
         self._cache: dict[tuple, Graph] = {}
 
@@ -74,8 +74,8 @@ class Epilogue:
             EpilogueSignatureError, TraceError, EpilogueTypeError: located at the user's line;
             UnsupportedOpError: a torch op the torch importer can't lower, at its line.
         """
-        dd = dtypes.coerce(d) if d is not None else self.default_d
-        cc = dtypes.coerce(c) if c is not None else (self.default_c or dd)
+        dd = dtypes.coerce(d, "d") if d is not None else self.default_d
+        cc = dtypes.coerce(c, "c") if c is not None else (self.default_c or dd)
         key = (cc, dd)
         if key not in self._cache:
             self._cache[key] = self._trace(cc, dd)

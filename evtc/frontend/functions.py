@@ -273,8 +273,9 @@ def to(x, dtype: DType | str):
         return x.to(dtype)
     from evtc import dtypes as _dt
 
-    dt = _dt.coerce(dtype)
+    dt = _dt.coerce(dtype, "dtype")
     torch = _torch_of((x,))
+    x = _eager_operand("to", x, torch)  # (None was nan, "1.0" was 1.0, 10**400 an OverflowError)
     if torch is not None:
         out = x
         if dt.is_fp8:
@@ -291,7 +292,19 @@ def _reduce(op: str, x, dim: int | None):
         return reduce(op, x, dim)
     if is_constant(x):  # a number has no M x N tile (and numpy has no axis -1 to reduce)
         raise constant_reduction_error(user_loc(), None)
+    from evtc.errors import ArgumentError
+    from evtc.frontend.builder_rules import _DIM_HINT, is_reduction_dim, reduction_dim_message
+
+    if not is_reduction_dim(dim):  # as the traced form (dim=2 was reduced over M: 2 % 2, dim=True over N)
+        raise ArgumentError(f"evtc.{op}: {reduction_dim_message(dim)}", loc=user_loc(), hint=_DIM_HINT)
     torch = _torch_of((x,))
+    x = _eager_operand(op, x, torch)
+    ndim = x.ndim if torch is not None and isinstance(x, torch.Tensor) else np.ndim(x)  # (not .shape: NOTE
+    if ndim < 2:  # [Extents are not known when an epilogue is imported] in evtc/frontend/torch_import.py)
+        raise ArgumentError(f"evtc.{op} of a {ndim}-D value: a reduction takes an M x N matrix (or L of them)",
+                            loc=user_loc(), hint="pass a 2-D (M, N) or 3-D (L, M, N) array or tensor")
+    if op == "amax":
+        x, op = abs(x), "max"
     axes = None if dim is None else ((-1,) if dim % 2 == 1 else (-2,))
     if axes is None:
         axes = (-2, -1)
@@ -326,7 +339,9 @@ def min(x, *rest, dim: int | None = None):  # noqa: A001
 
 def amax(x, dim: int | None = None):
     """max(abs(x)) over ``dim`` (see :func:`sum`): the amax of fp8 scaling recipes."""
-    return _reduce("max", abs(x), dim)
+    if isinstance(x, (Value, Reduced)):
+        return _reduce("max", abs(x), dim)
+    return _reduce("amax", x, dim)
 
 
 def quantize(x, dtype="e4m3", group: int = 128, convention: str = "vllm", scale_layout: str = "row_major"):

@@ -127,8 +127,8 @@ def from_expr(text: str, *, c: DType | str | None = None, d: DType | str = dtype
     epilogue = name or "expr"
     builder = IRBuilder(epilogue, dialect=EXPRESSION)  # checks the name first: messages quote it
     try:
-        builder.d = dtypes.coerce(d)
-        builder.c = dtypes.coerce(c) if c is not None else builder.d
+        builder.d = dtypes.coerce(d, "d")
+        builder.c = dtypes.coerce(c, "c") if c is not None else builder.d
     except UnknownDTypeError as e:
         raise EpilogueTypeError(e.message, epilogue=epilogue, hint=e.hint) from None
     if not isinstance(text, str):

@@ -115,6 +115,8 @@ def _loc_mode(locs: dict[str, SourceLoc]):
 
     torch_dir = _torch_dir()
 
+    extents = _extent_reads(torch)
+
     class LocMode(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             loc = _user_frame_loc(torch_dir)
@@ -122,11 +124,54 @@ def _loc_mode(locs: dict[str, SourceLoc]):
                 key = f'File "{loc.file}", line {loc.line}, col {loc.col} [evtc {len(locs)}]'
                 locs[key] = loc
                 fx_traceback.set_stack_trace([key])
+            read = _extent_read(func, extents)
+            if read is not None and not _evtc_caller(torch_dir):  # NOTE [Extents are not known when an epilogue is imported]
+                raise TraceError(f"the epilogue reads a tensor's extent ({read}): it is traced once on fake tensors of "
+                                 f"M={FAKE_M}, N={FAKE_N}, so the kernel would compute with those numbers for every "
+                                 "problem", loc=loc, anchor="trace-error",
+                                 hint="M and N are known only when the GEMM runs: pass what you need as a scalar "
+                                      "parameter (e.g. inv_n: float, given 1 / N at the call)")
             return func(*args, **(kwargs or {}))
 
     global _LOC_MODE_CODE
     _LOC_MODE_CODE = frozenset({LocMode.__torch_function__.__code__})
     return LocMode()
+
+
+# NOTE [Extents are not known when an epilogue is imported]
+# make_fx runs the function once on fake tensors of M = FAKE_M, N = FAKE_N, and a Python number
+# read from them (``acc.shape[-1]``, ``acc.size(1)``, ``len(acc)``, ``acc.numel()``) becomes a
+# constant of the graph: ``acc / acc.shape[-1]`` was imported as ``div(acc, 7.0)`` and run so for
+# every N. The mode sees each torch call the user's code makes (a torch function written in
+# Python, F.normalize, reads extents under torch's own handler, not through the mode), so a read
+# of an extent it sees is the user's; ``ndim`` and ``dim()`` don't depend on M or N.
+
+
+def _extent_reads(torch) -> dict:
+    """The torch functions that read a tensor's extents -> how an error shows the read."""
+    return {torch.Tensor.size: "size()", torch.Tensor.numel: "numel()", torch.numel: "torch.numel()",
+            torch.Tensor.nelement: "nelement()", torch.Tensor.stride: "stride()", torch.Tensor.__len__: "len()"}
+
+
+def _evtc_caller(torch_dir: str) -> bool:
+    """Whether the torch call the mode sees was made by evtc's own code (an evtc function reading
+    a tensor's rank), not by the user's: the first frame outside torch below the mode's."""
+    from evtc.frontend.trace import _is_evtc_file
+
+    frame = sys._getframe(2)  # (this function's caller is the mode's __torch_function__)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(torch_dir):
+        frame = frame.f_back
+    return frame is not None and _is_evtc_file(frame.f_code.co_filename)
+
+
+def _extent_read(func, extents: dict) -> str | None:
+    """How the call ``func`` reads an extent (``.shape``, ``size()``...), or None if it doesn't."""
+    if getattr(func, "__name__", None) == "__get__":  # a property: Tensor.shape's getter
+        return ".shape" if getattr(getattr(func, "__self__", None), "__name__", None) == "shape" else None
+    try:
+        return extents.get(func)
+    except TypeError:  # an unhashable callable
+        return None
 
 
 #: the code of the mode's ``__torch_function__``: an error raised under it is torch's, not evtc's

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from evtc.dtypes import DType
 from evtc.ir.graph import Graph
-from evtc.plan.config import GemmConfig, default_config, validate
+from evtc.plan.config import GemmConfig, check_plan_options, default_config, validate
 from evtc.plan.model import Buffer, Plan
 from evtc.plan.target import Target, get_target
 
@@ -32,6 +32,7 @@ def make_plan(graph: Graph, arch: str, *, a: DType, b: DType, config: GemmConfig
     """
     target = get_target(arch)
     config = validate(config or default_config(arch, a, b), arch, a, b)
+    check_plan_options(arch, policy, rank, fixed, epilogue=graph.name)
     if arch == "sm90":
         from evtc.plan.sm90 import plan_sm90
 

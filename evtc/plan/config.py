@@ -278,11 +278,12 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     Raises:
         ConfigError: the first broken rule, naming the field and the rule's source.
     """
-    if arch not in DEFAULT_SWIZZLE:
-        raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
+    if not isinstance(arch, str) or arch not in DEFAULT_SWIZZLE:
+        raise ConfigError(f"unknown arch {arch!r:.60}", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
     if not isinstance(config, GemmConfig):
         raise ConfigError(f"config = {config!r} is not a GemmConfig",
                           hint="pass evtc.GemmConfig(...) or a dict of its fields")
+    _check_names(config)
     if config.schedule is None:
         config = config.replace(schedule=ARCH_SCHEDULE[arch])
     if config.cluster is None:
@@ -305,6 +306,21 @@ def validate(config: GemmConfig, arch: str, a: DType, b: DType) -> GemmConfig:
     elif arch == "sm80":
         _check_sm80(config, a)
     return config
+
+
+#: the GemmConfig fields that name a choice, and the choices (a schedule of None is the arch's)
+_NAMED_FIELDS = {"schedule": SCHEDULES_SM90 + ("multistage",), "scheduler": SCHEDULERS, "raster": RASTER_ORDERS,
+                 "decomposition": DECOMPOSITIONS}
+
+
+def _check_names(config: GemmConfig) -> None:
+    """The fields that name a choice are strings (a list or dict there was hashed into a
+    TypeError by the schedule table, :attr:`GemmConfig.name`)."""
+    for name, choices in _NAMED_FIELDS.items():
+        value = getattr(config, name)
+        if not isinstance(value, str) and not (name == "schedule" and value is None):
+            raise ConfigError(f"{name} = {value!r:.60}: needs one of {', '.join(map(repr, choices))}",
+                              hint=f"pass {name} as a string")
 
 
 def _check_sm90(config: GemmConfig, a: DType, b: DType) -> None:
@@ -522,6 +538,34 @@ def check_plan_decisions(decisions: Mapping[str, Any], *, policy: bool = True,
             raise PlanError(f"plan decision {key}={value!r:.60}: needs {PLAN_DECISIONS[key]}", epilogue=epilogue,
                             hint=hint)
     return dict(decisions)
+
+
+def check_plan_options(arch: str, policy: Any, rank: Any, fixed: Mapping[str, Any] | None, *,
+                       epilogue: str | None = None) -> None:
+    """Refuse planner options that ``arch`` would ignore: sm80 kernels have no shared-memory plan
+    to choose (every visitor works from registers, :mod:`evtc.plan.sm80`), so ``plan='cutlass'``,
+    a ``plan_rank`` or fixed decisions there would be dropped while the call reports success.
+    sm90 checks them itself, against its candidates (:func:`evtc.plan.sm90.plan_sm90`).
+
+    Raises:
+        PlanError: a policy that is neither ``evtc`` nor ``cutlass``; a fixed decision of the
+            wrong key or type (:func:`check_plan_decisions`).
+        ConfigError: a rank that is no integer >= 0; on sm80, any option other than the default.
+    """
+    if arch == "sm90":
+        return
+    if not isinstance(policy, str) or policy not in ("evtc", "cutlass"):
+        raise PlanError(f"unknown planning policy {policy!r:.60}", epilogue=epilogue, hint="use one of ('evtc', 'cutlass')")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ConfigError(f"plan_rank={rank!r}: the rank of a plan in the cost model's order is an integer >= 0",
+                          epilogue=epilogue)
+    fixed = check_plan_decisions(fixed or {}, policy=False, epilogue=epilogue)
+    given = ([f"plan={policy!r}"] if policy != "evtc" else []) + ([f"plan={fixed}"] if fixed else []) \
+        + ([f"plan_rank={rank}"] if rank else [])
+    if given:
+        raise ConfigError(f"{', '.join(given)}: {arch} kernels have no shared-memory plan to choose (every epilogue "
+                          "visitor works from registers), so it would be ignored", epilogue=epilogue,
+                          hint=f"leave plan and plan_rank out on {arch} (they choose sm90's plan)")
 
 
 def column_reduction_tile_ok(graph, config: GemmConfig) -> bool:

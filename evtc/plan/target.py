@@ -71,10 +71,9 @@ def get_target(arch: str, device: str | None = None) -> Target:
     Raises:
         ConfigError: unknown arch.
     """
-    try:
-        base = TARGETS[arch]
-    except KeyError:
-        raise ConfigError(f"unknown arch '{arch}'", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)") from None
+    base = TARGETS.get(arch) if isinstance(arch, str) else None  # (a list is no key: no TypeError)
+    if base is None:
+        raise ConfigError(f"unknown arch {arch!r:.60}", hint="use 'sm90' (Hopper) or 'sm80' (Ampere)")
     if device:
         for key, (sms, bw, flops, copy) in DEVICES.items():  # most specific first ("H100 PCIe" before "H100")
             if key in device:

@@ -345,6 +345,10 @@ class EpilogueFragment:
         texts = {"epilogue": self.epilogue_arguments, "fusion": self.fusion_arguments}
         if which not in texts:
             raise FragmentError(f"bind(which={which!r}): 'epilogue' or 'fusion'", epilogue=self.epilogue)
+        if values is not None and not isinstance(values, Mapping):
+            raise FragmentError(f"bind({values!r:.60}): give the placeholders' values as a dict of placeholder name "
+                                "-> C++ expression (or as keywords)", epilogue=self.epilogue,
+                                hint=f"its placeholders: {', '.join(p.name for p in self.placeholders)}")
         given: dict[str, str] = {}
         for source in (values or {}), more:
             for k, v in source.items():
@@ -404,6 +408,8 @@ class EpilogueFragment:
         def fail(msg: str, hint: str) -> None:
             raise FragmentError(f"{who}: {msg}", epilogue=self.epilogue, hint=hint)
 
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            fail(f"version={version!r}: a fragment version is an integer", f"e.g. version={self.version}")
         if version is not None and version != self.version:
             fail(f"the consumer was written for fragment version {version}, the fragment is version {self.version}",
                  "regenerate the fragment with an evtc that makes that version, or update the consumer "
