@@ -4,8 +4,9 @@
 One op per distinct GroupedGemm, ``evtc::grouped_<epilogue>_<hash>`` (the hash covers the IR, the
 dtypes and the family), with schema ``(Tensor A, Tensor B, Tensor offs, Tensor <each tensor
 parameter>..., float <each scalar parameter>...) -> Tensor`` (a tuple of Tensors for several
-outputs, in the epilogue's order) and a fake implementation that gives each output's shape
-(T, N) and dtype without running anything: Dynamo puts the op in the graph instead of
+outputs, in the epilogue's order) and a fake implementation that gives each output's shape and
+dtype without running anything (an M x N output (T, N), evtc.glu's (T, N / 2); a row reduction
+(T,), a column reduction (E, N), a scalar one (E,), f32): Dynamo puts the op in the graph instead of
 breaking on evtc's ctypes call, Inductor sees an opaque functional op. Inside a
 ``torch.compile``-d function a GroupedGemm call without ``out=`` goes through it by itself; the
 op is made when the GroupedGemm is (NOTE [The torch op is made outside torch.compile],
@@ -45,10 +46,6 @@ class GroupedTorchOp:
 
         graph = gg.graph
         self.gg = gg
-        if any(not isinstance(o, Store) for o in graph.outputs):
-            raise ArgumentError("a GroupedGemm with reductions has no torch op yet: its reductions' shapes ((T,), "
-                                "(E, N), (E,)) are not in the op's schema", epilogue=graph.name,
-                                hint="call it outside torch.compile, or compute the reductions from D there")
         leaves = [x for x in graph.used_inputs if not isinstance(x, Accumulator)]
         self.scalar_names = tuple(x.name for x in leaves if isinstance(x, ScalarBroadcast) and not x.by_pointer)
         self.tensor_names = tuple(x.name for x in leaves if x.name not in self.scalar_names)
@@ -59,13 +56,21 @@ class GroupedTorchOp:
         self.qualname = grouped_qualname(gg)
         args = ["Tensor A", "Tensor B", "Tensor offs"] + [f"Tensor {n}" for n in self.tensor_names] + \
                [f"float {n}" for n in self.scalar_names]
-        self.output_names = tuple(o.name for o in graph.outputs if isinstance(o, Store))
+        # every output in the epilogue's order: M x N stores (T, N) (evtc.glu's (T, N / 2)) and
+        # f32 reductions (NOTE [Reductions in the grouped kernel]): per token (T,), per group
+        # (E, N) for a column reduction, (E,) for a scalar one
+        self.output_names = tuple(o.name for o in graph.outputs)
         single = len(self.output_names) == 1
         self.schema = "(" + ", ".join(args) + ") -> " + (
             "Tensor" if single else "(" + ", ".join(["Tensor"] * len(self.output_names)) + ")")
         names = self.tensor_names + self.scalar_names
-        dtypes = [getattr(torch, graph.output(n).dtype.torch) for n in self.output_names]
-        halves = [graph.output(n).columns(2) == 1 for n in self.output_names]  # evtc.glu's: N / 2 columns
+        shapes = []  # (T, E, N) -> the output's shape
+        for o in graph.outputs:
+            if isinstance(o, Store):
+                shapes.append(lambda T, E, N, o=o: (T, o.columns(N)))
+            else:
+                shapes.append(lambda T, E, N, dim=o.dim: (T,) if dim == 1 else (E, N) if dim == 0 else (E,))
+        dtypes = [getattr(torch, o.dtype.torch) for o in graph.outputs]
         out_names = self.output_names
 
         def run(A, B, offs, *rest):
@@ -73,8 +78,8 @@ class GroupedTorchOp:
             return got if single else tuple(got[n] for n in out_names)
 
         def fake(A, B, offs, *rest):
-            outs = [A.new_empty((A.shape[0], B.shape[1] // 2 if half else B.shape[1]), dtype=dt)
-                    for dt, half in zip(dtypes, halves)]
+            T, (E, N) = A.shape[0], B.shape[:2]
+            outs = [A.new_empty(shape(T, E, N), dtype=dt) for shape, dt in zip(shapes, dtypes)]
             return outs[0] if single else tuple(outs)
 
         self.op = torch.library.custom_op(self.qualname, run, mutates_args=(), device_types="cuda",

@@ -311,7 +311,9 @@ def _grow(m: _Match, nodes: list, start: int, device) -> None:
             continue
         row = ATEN[name]
         if row.reduction and m.offs is not None:
-            continue  # a GroupedGemm's torch op returns no reductions (evtc/torch/grouped_op.py)
+            # (the grouped kernel reduces per group: a column or scalar reduction of the graph, over all
+            # tokens, is not its (E, N) or (E,); a row reduction per token would be: not matched yet)
+            continue
         out = _val(node)
         if name in ("aten.max.dim", "aten.min.dim"):
             if any(not (target_name(u) == "getitem" and u.args[1] == 0) for u in node.users):

@@ -243,6 +243,30 @@ def test_grouped_under_torch_compile(built):
     assert torch.equal(got, want)
 
 
+def test_grouped_reductions_under_torch_compile(built):
+    """A GroupedGemm with reductions through its torch op (every output in the epilogue's order,
+    the reductions' shapes from the fake implementation): the same D and row maxima as the eager
+    call bit for bit, the row sums (float atomics across N tiles) within f32 rounding."""
+    g = built[("row_stats", "coop128x128")]
+    tokens = ROUTINGS["skewed"]
+    E, T = len(tokens), sum(tokens)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    A = torch.randn(T, K, generator=gen, device="cuda").to(torch.bfloat16)
+    B = (torch.randn(E, N, K, generator=gen, device="cuda") / 8).to(torch.bfloat16)
+    offs = torch.tensor(np.cumsum(tokens), dtype=torch.int32, device="cuda")
+    ins = _inputs(g, tokens, E, T, gen)
+
+    def layer(A):
+        return g(A, B, offs, **ins)
+
+    got = torch.compile(layer, fullgraph=True)(A)
+    want = layer(A)
+    torch.cuda.synchronize()
+    assert set(got) == set(want) == {"D", "row_max", "row_sum"}
+    assert torch.equal(got["D"], want["D"]) and torch.equal(got["row_max"], want["row_max"])
+    torch.testing.assert_close(got["row_sum"], want["row_sum"], rtol=1e-5, atol=0)
+
+
 def test_backend_fuses_grouped_mm_and_its_epilogue():
     """torch.compile(backend="evtc") turns torch._grouped_mm + bias + SiLU + router weight into
     one GroupedGemm (built on first call) and computes what eager does within bf16 rounding."""

@@ -184,6 +184,42 @@ def test_grouped_torch_op_schema_and_fake():
         op(A, B, offs, C=A, alpha=1.0, beta=2.0)
 
 
+@pytest.mark.parametrize("epilogue,shapes", [
+    (E.row_stats, {"D": (10, 48), "row_max": (10,), "row_sum": (10,)}),
+    (E.dgelu_bgrad, {"D": (10, 48), "dbias": (3, 48)}),
+    (E.fp8_out, {"D": (10, 48), "amax": (3,)}),
+])
+def test_grouped_torch_op_returns_the_reductions(epilogue, shapes):
+    """A GroupedGemm with reductions has a torch op too (it had none: "its reductions' shapes are
+    not in the op's schema"): every output in the epilogue's order, the reductions f32 and shaped
+    as the call returns them (NOTE [Reductions in the grouped kernel]): per token (T,), per
+    expert (E, N) and (E,)."""
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gg = GroupedGemm(epilogue)
+    op = gg.torch_op()
+    assert op.output_names == tuple(o.name for o in gg.graph.outputs) and set(op.output_names) == set(shapes)
+    assert op.schema.endswith("-> (" + ", ".join(["Tensor"] * len(shapes)) + ")")
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        A = torch.empty(10, 64, dtype=torch.bfloat16, **cuda)
+        B = torch.empty(3, 48, 64, dtype=torch.bfloat16, **cuda)
+        offs = torch.empty(3, dtype=torch.int32, **cuda)
+        kw = {}
+        for leaf in gg.graph.used_inputs:
+            if leaf.name in op.scalar_names:
+                kw[leaf.name] = 1.0
+            elif leaf.name in op.tensor_names:
+                kind = type(leaf).__name__
+                shape = {"RowBroadcast": (3, 48), "ColBroadcast": (10,)}.get(kind, (10, 48))
+                kw[leaf.name] = torch.empty(shape, dtype=getattr(torch, leaf.dtype.torch), **cuda)
+        got = op(A, B, offs, **kw)
+        for name, shape in shapes.items():
+            want = torch.float32 if name != "D" else getattr(torch, gg.graph.output("D").dtype.torch)
+            assert (tuple(got[name].shape), got[name].dtype) == (shape, want), name
+
+
 def test_grouped_out_is_a_dict_when_the_result_is(no_build, monkeypatch):
     """With reductions beside D the result is a dict, and so may out= be (the GPU test passed
     {'D': ...} and got "out is a dict, not a torch tensor"); a bare tensor still names D; a
