@@ -111,7 +111,7 @@ CUTLASS_DEVICE void gated(CTensor const& crd, VTensor visit_results, Store&& sto
 // Element: the output's type; ActFn: the gate's activation functor (applied to an Array of f32,
 // as Sm90Compute applies it); TileM/N, EpiM/N: the CTA tile and the epilogue subtile
 template <class Element, template <class> class ActFn, int TileM, int TileN, int EpiM, int EpiN>
-struct Sm90GluStore {
+struct Sm90GluStore : Sm90ConsumerNode {
   using ElementAux = Element;  // what the collective's void-D buffers take (get_element_aux_t)
   static_assert(EpiN % 2 == 0 && TileN % 2 == 0, "the subtile holds whole (gate, up) pairs");
   static_assert((EpiN / 2) * int(sizeof(Element)) % 16 == 0,
@@ -149,27 +149,10 @@ struct Sm90GluStore {
     return args.ptr_out != nullptr && int(N) % 2 == 0;
   }
 
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
   CUTLASS_HOST_DEVICE Sm90GluStore() {}
   CUTLASS_HOST_DEVICE Sm90GluStore(Params const& params, SharedStorage const&) : params_ptr(&params) {}
 
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CTensor, class Residue, class GTensor>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
@@ -245,7 +228,7 @@ struct Sm90GluStore {
 // pointer-array collective hands the callbacks the group's problem shape and the group as the
 // tile's L coordinate: include/evtc/sm90_grouped.hpp). No TMA: a group's rows start anywhere.
 template <class Element, template <class> class ActFn, int EpiM, int EpiN>
-struct Sm90GluStoreGrouped {
+struct Sm90GluStoreGrouped : Sm90ConsumerNode {
   using ElementAux = Element;
   static_assert(EpiN % 2 == 0, "the subtile holds whole (gate, up) pairs");
 
@@ -260,24 +243,10 @@ struct Sm90GluStoreGrouped {
   static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) { return args.ptr_out != nullptr; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
 
   CUTLASS_HOST_DEVICE Sm90GluStoreGrouped() {}
   CUTLASS_HOST_DEVICE Sm90GluStoreGrouped(Params const& params, SharedStorage const&) : params_ptr(&params) {}
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {

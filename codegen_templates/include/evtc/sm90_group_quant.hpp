@@ -44,7 +44,7 @@ CUTLASS_DEVICE float min_nan(float a, float b) {
 // Group: elements per scale (the subtile's N); Convention: a QuantConvention; Qmax: the largest
 // finite value of D's fp8 type (448 for e4m3, 57344 for e5m2: OCP 8-bit Floating Point v1.0)
 template <int Group, int Convention, int Qmax>
-struct Sm90GroupQuant {
+struct Sm90GroupQuant : Sm90ConsumerNode {
   static constexpr QuantConvention kConvention = static_cast<QuantConvention>(Convention);
   // the floor of a group's amax: the sources' epsilons (evtc/ir/quant.py EPS)
   static constexpr float kEps = kConvention == QuantConvention::kDeepgemm ? 1e-4f : 1e-10f;
@@ -72,27 +72,10 @@ struct Sm90GroupQuant {
     return args.ptr_scale != nullptr;
   }
 
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
   CUTLASS_HOST_DEVICE Sm90GroupQuant() {}
   CUTLASS_HOST_DEVICE Sm90GroupQuant(Params const& params, SharedStorage const&) : params_ptr(&params) {}
 
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   template <class CTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {

@@ -28,7 +28,7 @@ CUTLASS_DEVICE auto group_shape(Args const& args) {
 
 // Aux load: Element ptr_aux[group][m * ld + n] (StrideMNL's L stride must be 0).
 template <class Element, class StrideMNL, int Alignment = 128 / cute::sizeof_bits_v<Element>>
-struct Sm90AuxLoadGrouped {
+struct Sm90AuxLoadGrouped : Sm90ConsumerNode {
   using Base = cutlass::epilogue::fusion::Sm90AuxLoad<0, void, Element, StrideMNL, void, void, Alignment, false>;
   using ElementAux = Element;
   struct SharedStorage {};
@@ -43,24 +43,10 @@ struct Sm90AuxLoadGrouped {
   static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
 
   CUTLASS_HOST_DEVICE Sm90AuxLoadGrouped() {}
   CUTLASS_HOST_DEVICE Sm90AuxLoadGrouped(Params const& params, SharedStorage const&) : params_ptr(&params) {}
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
@@ -83,7 +69,7 @@ struct Sm90AuxLoadGrouped {
 // Aux store: Element ptr_aux[group][m * ld + n] = the child's value, rounded.
 template <class Element, cutlass::FloatRoundStyle RoundStyle, class StrideMNL,
           int Alignment = 128 / cute::sizeof_bits_v<Element>>
-struct Sm90AuxStoreGrouped {
+struct Sm90AuxStoreGrouped : Sm90ConsumerNode {
   using Base = cutlass::epilogue::fusion::Sm90AuxStore<0, void, Element, RoundStyle, StrideMNL, void, void, Alignment, false>;
   using ElementAux = Element;
   struct SharedStorage {};
@@ -97,24 +83,10 @@ struct Sm90AuxStoreGrouped {
   static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
 
   CUTLASS_HOST_DEVICE Sm90AuxStoreGrouped() {}
   CUTLASS_HOST_DEVICE Sm90AuxStoreGrouped(Params const& params, SharedStorage const&) : params_ptr(&params) {}
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
@@ -148,9 +120,10 @@ struct Sm90AuxStoreGrouped {
 // elements, then across the 8 lanes of a column (lane / 4), one atomic per warp and column; a
 // scalar over the thread, then the warp, one atomic per warp. Elements outside the group's M x N
 // count the identity. Sums through float atomics depend on the order of arrival (not
-// deterministic); max and min do not.
+// deterministic); max and min do not. evtc fills the output with the identity before the launch
+// (no workspace).
 template <int Axis, template <class> class ReduceFn, template <class> class AtomicFn, int Identity>
-struct Sm90ReductionGrouped {  // Axis 1: a row reduction (over N), 0: a column reduction, -1: scalar
+struct Sm90ReductionGrouped : Sm90ConsumerNode {  // Axis 1: a row reduction (over N), 0: a column reduction, -1: scalar
   struct SharedStorage {};
   struct Arguments {
     float* const* ptr_out = nullptr;  // one per group, on the device (the group table)
@@ -161,24 +134,10 @@ struct Sm90ReductionGrouped {  // Axis 1: a row reduction (over N), 0: a column 
   static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) { return args.ptr_out != nullptr; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;  // evtc fills the output with the identity before the launch
-  }
 
   CUTLASS_HOST_DEVICE Sm90ReductionGrouped() {}
   CUTLASS_HOST_DEVICE Sm90ReductionGrouped(Params const& params, SharedStorage const&) : params_ptr(&params) {}
   Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
 
   // the identity as a float (Identity: 0 sum, 1 max, 2 min)
   static CUTLASS_DEVICE float identity() {

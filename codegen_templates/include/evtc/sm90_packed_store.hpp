@@ -41,7 +41,7 @@ namespace evtc {
 
 template <int Stages, class EpilogueTile, class Element, cutlass::FloatRoundStyle RoundStyle, class StrideMNL,
           class SmemLayoutAtom, class CopyOpR2S>
-struct Sm90AuxStorePacked {
+struct Sm90AuxStorePacked : Sm90ConsumerNode {
   static_assert(Stages > 0, "a packed store goes through shared memory");
   static_assert(cutlass::sizeof_bits_v<Element> >= 8, "packed stores write whole bytes");
   static_assert(cute::is_static_v<decltype(cute::get<1>(StrideMNL{}))>, "row-major M x N tensors only");
@@ -107,15 +107,6 @@ struct Sm90AuxStorePacked {
     return reinterpret_cast<uintptr_t>(args.ptr_aux) % Bytes == 0;
   }
 
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
   CUTLASS_HOST_DEVICE Sm90AuxStorePacked() {}
 
   CUTLASS_HOST_DEVICE Sm90AuxStorePacked(Params const& params, SharedStorage const& shared_storage)
@@ -123,14 +114,6 @@ struct Sm90AuxStorePacked {
 
   Params const* params_ptr;
   Element* smem_aux;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   template <int Threads, class RTensor, class TiledR2S, class STensorR2S, class STensor, class ProblemShapeMNL,
             class TileOrigin>

@@ -6,6 +6,34 @@
 
 namespace evtc {
 
+// NOTE [The members every evtc node shares]: Sm90VisitorImpl
+// (cutlass/epilogue/fusion/sm90_visitor_impl.hpp) asks each node of the tree for its workspace
+// (get_workspace_size, initialize_workspace) and whether the producer warp loads for it
+// (is_producer_load_needed, is_C_load_needed, get_producer_load_callbacks). evtc's own nodes load
+// and store from the consumer threads and keep no workspace, so they all answer alike: each
+// derives from Sm90ConsumerNode and defines only what differs (Arguments, Params,
+// to_underlying_arguments, can_implement, the consumer's callbacks).
+struct Sm90ConsumerNode {
+  template <class ProblemShape, class Arguments>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  template <class ProblemShape, class Arguments>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
+    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
+  }
+};
+
 // A compile-time constant: returns a fragment filled with the float whose bit pattern is Bits.
 // (C++17 has no float template parameters; the bits keep the value exact and the kernel
 // folds it into its instructions.)
@@ -122,7 +150,7 @@ namespace evtc {
 
 template <class CtaTileShapeMNK, class ElementInput, class ElementCompute = ElementInput,
           class StrideMNL = cute::Stride<cute::_0, cute::_1, int64_t>>
-struct Sm90RowBroadcastDirect {
+struct Sm90RowBroadcastDirect : Sm90ConsumerNode {
   static_assert(cute::is_static_v<decltype(cute::take<0, 2>(StrideMNL{}))> &&
                     cute::take<0, 2>(StrideMNL{}) == cute::Stride<cute::_0, cute::_1>{},
                 "a row broadcast has strides (0, 1) along (M, N)");
@@ -147,17 +175,6 @@ struct Sm90RowBroadcastDirect {
     return args.ptr_row != nullptr;
   }
 
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
   CUTLASS_HOST_DEVICE Sm90RowBroadcastDirect() {}
 
   CUTLASS_HOST_DEVICE
@@ -165,14 +182,7 @@ struct Sm90RowBroadcastDirect {
 
   Params params;
 
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
   CUTLASS_DEVICE bool is_zero() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   template <class GTensor, class CTensor, class RTensor, class FTensor, class ThrResidue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
