@@ -556,8 +556,7 @@ class IRBuilder:
                 :class:`~evtc.errors.EpilogueTypeError`: ``x`` is a constant or not M x N.
         """
         if not is_reduction_dim(dim):
-            self.fail(self.dialect.trace_error, reduction_dim_message(dim),
-                      dim_loc or loc, hint=_DIM_HINT)
+            self.fail(self.dialect.trace_error, reduction_dim_message(dim), dim_loc or loc, hint=_DIM_HINT)
         if dim is not None:
             dim = int(dim) % 2
         if op == "amax":

@@ -18,6 +18,19 @@ def prebuild(gemms):
     return gemms
 
 
+def built_fixture(gemms):
+    """A module-scoped fixture: the dict ``gemms()`` returns (test key -> evtc.Gemm), every Gemm
+    of it built first (:func:`prebuild`). In a test module: ``built = built_fixture(gemms)``."""
+
+    @pytest.fixture(scope="module")
+    def built():
+        table = gemms()
+        prebuild(list(table.values()))
+        return table
+
+    return built
+
+
 def selected_params(request, test_name: str, param: str) -> set:
     """The values of ``param`` over the selected (not deselected) items of ``test_name`` in the
     requesting module, so a module fixture builds only what the run needs."""

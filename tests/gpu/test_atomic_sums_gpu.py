@@ -11,6 +11,8 @@ import evtc
 from evtc import bf16
 from evtc.testing import Problem, check
 
+from conftest_gpu import built_fixture
+
 pytestmark = pytest.mark.gpu
 
 CONFIGS = {"coop": dict(tile=(128, 128, 64)), "pp": dict(tile=(64, 128, 64), cluster=(1, 1, 1), schedule="pingpong")}
@@ -29,13 +31,7 @@ def gemms() -> dict:
     return table
 
 
-@pytest.fixture(scope="module")
-def built():
-    from conftest_gpu import prebuild
-
-    table = gemms()
-    prebuild(list(table.values()))
-    return table
+built = built_fixture(gemms)
 
 
 @pytest.mark.parametrize("atomic", [True, None], ids=["atomic", "workspace"])

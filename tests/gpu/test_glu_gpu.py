@@ -11,6 +11,8 @@ import evtc
 from evtc import bf16, f32
 from evtc.testing import Problem, check
 
+from conftest_gpu import built_fixture
+
 pytestmark = pytest.mark.gpu
 
 
@@ -41,13 +43,7 @@ def gemms() -> dict:
     return table
 
 
-@pytest.fixture(scope="module")
-def built():
-    from conftest_gpu import prebuild
-
-    table = gemms()
-    prebuild(list(table.values()))
-    return table
+built = built_fixture(gemms)
 
 
 def _check(g, shape, seed):

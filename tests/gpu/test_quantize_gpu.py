@@ -12,6 +12,8 @@ from evtc.testing.inputs import poisoned_outputs
 from evtc.testing import Problem
 from evtc.testing.quant import quantize_per_token_group
 
+from conftest_gpu import built_fixture
+
 pytestmark = pytest.mark.gpu
 
 
@@ -49,13 +51,7 @@ def gemms() -> dict:
     return table
 
 
-@pytest.fixture(scope="module")
-def built():
-    from conftest_gpu import prebuild
-
-    table = gemms()
-    prebuild(list(table.values()))
-    return table
+built = built_fixture(gemms)
 
 
 def _inputs(M, N, K, L, seed):
