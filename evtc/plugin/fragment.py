@@ -45,6 +45,40 @@ stable_constant("evtc.plugin.fragment.FRAGMENT_VERSION", FRAGMENT_VERSION, 1)
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def _not_one_expression(text: str) -> str | None:
+    """Why ``text`` is not one C++ expression that can stand as an element of an initializer
+    (None where it can): empty, brackets that don't balance, or a comma, semicolon or comment
+    outside brackets and literals. (A top-level comma would add an element and shift every field
+    after it; a ``//`` comment would swallow the rest of the initializer's line.)"""
+    if not text.strip():
+        return "an empty expression"
+    pairs, stack, quote, i = {")": "(", "]": "[", "}": "{"}, [], None, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif text.startswith(("//", "/*"), i):
+            return "a comment in the expression"
+        elif ch in "([{":
+            stack.append(ch)
+        elif ch in ")]}":
+            if not stack or stack.pop() != pairs[ch]:
+                return f"an unbalanced '{ch}'"
+        elif ch in ",;" and not stack:
+            return f"a '{ch}' outside brackets: more than one expression"
+        i += 1
+    if quote:
+        return "an unterminated literal"
+    if stack:
+        return f"an unclosed '{stack[-1]}'"
+    return None
+
+
 @stable(since=1)
 @dataclasses.dataclass(frozen=True)
 class Placeholder:
@@ -357,6 +391,12 @@ class EpilogueFragment:
                 if isinstance(v, bool) or not isinstance(v, (str, int, float)):
                     raise FragmentError(f"placeholder '{k}' = {v!r}: give a C++ expression as a string",
                                         epilogue=self.epilogue)
+                why = _not_one_expression(str(v))
+                if why:
+                    raise FragmentError(f"placeholder '{k}' = {str(v)!r:.80}: {why}", epilogue=self.epilogue,
+                                        hint="bind each placeholder to one C++ expression, e.g. 'params.bias_ptr' "
+                                             "or '1.0f' (a template argument list with a comma: wrap the "
+                                             "expression in parentheses; docs/plugin.md, 'Binding the arguments')")
                 given[k] = str(v)
         text = texts[which]
         needed = set(_PLACEHOLDER.findall(text))

@@ -127,6 +127,24 @@ def test_bind_refuses_missing_unknown_and_twice_bound_placeholders():
     assert "${" not in fusion and "float(0)" in fusion
 
 
+@pytest.mark.parametrize("value,why", [
+    ("", "an empty expression"), ("}", "an unbalanced '}'"), ("(args.p_C", "an unclosed '\\('"),
+    ("args.p_C, 0", "a ',' outside brackets"), ("args.p_C; launch()", "a ';' outside brackets"),
+    ("args.p_C // the C pointer", "a comment"), ("'x", "an unterminated literal"),
+])
+def test_bind_refuses_what_is_not_one_expression(value, why):
+    """bind pasted any text: '' or '}' broke the initializer, and 'a, b' added an element that
+    shifted every field after it, which C++ may accept (a silently wrong initializer)."""
+    import epilogues as E
+
+    frag = lower(E.bias_relu)
+    full = {p.name: "0" for p in frag.placeholders}
+    with pytest.raises(FragmentError, match=f"placeholder 'p_C' = .*: {why}"):
+        frag.bind({**full, "p_C": value})
+    for ok in ("static_cast<void const*>(args.p_C)", "f(a, b)", "x[i]", "'a'", '"a, b"', "(pick<int, 2>(x))"):
+        assert ok in frag.bind({**full, "p_C": ok})
+
+
 def test_parameters_describe_every_kind():
     @evtc.epilogue
     def all_kinds(acc, C, alpha: float, s: evtc.DeviceScalar[f32], r: evtc.RowVector[bf16], c: evtc.ColVector[f32],
