@@ -116,11 +116,9 @@ from evtc.ir.nodes import (QUANT_CONVENTIONS, QUANT_GROUPS, QUANT_SCALE_LAYOUTS,
                            GroupScale, Immediate, Leaf, Node, Output, ReduceOp, Reduction, Source, Store,
                            glu_acts, is_glu_act)
 
-__all__ = [
-    "Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant",
-    "MAX_INT_BITS", "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error",
-    "unknown_function_error", "KIND_WORDS",
-]
+__all__ = ["Dialect", "PYTHON", "EXPRESSION", "IR_TEXT", "Pending", "Value", "IRBuilder", "is_constant", "MAX_INT_BITS",
+           "F32_OVERFLOW", "short_repr", "not_elementwise_error", "constant_reduction_error", "unknown_function_error",
+           "KIND_WORDS"]
 
 
 class IRBuilder:
@@ -317,7 +315,7 @@ class IRBuilder:
 
         Raises:
             EvtcError (the dialect's ``trace_error``): a finite constant beyond f32's range (an
-                int too large for any float included).
+                int too large for any float included), or a nonzero one that rounds to 0 in f32.
         """
         if isinstance(x, bool):
             return 1.0 if x else 0.0
@@ -325,15 +323,16 @@ class IRBuilder:
             value = float(x)
         except OverflowError:
             self._not_f32(short_repr(x), loc)
-        if math.isfinite(value) and abs(value) >= F32_OVERFLOW:
-            self._not_f32(_shown(x), loc)
+        underflow = value != 0 and np.float32(value) == 0  # below half f32's least subnormal
+        if underflow or (math.isfinite(value) and abs(value) >= F32_OVERFLOW):
+            self._not_f32(_shown(x), loc, "rounds to 0 in f32" if underflow else "")
         return value
 
-    def _not_f32(self, shown: str, loc: SourceLoc | None) -> NoReturn:
-        self.fail(self.dialect.trace_error,
-                  f"the constant {shown} is not representable as a finite f32 (the epilogue computes in f32, "
-                  f"whose largest finite value is {_F32_MAX:.8g})", loc,
-                  hint="scale the constant into f32's range; write inf for an infinite constant")
+    def _not_f32(self, shown: str, loc: SourceLoc | None, what: str = "") -> NoReturn:
+        what = what or "is not representable as a finite f32"
+        self.fail(self.dialect.trace_error, f"the constant {shown} {what} (the epilogue computes in f32: magnitudes "
+                  f"from {np.finfo(np.float32).smallest_subnormal:.3g} to {_F32_MAX:.8g}, and 0)", loc,
+                  hint="scale the constant into f32's range; write 0 or inf where 0 or an infinite constant is meant")
 
     def literal(self, text: str, loc: SourceLoc | None) -> int | float:
         """The number a decimal literal of a text form means: an int for digits only (as

@@ -201,10 +201,13 @@ def test_float_literal_beyond_float64_is_refused_not_read_as_inf(text):
 
 
 @pytest.mark.parametrize("value,ok", [(3.4e38, True), (3.4028235e38, True), (3.4028236e38, False), (1e39, False),
-                                      (-1e300, False), (1e-50, True), (float("inf"), True), (float("-inf"), True),
+                                      (-1e300, False), (1e-40, True), (1e-45, True), (7e-46, False), (1e-50, False),
+                                      (-1e-300, False), (0.0, True), (float("inf"), True), (float("-inf"), True),
                                       (float("nan"), True)])
 def test_constants_must_be_finite_f32_or_inf_or_nan(value, ok):
-    assert (abs(value) < F32_OVERFLOW or not math.isfinite(value)) == ok
+    """Beyond f32's range, or nonzero and below half its least subnormal (1e-50 was taken as 0:
+    ``acc / (acc + 1e-50)`` divided by zero where the user wrote a guard), is a located error."""
+    assert (abs(value) < F32_OVERFLOW and (value == 0 or np.float32(value) != 0) or not math.isfinite(value)) == ok
 
     def ep(acc):
         return acc * value
@@ -220,8 +223,19 @@ def test_constants_must_be_finite_f32_or_inf_or_nan(value, ok):
         if ok:
             build()
         else:
-            with pytest.raises(TraceError, match="not representable as a finite f32"):
+            with pytest.raises(TraceError, match="not representable as a finite f32" if abs(value) > 1 else "rounds to 0"):
                 build()
+
+
+def test_a_fold_that_rounds_to_zero_in_f32_is_refused_in_both_forms():
+    """1e-30 * 1e-30 is 1e-60 in float64 and 0 in f32: the kernel would multiply by 0."""
+    def ep(acc, C):
+        return 1e-30 * 1e-30 * C
+
+    for build in (lambda: trace(ep), lambda: from_expr("D = 1e-30 * 1e-30 * C")):
+        with pytest.raises(TraceError, match="rounds to 0 in f32"):
+            build()
+    assert "1e-30" in str(from_expr("D = 1e-30 * C"))
 
 
 def test_python_semantics_of_integers_are_kept_where_they_fit():
