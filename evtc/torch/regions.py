@@ -467,15 +467,16 @@ def fake_val(node):
     kwargs = torch.fx.node.map_arg(node.kwargs, val)
     if any(v is None for v in vals):
         return None
-    try:  # (an inference graph's values can come from two fake modes: then no constraint, as before)
+    try:  # (the inference zoo's graphs mix two fake modes: no value then; their operands reached the op
+        # K-contiguous all the same, on the CPU under Inductor)
         mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
         if mode is None:
             return None
         with mode:
-            val = node.target(*args, **kwargs)
+            out = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 - a value that can't be made leaves the node as the pass made it
         return None
-    node.meta["val"] = val
+    node.meta["val"] = out
     # Inductor constrains a needs_exact_strides op's arguments to these, and to nothing when a
     # custom pass inserted the op without them (torch/_inductor/graph.py, call_function)
     node.meta["eager_input_vals"] = (args, kwargs)
