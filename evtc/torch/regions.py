@@ -285,6 +285,7 @@ def _start(node, allow_cpu: bool) -> _Match | None:
 def _grow(m: _Match, nodes: list, start: int, device) -> None:
     """Admit, in graph order, every node after the anchor that uses a region value and that
     evtc can lower with the values it has."""
+    from evtc.frontend.torch_aten import _bind
     from evtc.frontend.torch_import import ATEN, target_name, unsupported_reason
 
     for node in nodes[start:]:
@@ -310,9 +311,9 @@ def _grow(m: _Match, nodes: list, start: int, device) -> None:
         if unsupported_reason(node, extents_known=True, reduce_dim=m.reduce_dim) is not None:
             continue
         row = ATEN[name]
-        if row.reduction and m.offs is not None:
-            # (the grouped kernel reduces per group: a column or scalar reduction of the graph, over all
-            # tokens, is not its (E, N) or (E,); a row reduction per token would be: not matched yet)
+        if row.reduction and m.offs is not None and m.reduce_dim(_bind(node), node)[0] != 1:
+            # (a grouped kernel's column and scalar reductions are per group, (E, N) and (E,); the
+            # graph's run over every token: only its row reductions, one value a token, are the same)
             continue
         out = _val(node)
         if name in ("aten.max.dim", "aten.min.dim"):

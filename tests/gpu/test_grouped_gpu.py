@@ -268,15 +268,17 @@ def test_grouped_reductions_under_torch_compile(built):
 
 
 def test_backend_fuses_grouped_mm_and_its_epilogue():
-    """torch.compile(backend="evtc") turns torch._grouped_mm + bias + SiLU + router weight into
-    one GroupedGemm (built on first call) and computes what eager does within bf16 rounding."""
+    """torch.compile(backend="evtc") turns torch._grouped_mm + bias + SiLU + router weight, and the
+    row max of the result (one value a token), into one GroupedGemm (built on first call) and
+    computes what eager does within bf16 rounding; the row max exactly that of the rounded h."""
     import torch.nn.functional as F
 
     from evtc.torch.backend import make_backend
 
     def moe(a, w, offs, bias, weight):
         y = torch._grouped_mm(a, w.transpose(1, 2), offs=offs)
-        return F.silu(y + bias) * weight
+        h = F.silu(y + bias) * weight
+        return h, h.float().amax(dim=-1)
 
     gen = torch.Generator(device="cuda").manual_seed(5)
     T, E = 700, 8
@@ -287,9 +289,10 @@ def test_backend_fuses_grouped_mm_and_its_epilogue():
     weight = torch.rand(T, 1, generator=gen, device="cuda").to(torch.bfloat16)
     torch._dynamo.reset()
     be = make_backend()
-    got = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs, bias, weight)
+    got, amax = torch.compile(moe, backend=be, fullgraph=True)(a, w, offs, bias, weight)
     torch.cuda.synchronize()
     assert be.fused == 1
+    assert torch.equal(amax, got.float().amax(dim=-1))
     y = torch.cat([a[lo:hi].double() @ w[e].double().T
                    for e, (lo, hi) in enumerate(zip([0] + offs.tolist()[:-1], offs.tolist()))])
     want = F.silu(y + bias.double()) * weight.double()

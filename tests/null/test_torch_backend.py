@@ -12,6 +12,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from evtc.ir.interpret import interpret
+from evtc.ir.nodes import Store
 from evtc.torch.backend import make_backend
 
 from torch_models import Fp8Out, LayerNormStats, LinearGelu, MLPBlock, ulp, within_half_ulp  # noqa: E402
@@ -286,9 +287,10 @@ def _register_grouped(g):
 
     def cpu(A, B, offs, *rest):
         kw = dict(zip(op.tensor_names + op.scalar_names, rest))
+        stores = [o.name for o in g.graph.outputs if isinstance(o, Store)]
         outs = {n: torch.zeros(A.shape[0], g.graph.output(n).columns(B.shape[1]),  # (N / 2 for evtc.glu's)
-                               dtype=getattr(torch, g.graph.output(n).dtype.torch))
-                for n in op.output_names}
+                               dtype=getattr(torch, g.graph.output(n).dtype.torch)) for n in stores}
+        outs.update({o.name: torch.zeros(A.shape[0]) for o in g.graph.outputs if o.name not in outs})  # per token
         lo = 0
         for e, hi in enumerate(offs.tolist()):
             acc = A[lo:hi].double().numpy() @ B[e].double().numpy().T
@@ -301,8 +303,8 @@ def _register_grouped(g):
                 v = v.double().numpy() if torch.is_tensor(v) else v
                 ins[leaf.name] = v[lo:hi] if kind in ("AuxLoad", "Source", "ColBroadcast") else v
             res = interpret(g.graph, acc, ins)
-            for n in op.output_names:
-                outs[n][lo:hi] = torch.from_numpy(np.asarray(res[n])[0]).to(outs[n].dtype)
+            for n in op.output_names:  # (a row reduction's: the group's rows, one value each)
+                outs[n][lo:hi] = torch.from_numpy(np.asarray(res[n]).reshape(outs[n][lo:hi].shape)).to(outs[n].dtype)
             lo = hi
         vals = [outs[n] for n in op.output_names]
         return vals[0] if len(vals) == 1 else tuple(vals)
@@ -328,7 +330,8 @@ def compiled_grouped(fn, *args):
 
 def test_grouped_mm_with_its_epilogue_is_one_grouped_op():
     """torch._grouped_mm (a mixture-of-experts layer) and the pointwise ops after it become one
-    evtc.GroupedGemm; a reduction after it stays outside (a GroupedGemm's torch op returns none)."""
+    evtc.GroupedGemm, with a row reduction after them (one value a token: the op returns it);
+    a column reduction, over every token, stays outside (the kernel's are per expert)."""
     import evtc
 
     def moe(a, w, offs, bias, weight):
@@ -343,12 +346,20 @@ def test_grouped_mm_with_its_epilogue_is_one_grouped_op():
     bias, weight = torch.randn(48).bfloat16(), torch.rand(64, 1).bfloat16()
     (h, amax), be, made = compiled_grouped(moe, a, w, offs, bias, weight)
     assert be.fused == 1 and isinstance(made[0], evtc.GroupedGemm)
-    assert "silu" in str(made[0].graph) and "max" not in str(made[0].graph)
+    assert "silu" in str(made[0].graph) and "reduce_max" in str(made[0].graph)
     y = torch.cat([a[lo:hi].double() @ w[e].double().T for e, (lo, hi) in enumerate(zip([0, 10, 10, 40], offs.tolist()))])
     ref = F.silu(y + bias.double()) * weight.double()
     torch.testing.assert_close(h.double(), ref, rtol=2 ** -7, atol=1e-3)
     # the amax reads the f32 value the kernel stored beside h (one rounding: NOTE in regions.py)
     torch.testing.assert_close(amax, h.float().amax(dim=-1), rtol=2 ** -7, atol=0)
+
+    def column_sum(a, w, offs):
+        y = torch._grouped_mm(a, w.transpose(1, 2), offs=offs)
+        return F.relu(y), F.relu(y).float().sum(dim=0)
+
+    (r, colsum), be, made = compiled_grouped(column_sum, a, w, offs)
+    assert be.fused == 1 and "reduce" not in str(made[0].graph)
+    torch.testing.assert_close(colsum, r.float().sum(dim=0), rtol=2 ** -7, atol=1e-3)  # (Inductor's: bf16 or not)
 
 
 # ---- the fuse gate (NOTE [The fuse gate] in evtc/dispatch/select.py) ----------------------------
