@@ -233,38 +233,3 @@ def test_grouped_torch_op_gives_n_half_columns():
         offs, bias = torch.empty(3, dtype=torch.int32), torch.empty(3, 48)
         out = op.op(A, B, offs, bias)
     assert tuple(out.shape) == (10, 24)
-
-
-@pytest.mark.parametrize("v", [2, 3, 4])
-def test_grouped_store_quad_transpose_index_map(v):
-    """NOTE [The grouped gated store's quad transpose] (include/evtc/sm90_glu_store.hpp): a model
-    of its two butterfly stages, lane for lane (lane q starts with the outputs q + 4j, j < V; stage
-    s exchanges with lane q ^ 2^s the values whose bit v - 2 + s differs from the lane's bit s),
-    ends with lane p holding the V contiguous outputs p V + off(slot), off being the header's
-    QuadRows::off; and the source's text has the exchange as modelled here."""
-    V = 1 << v
-    x = {q: [q + 4 * j for j in range(V)] for q in range(4)}
-    for s in range(2):
-        jb = 1 << (v - 2 + s)
-        sent = {q: {j: (x[q][j] if (q >> s) & 1 else x[q][j | jb]) for j in range(V) if not j & jb} for q in range(4)}
-        new = {q: list(x[q]) for q in range(4)}
-        for q in range(4):
-            qb = (q >> s) & 1
-            for j in sent[q]:
-                got = sent[q ^ (1 << s)][j]  # __shfl_xor_sync(..., 1 << s)
-                new[q][j] = got if qb else x[q][j]
-                new[q][j | jb] = x[q][j | jb] if qb else got
-        x = new
-
-    def off(slot):  # QuadRows::off
-        return ((slot >> (v - 2)) & 1) + 2 * ((slot >> (v - 1)) & 1) + 4 * (slot & ((1 << (v - 2)) - 1))
-
-    assert all(x[p][slot] == p * V + off(slot) for p in range(4) for slot in range(V))
-    assert sorted(off(slot) for slot in range(V)) == list(range(V))
-    from evtc.resources import data_path
-
-    src = data_path("codegen_templates", "include", "evtc", "sm90_glu_store.hpp").read_text()
-    for line in ("float const got = __shfl_xor_sync(0xffffffff, qb ? a : b, 1 << s);", "x[j] = qb ? got : a;",
-                 "x[j | jb] = qb ? b : got;", "constexpr int jb = 1 << (Grid::v - 2 + s);",
-                 "return ((slot >> (v - 2)) & 1) + 2 * ((slot >> (v - 1)) & 1) + 4 * (slot & ((1 << (v - 2)) - 1));"):
-        assert line in src, line

@@ -70,70 +70,6 @@ struct UpPartners {
   static constexpr int pairs() { return rank(Size); }
 };
 
-// NOTE [The grouped gated store's quad transpose]: in the WGMMA layout (NOTE [The gated
-// epilogue]) the four lanes of a quad hold one row of the subtile, lane q the outputs q + 4j
-// (its pairs at columns 2q + 8j); stored as they lie, a quad writes 4 elements (8 bytes of bf16)
-// per instruction, a quarter of a 32-byte sector. Two butterfly stages of shuffles (lane bit s
-// exchanged with value bit v - 2 + s, V = 2^v outputs a lane holds per row) leave lane p the V
-// contiguous outputs p V + off(slot), which it stores as one vector (V = 4 for a 32-column
-// subtile: 8 bytes, the quad a whole sector). QuadRows says whether the thread's pairs form
-// that grid (rows x V, each row's pairs at relative columns 0, 8, ...); where they don't, the
-// store stays element by element. The index map is checked by tests/null/test_glu.py's model of
-// the exchange.
-template <class L, int Size, class Up>
-struct QuadRows {
-  static constexpr int P = Up::pairs();
-  struct Grid {
-    bool ok = false;
-    int rows = 0, v = 0;
-    int row_off[Size] = {};   // the rows' offsets from the thread's first row
-    int rank[Size] = {};      // rank[ri * V + j]: the pair at row ri, relative column 8 j
-  };
-  template <int... Is>
-  static constexpr Grid make(cute::int_sequence<Is...>) {
-    constexpr int rows[] = {int(cute::get<0>(L{}(cute::Int<Is>{})))...};
-    constexpr int cols[] = {int(cute::get<1>(L{}(cute::Int<Is>{})))...};
-    Grid g{};
-    int nr = 0;
-    for (int i = 0; i < Size; ++i) {
-      if (Up::value[i] < 0) continue;
-      bool seen = false;
-      for (int k = 0; k < nr; ++k) seen = seen || g.row_off[k] == rows[i];
-      if (!seen) g.row_off[nr++] = rows[i];
-    }
-    if (nr == 0 || P % nr != 0) return g;
-    int const V = P / nr;
-    int v = 0;
-    while ((1 << v) < V) ++v;
-    if ((1 << v) != V || v < 2) return g;
-    for (int k = 0; k < nr * V; ++k) g.rank[k] = -1;
-    for (int i = 0; i < Size; ++i) {
-      if (Up::value[i] < 0) continue;
-      if (cols[i] % 8 != 0 || cols[i] / 8 >= V) return g;
-      int ri = 0;
-      while (g.row_off[ri] != rows[i]) ++ri;
-      int const k = ri * V + cols[i] / 8;
-      if (g.rank[k] != -1) return g;
-      g.rank[k] = Up::rank(i);
-    }
-    g.ok = true;
-    g.rows = nr;
-    g.v = v;
-    return g;
-  }
-  static constexpr Grid grid = make(cute::make_int_sequence<Size>{});
-  static constexpr bool ok = grid.ok;
-  static constexpr int rows = grid.ok ? grid.rows : 1;
-  static constexpr int v = grid.ok ? grid.v : 2;
-  static constexpr int V = 1 << v;
-  static constexpr int row_off(int ri) { return grid.row_off[ri]; }
-  static constexpr int rank(int ri, int j) { return grid.rank[ri * V + j]; }
-  // slot -> its output's offset in the lane's V contiguous outputs (after the two stages)
-  static constexpr int off(int slot) {
-    return ((slot >> (v - 2)) & 1) + 2 * ((slot >> (v - 1)) & 1) + 4 * (slot & ((1 << (v - 2)) - 1));
-  }
-};
-
 // The gated values of one epilogue subtile: visit_results (the collective's register fragment of
 // the subtile, element i at coordinate crd(i) relative to the thread's first element) paired
 // column 2c with 2c + 1, act(gate) * up as Sm90Compute applies a functor (to an Array of f32).
@@ -338,68 +274,12 @@ struct Sm90GluStoreGrouped : Sm90ConsumerNode {
       using RelLayout = decltype(tCcD(_, _, _, Int<0>{}, Int<0>{}).layout());
       int const row0 = M - int(get<0>(residue)), col0 = N - int(get<1>(residue));  // within the group
       cutlass::NumericConverter<Element, float> convert;
-      using Up = glu_detail::UpPartners<RelLayout, decltype(size(crd))::value>;
-      using Grid = glu_detail::QuadRows<RelLayout, decltype(size(crd))::value, Up>;
-      if constexpr (Grid::ok) {  // NOTE [The grouped gated store's quad transpose]
-        float vals[Up::pairs()];
-        glu_detail::gated<ActFn, RelLayout>(crd, visit_results, [&](auto I, float v) {
-          constexpr int Q = Up::rank(decltype(I)::value);
-          vals[Q] = v;
-        });
-        constexpr int V = Grid::V;
-        int const q = int(threadIdx.x) & 3;
-        int const Nh = N / 2;
-        int const c = col0 / 2 - q + q * V;  // this lane's first output column after the exchange
-        bool const vec = (reinterpret_cast<uintptr_t>(out) % (V * sizeof(Element)) == 0) && ld % V == 0;
-        cute::for_each(cute::make_int_sequence<Grid::rows>{}, [&](auto RI) {
-          constexpr int ri = decltype(RI)::value;
-          float x[V];
-          cute::for_each(cute::make_int_sequence<V>{}, [&](auto J) {
-            constexpr int k = Grid::rank(ri, decltype(J)::value);  // (constants: no static member on the device)
-            x[decltype(J)::value] = vals[k];
-          });
-          cute::for_each(cute::make_int_sequence<2>{}, [&](auto S) {
-            constexpr int s = decltype(S)::value;
-            constexpr int jb = 1 << (Grid::v - 2 + s);
-            bool const qb = (q >> s) & 1;
-            cute::for_each(cute::make_int_sequence<V>{}, [&](auto J) {
-              constexpr int j = decltype(J)::value;
-              if constexpr ((j & jb) == 0) {
-                float const a = x[j], b = x[j | jb];
-                float const got = __shfl_xor_sync(0xffffffff, qb ? a : b, 1 << s);
-                x[j] = qb ? got : a;
-                x[j | jb] = qb ? b : got;
-              }
-            });
-          });
-          constexpr int roff = Grid::row_off(ri);
-          int const r = row0 + roff;
-          if (r < M) {
-            cutlass::AlignedArray<Element, V> frag;
-            cute::for_each(cute::make_int_sequence<V>{}, [&](auto J) {
-              constexpr int j = decltype(J)::value;
-              constexpr int o = Grid::off(j);
-              frag[o] = convert(x[j]);
-            });
-            Element* row = out + int64_t(r) * ld + c;
-            if (vec && c + V <= Nh) {
-              *reinterpret_cast<cutlass::AlignedArray<Element, V>*>(row) = frag;
-            } else {
-              CUTLASS_PRAGMA_UNROLL
-              for (int k = 0; k < V; ++k) {
-                if (c + k < Nh) row[k] = frag[k];
-              }
-            }
-          }
-        });
-      } else {
-        glu_detail::gated<ActFn, RelLayout>(crd, visit_results, [&](auto I, float v) {
-          int const r = row0 + int(get<0>(crd(I))), c = col0 + int(get<1>(crd(I)));
-          if (r < M && c < N) {
-            out[int64_t(r) * ld + c / 2] = convert(v);
-          }
-        });
-      }
+      glu_detail::gated<ActFn, RelLayout>(crd, visit_results, [&](auto I, float v) {
+        int const r = row0 + int(get<0>(crd(I))), c = col0 + int(get<1>(crd(I)));
+        if (r < M && c < N) {
+          out[int64_t(r) * ld + c / 2] = convert(v);
+        }
+      });
     }
   };
 
