@@ -432,6 +432,16 @@ def _epilogue(m: _Match, name: str, d_dtype) -> tuple[Any, list]:
                 value = builder.convert(value, want, loc_of(node))
             builder.output(oname, value, loc_of(node) or builder.loc)
             outputs.append((node, oname, "store"))
+    if n_store == 0 and n_red:
+        # NOTE [A region of reductions only]: where the graph uses only the region's reductions
+        # (an LM head's logits reduced to their max or their sum of squares), the kernel still
+        # stores an M x N D (sm90's collective epilogue stores D: evtc/passes/legalize.py), or
+        # the Gemm is refused and the whole match, bias and activation with it, went unfused.
+        # D is the value the first reduction reads, rounded to the GEMM's dtype; nothing in the
+        # graph reads it.
+        first = next(n for n in m.region if n in m.terminal and str(n.target) != "getitem")
+        src = first.args[0]
+        builder.output("D", env[src], loc_of(first) or builder.loc)
     return builder.graph(), outputs
 
 
