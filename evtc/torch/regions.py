@@ -355,14 +355,20 @@ def _prune(m: _Match) -> None:
                     and not (isinstance(_val(n), torch.Tensor) and _dtype_name(_val(n)) in _STORABLE)), None)
         if bad is None:
             return
-        drop = {bad}
-        for n in m.region:
-            if n not in drop and any(i in drop for i in n.all_input_nodes):
-                drop.add(n)
-        m.region = [n for n in m.region if n not in drop]
-        m.members -= drop
-        m.terminal -= drop
-        m.views -= drop
+        _drop(m, bad)
+
+
+def _drop(m: _Match, bad) -> None:
+    """Drop ``bad`` from the region, with the region values computed from it (they stay in the
+    graph, for Inductor)."""
+    drop = {bad}
+    for n in m.region:
+        if n not in drop and any(i in drop for i in n.all_input_nodes):
+            drop.add(n)
+    m.region = [n for n in m.region if n not in drop]
+    m.members -= drop
+    m.terminal -= drop
+    m.views -= drop
 
 
 def _admit(m: _Match, node, terminal: bool) -> None:
@@ -625,14 +631,30 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         _grow(m, nodes, nodes.index(anchor) + 1, _val(anchor).device)
         _prune(m)
         dt = _dtype_name(_val(anchor))
+        gemm = None
+        while gemm is None:
+            try:
+                graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1].lstrip('_')}_{fused}", dt)
+                if m.offs is not None:
+                    gemm = evtc.GroupedGemm(graph, a=dt, b=dt, c=dt, d=dt)
+                else:
+                    gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
+            except EvtcError:
+                # NOTE [A region evtc refuses shrinks]: an op the region admitted that evtc then
+                # refuses (pow with a tensor exponent, 2.0 ** h, a cast through int32) dropped the
+                # whole match, bias and activation with it; the region gives up its last node (and
+                # what is computed from it) and is tried again while an epilogue is left (a bare
+                # GEMM left of it stays cuBLAS's)
+                if len(m.region) > 1:
+                    _drop(m, m.region[-1])
+                    _prune(m)
+                if len(m.region) == 1:
+                    break
+        if gemm is None:
+            continue  # the match stays unfused
         try:
-            graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1].lstrip('_')}_{fused}", dt)
-            if m.offs is not None:
-                gemm = evtc.GroupedGemm(graph, a=dt, b=dt, c=dt, d=dt)
-            else:
-                gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
-                if gate is not None and not gate(gemm, m.M, m.N, m.K, m.L or 1, _val(anchor).device):
-                    continue  # predicted slower than leaving it to Inductor
+            if m.offs is None and gate is not None and not gate(gemm, m.M, m.N, m.K, m.L or 1, _val(anchor).device):
+                continue  # predicted slower than leaving it to Inductor
             if on_gemm is not None:
                 on_gemm(gemm)
             op = gemm.torch_op()

@@ -57,3 +57,27 @@ def test_a_region_of_reductions_only_fuses_with_its_bias(stat, frag):
     # M x N D; without one the Gemm was refused and the match (bias, activation) went unfused
     x = torch.randn(2, 24, 64).bfloat16()
     _check(_Stats(stat), x, fused_expected=1, fragments=(frag, "add(acc, p0)", "D = store("))
+
+
+class _ThenRefused(nn.Module):
+    """A projection with its bias and activation, then an op the region admits and evtc refuses
+    when it builds the epilogue."""
+
+    def __init__(self, tail, d=64, n=256):
+        super().__init__()
+        self.fc, self.tail = nn.Linear(d, n), tail
+
+    def forward(self, x):
+        return self.tail(F.relu(self.fc(x)))
+
+
+@pytest.mark.parametrize("tail", [
+    lambda h: 2.0 ** h,                                    # pow(c, x): refused by evtc's type check
+    lambda h: torch.pow(h, h[..., :1].detach() * 0 + 2),   # a tensor exponent (computed from the region: not admitted)
+    lambda h: (h * 4).to(torch.int32).to(torch.bfloat16),  # a cast through int32 (no int32 in evtc)
+], ids=["scalar_base_pow", "tensor_exponent", "int32_cast"])
+def test_a_region_evtc_refuses_shrinks_to_what_it_builds(tail):
+    """NOTE [A region evtc refuses shrinks] (evtc/torch/regions.py): the refused op dropped the
+    whole match, bias and ReLU with it (0 fused); the region gives it up and keeps the rest."""
+    x = torch.randn(2, 24, 64).bfloat16()
+    _check(_ThenRefused(tail), x, fused_expected=1, fragments=("add(acc, p0)", "relu("))
