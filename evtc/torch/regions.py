@@ -9,12 +9,12 @@ How:
 
 1. The Dynamo graph is traced to ATen with ``make_fx`` (functionalized, on fake tensors, the
    user's stack traces kept), so ``nn.Linear``/``F.linear``, ``@``/``torch.matmul``,
-   ``torch.addmm`` and ``torch.bmm`` all arrive as ``aten.mm``, ``aten.addmm`` or ``aten.bmm``,
-   and in-place ops as their functional forms. ``torch._grouped_mm(A, B, offs)`` (a
-   mixture-of-experts layer) is an anchor too: its match runs as an :class:`evtc.GroupedGemm`,
-   whose torch op returns no reductions (evtc/torch/grouped_op.py), so its region grows over
-   pointwise ops and views only.
-2. Each ``mm``/``addmm``/``bmm`` (the anchor) grows a region forward over the nodes that the
+   ``torch.addmm``, ``torch.bmm`` and ``torch.baddbmm`` all arrive as ``aten.mm``,
+   ``aten.addmm``, ``aten.bmm`` or ``aten.baddbmm``, and in-place ops as their functional forms.
+   ``torch._grouped_mm(A, B, offs)`` (a mixture-of-experts layer) is an anchor too: its match
+   runs as an :class:`evtc.GroupedGemm`; its region grows over pointwise ops, views and row
+   reductions (one value a token: the grouped kernel's other reductions are per expert).
+2. Each ``mm``/``addmm``/``bmm``/``baddbmm`` (the anchor) grows a region forward over the nodes that the
    importer's table (:data:`evtc.frontend.torch_import.ATEN`: the one table of torch ops ->
    evtc ops) can lower: pointwise ops whose other operands are numbers, a length-N vector (a
    row broadcast), an ``(..., 1)`` column of the output's rows (a column broadcast, flat M
@@ -44,7 +44,8 @@ from typing import Any, Mapping
 
 __all__ = ["fuse", "to_aten"]
 
-_ANCHORS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._grouped_mm.default")
+_ANCHORS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+            "aten._grouped_mm.default")
 _GROUPED = "aten._grouped_mm.default"
 _VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _TRANSPOSES = ("aten.t.default", "aten.permute.default", "aten.transpose.int")
@@ -219,9 +220,9 @@ class _Match:
 
 
 def _anchor_operands(node):
-    """(a, b, bias, beta, alpha) of an mm/addmm/bmm node (``bias`` None for mm/bmm)."""
+    """(a, b, bias, beta, alpha) of an mm/addmm/bmm/baddbmm node (``bias`` None for mm/bmm)."""
     name = str(node.target)
-    if name == "aten.addmm.default":
+    if name in ("aten.addmm.default", "aten.baddbmm.default"):  # (input, a, b, *, beta, alpha)
         bias, a, b = node.args[:3]
         return a, b, bias, node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
     return node.args[0], node.args[1], None, 1, 1

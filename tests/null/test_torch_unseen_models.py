@@ -81,3 +81,22 @@ def test_a_region_evtc_refuses_shrinks_to_what_it_builds(tail):
     whole match, bias and ReLU with it (0 fused); the region gives it up and keeps the rest."""
     x = torch.randn(2, 24, 64).bfloat16()
     _check(_ThenRefused(tail), x, fused_expected=1, fragments=("add(acc, p0)", "relu("))
+
+
+class _ScaledScores(nn.Module):
+    """Attention scores as BLOOM and others write them: ``baddbmm(bias, q, k^T, alpha=1/sqrt(d))``,
+    then an activation."""
+
+    def forward(self, q, k, bias):
+        return F.relu(torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=0.125))
+
+
+@pytest.mark.parametrize("bias_shape, kind", [((4, 24, 32), "aux"), ((32,), "row")], ids=["aux", "row"])
+def test_baddbmm_is_an_anchor(bias_shape, kind):
+    """torch.baddbmm (beta * input + alpha * (b1 @ b2)) was no anchor: the backend left it, and
+    the ops after it, unfused; it is one batched GEMM with its input as C / a row bias now."""
+    torch.manual_seed(0)
+    q, k = torch.randn(4, 24, 64).bfloat16(), torch.randn(4, 32, 64).bfloat16()
+    bias = torch.randn(*bias_shape).bfloat16()
+    _check(_ScaledScores(), q, k, bias, fused_expected=1, fragments=(f"p0: bf16 {kind}", "multiply_add(acc, 0.125, p0)",
+                                                                      "relu("))
