@@ -73,7 +73,7 @@ from evtc.plan.config import RASTER_ORDERS, check_mainloop_dtypes
 from evtc.plan.config import validate as validate_config
 from evtc.torch.fast import torch_compiling
 
-__all__ = ["GROUPED_MEMBERS", "GroupedGemm", "check_grouped_graph", "choose_member"]
+__all__ = ["GROUPED_MEMBERS", "GroupedGemm", "check_grouped_graph", "choose_member", "reduction_shape"]
 
 #: The grouped family: (schedule, tile), one cluster CTA each. ``pp64x128``: the ping-pong
 #: schedule's 64-row tile for groups of a few tokens (decode: most experts hold 0-4 tokens, and a
@@ -105,6 +105,13 @@ def choose_member(tokens: int, groups: int, n: int) -> str:
 #: the input kinds the grouped kernel takes per group (module docstring)
 _PER_GROUP_LEAVES = (ir_nodes.Accumulator, ir_nodes.Source, ir_nodes.AuxLoad, ir_nodes.RowBroadcast,
                      ir_nodes.ColBroadcast, ir_nodes.ScalarBroadcast)
+
+
+def reduction_shape(out: ir_nodes.Reduction, T: int, E: int, N: int) -> tuple[int, ...]:
+    """The shape of a grouped kernel's f32 reduction output (NOTE [Reductions in the grouped
+    kernel]): a row reduction one value per token (T,), a column reduction one row per group
+    (E, N), a scalar reduction one value per group (E,)."""
+    return (T,) if out.dim == 1 else (E, N) if out.dim == 0 else (E,)
 
 
 def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:
@@ -462,8 +469,7 @@ class GroupedGemm:
             outs[o.name] = t
         reductions = [o for o in self.graph.outputs if isinstance(o, ir_nodes.Reduction)]
         for o in reductions:  # NOTE [Reductions in the grouped kernel]: atomics into the identity
-            shape = (T,) if o.dim == 1 else (E, N) if o.dim == 0 else (E,)
-            t = torch.full(shape, o.op.identity, dtype=torch.float32, device=device)
+            t = torch.full(reduction_shape(o, T, E, N), o.op.identity, dtype=torch.float32, device=device)
             setattr(args, f"p_{o.name}", t.data_ptr())
             setattr(args, f"bs_{o.name}", N if o.dim == 0 else 1 if o.dim is None else 0)
             outs[o.name] = t

@@ -42,6 +42,7 @@ class GroupedTorchOp:
     def __init__(self, gg) -> None:
         import torch
 
+        from evtc.grouped import reduction_shape
         from evtc.ir.nodes import Accumulator, ScalarBroadcast, Store
 
         graph = gg.graph
@@ -69,7 +70,7 @@ class GroupedTorchOp:
             if isinstance(o, Store):
                 shapes.append(lambda T, E, N, o=o: (T, o.columns(N)))
             else:
-                shapes.append(lambda T, E, N, dim=o.dim: (T,) if dim == 1 else (E, N) if dim == 0 else (E,))
+                shapes.append(lambda T, E, N, o=o: reduction_shape(o, T, E, N))
         dtypes = [getattr(torch, o.dtype.torch) for o in graph.outputs]
         out_names = self.output_names
 
