@@ -62,6 +62,7 @@ from evtc import dtypes
 from evtc.abi import ctypes_struct, grouped_abi_fields
 from evtc.compiler import cache
 from evtc.dtypes import DType
+from evtc.emit.sm90_grouped import reduction_shape
 from evtc.errors import ArgumentError, ConfigError, PlanError, api_boundary
 from evtc.family.spec import KernelSpec
 from evtc.frontend.epilogue import Epilogue
@@ -105,13 +106,6 @@ def choose_member(tokens: int, groups: int, n: int) -> str:
 #: the input kinds the grouped kernel takes per group (module docstring)
 _PER_GROUP_LEAVES = (ir_nodes.Accumulator, ir_nodes.Source, ir_nodes.AuxLoad, ir_nodes.RowBroadcast,
                      ir_nodes.ColBroadcast, ir_nodes.ScalarBroadcast)
-
-
-def reduction_shape(out: ir_nodes.Reduction, T: int, E: int, N: int) -> tuple[int, ...]:
-    """The shape of a grouped kernel's f32 reduction output (NOTE [Reductions in the grouped
-    kernel]): a row reduction one value per token (T,), a column reduction one row per group
-    (E, N), a scalar reduction one value per group (E,)."""
-    return (T,) if out.dim == 1 else (E, N) if out.dim == 0 else (E,)
 
 
 def check_grouped_graph(graph: Graph) -> tuple[str | None, str, list[str]]:

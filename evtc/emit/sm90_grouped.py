@@ -29,7 +29,7 @@ from evtc.ir.nodes import AuxLoad, ColBroadcast, ReduceOp, Reduction, RowBroadca
 from evtc.lower import Role, Visitor
 from evtc.plan.model import Plan
 
-__all__ = ["emit_sm90_grouped", "group_vectors"]
+__all__ = ["emit_sm90_grouped", "group_vectors", "reduction_shape"]
 
 
 def group_vectors(graph: Graph, plan: Plan) -> list[tuple[str, str, str]]:
@@ -51,6 +51,13 @@ def group_vectors(graph: Graph, plan: Plan) -> list[tuple[str, str, str]]:
         elif isinstance(o, Reduction):  # NOTE [Reductions in the grouped kernel]
             out.append((o.name, {1: "red_row", 0: "red_col", None: "red_scalar"}[o.dim], "float"))
     return out
+
+
+def reduction_shape(out: Reduction, T: int, E: int, N: int) -> tuple[int, ...]:
+    """The shape of a grouped kernel's f32 reduction output (NOTE [Reductions in the grouped
+    kernel]): a row reduction one value per token (T,), a column reduction one row per group
+    (E, N), a scalar reduction one value per group (E,)."""
+    return (T,) if out.dim == 1 else (E, N) if out.dim == 0 else (E,)
 
 
 def _grouped_table(plan: Plan, vectors: list[tuple[str, str, str]]) -> NodeTable:

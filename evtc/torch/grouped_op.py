@@ -42,7 +42,7 @@ class GroupedTorchOp:
     def __init__(self, gg) -> None:
         import torch
 
-        from evtc.grouped import reduction_shape
+        from evtc.emit.sm90_grouped import reduction_shape
         from evtc.ir.nodes import Accumulator, ScalarBroadcast, Store
 
         graph = gg.graph
