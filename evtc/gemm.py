@@ -44,7 +44,9 @@ class Gemm:
             (``"D = relu(alpha*acc + beta*C + bias[n])"``).
         a: dtype of A (M x K, row-major), e.g. ``evtc.bf16``.
         b: dtype of B (N x K, row-major; default: ``a``).
-        c: dtype of the source C (default: ``d``).
+        c: dtype of the source C (default: ``d``); unused by an epilogue that reads no C, so that
+            code making many epilogues may pass all four dtypes (a ``C=`` tensor given to such
+            an epilogue's call is refused).
         d: dtype of M x N outputs that don't choose their own with ``.to()``.
         arch: ``"sm90"`` (Hopper, TMA warp-specialized) or ``"sm80"`` (Ampere, register-only).
         config: a :class:`~evtc.plan.config.GemmConfig` (tile, cluster, schedule, stages...):

@@ -10,7 +10,8 @@ standard output (NOTE [Export targets]), and an :class:`ExportSummary`.
 
 * ``-`` is standard output, streamed into (refused when it is a terminal);
 * a path that does not exist, or a regular file, is written atomically: a temporary file beside
-  it, renamed over it, so nobody reads half an archive;
+  it, renamed over it, so nobody reads half an archive; a path whose folder does not exist is
+  refused (no folder is created, as ``evtc emit -o`` creates none);
 * a FIFO or a character device (``/dev/null``, a named pipe) is opened for writing and streamed
   into: never created, truncated, renamed or removed;
 * a symbolic link is followed, never replaced: a link to a regular file has that file replaced
@@ -138,6 +139,11 @@ def _target(file: str) -> tuple[str, Path | None]:
     try:
         st = os.lstat(p)
     except FileNotFoundError:
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise CacheError(f"won't write the cache archive {file}: the folder {parent} does not exist",
+                             hint="create the folder first: evtc makes no folders outside its cache "
+                                  "(NOTE [Export targets])") from None
         return "file", p
     except OSError as e:
         raise _write_error(file, e) from None
@@ -174,7 +180,6 @@ class _Out:
         try:
             if kind == "file":
                 assert path is not None
-                path.parent.mkdir(parents=True, exist_ok=True)
                 fd, self._tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
                 os.fchmod(fd, 0o644 & ~_umask())
                 self._final = path

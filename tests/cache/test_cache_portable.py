@@ -80,6 +80,7 @@ def test_export_import_round_trip(cache, tmp_path, monkeypatch):
     root = store.cache_root()
     a, b = lookup(tiny_source("a"), "sm80", name="a"), lookup(tiny_source("b"), "sm80", name="b")
     archive = tmp_path / "out" / "kernels.tar.xz"
+    archive.parent.mkdir()  # export makes no folders (NOTE [Export targets])
     s = cache_archive.export_entries(root, archive)
     assert sorted(e.name for e in s.exported) == ["a", "b"] and not s.refused and not s.missing
     with tarfile.open(archive) as tar:

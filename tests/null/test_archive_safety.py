@@ -221,6 +221,17 @@ def test_export_refuses_targets_it_cant_stream_into(cache, tmp_path, what):
     assert sorted(os.listdir(tmp_path)) == ["cache", "target"]
 
 
+def test_export_makes_no_folders(cache, tmp_path):
+    """A target whose folder does not exist is refused, in the library and the CLI (exit 2, no
+    traceback, as `evtc emit -o` refuses it), and no folder is made; `cache export` used to make
+    the parents (issue 37's sweep)."""
+    with pytest.raises(CacheError, match="the folder .*new/sub does not exist"):
+        cache_archive.export_entries(cache, tmp_path / "new" / "sub" / "a.tar.xz")
+    r = cli("export", "new2/a.tar.xz", tmp_path=tmp_path)
+    assert r.returncode == 2 and b"the folder new2 does not exist" in r.stderr and b"Traceback" not in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["cache"]
+
+
 def test_export_dash_is_standard_output(cache, tmp_path):
     r = cli("export", "-", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr.decode()
