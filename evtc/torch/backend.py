@@ -255,7 +255,11 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         gemm_options: keyword arguments of every Gemm made (:data:`GEMM_OPTIONS`:
             ``batch_invariant``, ``autotune``).
         fuse_all: fuse every match; by default :func:`fuse_gate` leaves the matches it predicts
-            slower fused than unfused to Inductor (``backend.left_unfused`` counts them).
+            slower fused than unfused to Inductor (``backend.left_unfused`` counts them), and
+            matches with nothing to fuse stay torch's (NOTE [A bare GEMM stays torch's] in
+            evtc/torch/regions.py). With ``batch_invariant`` (the option or
+            ``EVTC_BATCH_INVARIANT``) every match is fused, as with ``fuse_all``: a match left
+            to cuBLAS would run a kernel that M chooses.
         gate: a gate of :func:`fuse`'s form instead of :func:`fuse_gate` (tests).
 
     Raises:
@@ -286,7 +290,12 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
 
     backend.fused = 0
     backend.left_unfused = 0
-    if not fuse_all:
+    invariant = how["gemm_options"].get("batch_invariant")
+    if invariant is None:
+        from evtc import knobs
+
+        invariant = knobs.batch_invariant.get()
+    if not fuse_all and not invariant:  # (a match left to cuBLAS would break batch invariance)
         how["gate"] = gate or fuse_gate(backend)
     return backend
 

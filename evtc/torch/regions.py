@@ -593,6 +593,25 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
         graph.erase_node(node)
 
 
+# NOTE [A bare GEMM stays torch's]
+# A match with nothing after its GEMM but views (a projection whose output feeds attention, the
+# down projection of a gated MLP, AOTAutograd's weight-gradient GEMMs; `addmm`'s bias and
+# `baddbmm`'s scaled input are the anchor's own, one cuBLAS(Lt) call in torch) has no epilogue to
+# fuse: its kernel would only put evtc's GEMM where torch.compile runs cuBLAS's, and in a Llama
+# training step (H200, 2026-11-29, docs/performance.md) evtc's six such GEMMs took 1.04-1.28x
+# the time of the same problems' cuBLAS calls. The fuse gate can't judge it: its ground truth is
+# GEMM + epilogue against cuBLAS + a Triton epilogue, and here torch.compile runs no epilogue. So
+# with a gate such a match stays unfused. Without one (`fuse_all`, or `batch_invariant`, where
+# cuBLAS's kernel choice would break the option: NOTE [Batch invariance]) it is fused. A cast
+# (`mm(...).float()`) is not a view: the kernel saves its pass.
+
+
+def bare(m: _Match) -> bool:
+    """Whether the match ``m`` has nothing to fuse: no node after its anchor but views (NOTE [A
+    bare GEMM stays torch's])."""
+    return all(n in m.views for n in m.region[1:])
+
+
 def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
          gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None) -> int:
     """Replace every match in the ATen graph ``gm`` (from :func:`to_aten`) by an evtc Gemm's
@@ -606,6 +625,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         gate: ``gate(gemm, M, N, K, L, device) -> bool``, asked for each GEMM match (not the
             grouped ones) once its Gemm is made: False leaves the match unfused, for Inductor
             (the backend's is the fuse gate: NOTE [The fuse gate] in evtc/dispatch/select.py).
+            With a gate, a match with nothing to fuse stays torch's (:func:`bare`); without
+            one (``fuse_all``, ``batch_invariant``) every match is fused.
 
     Returns:
         The number of matches fused (a gated pair, two GEMMs in the graph, counts once).
@@ -651,8 +672,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                     _prune(m)
                 if len(m.region) == 1:
                     break
-        if gemm is None:
-            continue  # the match stays unfused
+        if gemm is None or (gate is not None and bare(m)):
+            continue  # the match stays unfused (NOTE [A bare GEMM stays torch's])
         try:
             if m.offs is None and gate is not None and not gate(gemm, m.M, m.N, m.K, m.L or 1, _val(anchor).device):
                 continue  # predicted slower than leaving it to Inductor

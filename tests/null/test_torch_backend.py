@@ -383,6 +383,40 @@ def test_a_match_the_gate_refuses_is_left_to_inductor():
     assert fused == 1 and len(asked) == 1
 
 
+def test_a_bare_gemm_stays_torchs_unless_every_match_must_fuse(monkeypatch):
+    """NOTE [A bare GEMM stays torch's]: a GEMM with nothing after it but views is left to torch
+    (its cuBLAS call; addmm's bias is the call's own), a grouped one too; a cast after it is fused
+    (it saves the cast's pass);
+    fuse_all and batch_invariant (the option or the knob) fuse it, since there the gate is off."""
+    torch.manual_seed(5)
+    w = (torch.randn(48, 32) / 4).bfloat16()
+    x = torch.randn(3, 5, 32).bfloat16()
+
+    def proj(x):
+        return x @ w.T
+
+    y, fused = compiled(proj, x)
+    assert fused == 0 and not GEMMS
+    torch.testing.assert_close(y, proj(x), rtol=0, atol=0)
+    b = torch.randn(48).bfloat16()
+    y, fused = compiled(lambda x: F.linear(x, w, b).reshape(15, 48), x)  # addmm's own bias, a view
+    assert fused == 0 and not GEMMS
+    y, fused = compiled(lambda x: (x @ w.T).float(), x)  # the f32 store is the fusion
+    assert fused == 1 and "D = store(acc) : f32" in ir()
+    for kw in ({"fuse_all": True}, {"gemm_options": {"batch_invariant": True}}):
+        y, fused = compiled(proj, x, **kw)
+        assert fused == 1 and "D = store(acc) : bf16" in ir(), kw
+        torch.testing.assert_close(y.double(), x.double() @ w.double().T, rtol=2 ** -8, atol=1e-6)
+    monkeypatch.setenv("EVTC_BATCH_INVARIANT", "1")
+    assert compiled(proj, x)[1] == 1
+    monkeypatch.setenv("EVTC_BATCH_INVARIANT", "0")
+    a = torch.randn(64, 32).bfloat16()
+    wg = (torch.randn(4, 48, 32) / 4).bfloat16()
+    offs = torch.tensor([10, 10, 40, 64], dtype=torch.int32)
+    out, be, made = compiled_grouped(lambda a, w, offs: torch._grouped_mm(a, w.transpose(1, 2), offs=offs), a, wg, offs)
+    assert be.fused == 0 and not made
+
+
 def test_the_backend_gate_asks_the_selection_model_on_an_h200(monkeypatch):
     """fuse_gate on a CUDA device: the shipped gate's answer for the H200, counted when it leaves
     a match; CPU tensors and other GPUs (no table of their own) always fuse."""

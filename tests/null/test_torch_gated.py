@@ -42,11 +42,12 @@ def _run(m, x, **kw):
 
 @pytest.mark.parametrize("act", list(ACT))
 @pytest.mark.parametrize("shape", [(40, 64), (2, 20, 64)], ids=["2d", "3d"])
-def test_gated_mlp_is_one_glu_gemm_and_the_down_projection(act, shape):
+def test_gated_mlp_is_one_glu_gemm_and_the_bare_down_projection_stays_torchs(act, shape):
     torch.manual_seed(1)
     x = torch.randn(*shape).bfloat16()
     fused, e_evtc, e_eager, ref = _run(Gated(act=act), x)
-    assert fused == 2 and len(GEMMS) == 2, [ir(i) for i in range(len(GEMMS))]
+    # the down projection has nothing after it (NOTE [A bare GEMM stays torch's])
+    assert fused == 1 and len(GEMMS) == 1, [ir(i) for i in range(len(GEMMS))]
     assert f"glu(acc) {{act={act}}}" in ir(0) and "D = store(%0) : bf16" in ir(0)
     # one rounding of silu(g) * u instead of eager's three: at least as close to float64
     assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8, (e_evtc, e_eager)
@@ -56,7 +57,7 @@ def test_biases_and_either_operand_order():
     torch.manual_seed(2)
     x = torch.randn(3, 8, 64).bfloat16()
     fused, e_evtc, e_eager, ref = _run(Gated(act="silu", bias=True, swap=True), x, inductor=True)
-    assert fused == 2 and "glu(%0) {act=silu}" in ir(0) and "add(acc, bias)" in ir(0), ir(0)
+    assert fused == 1 and "glu(%0) {act=silu}" in ir(0) and "add(acc, bias)" in ir(0), ir(0)
     assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8
 
 
@@ -84,7 +85,9 @@ def test_products_that_are_not_gated_pairs_stay_two_gemms(case):
     x = torch.randn(40, 64).bfloat16()
     fused, e_evtc, e_eager, ref = _run(NotGated(case=case), x)
     assert all("glu" not in ir(i) for i in range(len(GEMMS))), [ir(i) for i in range(len(GEMMS))]
-    assert fused == 2  # the two GEMMs fuse as before (one takes the other's output as an aux load)
+    # one GEMM takes the other's output as an aux load; that one and the down projection have
+    # nothing after them and stay torch's (NOTE [A bare GEMM stays torch's])
+    assert fused == 1
     assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8
 
 
@@ -127,7 +130,8 @@ def test_a_chunked_gate_up_projection_is_one_glu_gemm(bias, shape):
     torch.manual_seed(4)
     x = torch.randn(*shape).bfloat16()
     fused, e_evtc, e_eager, ref = _run(Phi3MLP(bias=bias), x)
-    assert fused == 2 and "glu(" in ir(0) and ("add(acc, bias)" in ir(0)) == bias, [ir(i) for i in range(len(GEMMS))]
+    # (the bare down projection stays torch's)
+    assert fused == 1 and "glu(" in ir(0) and ("add(acc, bias)" in ir(0)) == bias, [ir(i) for i in range(len(GEMMS))]
     assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8, (e_evtc, e_eager)
 
 

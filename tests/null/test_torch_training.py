@@ -24,8 +24,11 @@ def _grads(block, args, fn):
 
 
 #: block -> (fused GEMMs at least: forward + backward; a fragment a backward epilogue holds: the
-#: bias gradient's column sum beside the activation's derivative, or SiLU's derivative)
-CASES = {"gpt2": (5, "reduce_sum("), "llama": (6, "sigmoid("), "bert": (5, "reduce_sum(")}
+#: bias gradient's column sum beside the activation's derivative, or SiLU's derivative). The
+#: weight-gradient GEMMs and the other GEMMs with nothing after them stay torch's (NOTE [A bare
+#: GEMM stays torch's]); under Inductor the test fuses every GEMM (``fuse_all``): ALL of them.
+CASES = {"gpt2": (4, "reduce_sum("), "llama": (3, "sigmoid("), "bert": (4, "reduce_sum(")}
+ALL = {"gpt2": 5, "llama": 6, "bert": 5}
 
 
 @pytest.mark.parametrize("inductor", [False, True], ids=["aot", "inductor"])
@@ -43,11 +46,14 @@ def test_forward_and_backward_fuse_and_match_eager(name, inductor):
         torch._dynamo.reset()
     GEMMS.clear()
     strides = []  # each call's operands' strides: K-contiguous, as the rewrite's copies made them
-    be = make_backend(allow_cpu=True, inductor=inductor,
+    # under Inductor every GEMM fuses, so that the weight gradients' transposed operands (dY^T)
+    # reach the op through the rewrite's copies too
+    be = make_backend(allow_cpu=True, inductor=inductor, fuse_all=inductor,
                       on_gemm=lambda g: (GEMMS.append(g),
                                          register(g, lambda A, B: strides.append((A.stride(), B.stride())))))
     got = _grads(block, args, torch.compile(block, backend=be))
     least, fragment = CASES[name]
+    least = ALL[name] if inductor else least
     assert be.fused >= least, (name, be.fused, [str(g.graph) for g in GEMMS])
     # NOTE [New nodes carry their fake values]: under Inductor the copies before the op were laid
     # out as their transposed sources (the op's own eager copy ran instead, at 0.3 TB/s)
