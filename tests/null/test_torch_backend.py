@@ -381,6 +381,9 @@ def test_a_match_the_gate_refuses_is_left_to_inductor():
         torch.testing.assert_close(y, m(x), rtol=0, atol=0)  # the graph as eager runs it
     y, fused = compiled(m, x, fuse_all=True, gate=gate)  # fuse_all: the gate is not asked
     assert fused == 1 and len(asked) == 1
+    # nor with batch_invariant: a match the gate left to cuBLAS would run a kernel M chooses
+    y, fused = compiled(m, x, gate=gate, gemm_options={"batch_invariant": True})
+    assert fused == 1 and len(asked) == 1
 
 
 def test_a_bare_gemm_stays_torchs_unless_every_match_must_fuse(monkeypatch):
