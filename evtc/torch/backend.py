@@ -21,7 +21,8 @@ from typing import Any, Mapping
 
 from evtc.torch.regions import _symbolic, fuse, to_aten
 
-__all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "to_aten"]
+__all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "prebuild",
+           "to_aten"]
 
 
 def _has_symbolic_shapes(gm, example_inputs) -> bool:
@@ -114,11 +115,72 @@ def _signature(args) -> tuple:
 
 
 def _fused(gm, example_inputs, how: Mapping[str, Any]) -> tuple[Any, int]:
-    """``gm``'s ATen form with its matches fused (:func:`to_aten`, :func:`fuse` with the keyword
-    arguments ``how``) and their count; (None, 0) when nothing fused."""
+    """``gm``'s ATen form with its matches fused (:func:`to_aten`, :func:`_fuse_and_build` with
+    the keyword arguments ``how``) and their count; (None, 0) when nothing fused."""
     agm = to_aten(gm, example_inputs)
-    n = fuse(agm, **how) if agm is not None else 0
+    n = _fuse_and_build(agm, how) if agm is not None else 0
     return (agm if n else None), n
+
+
+def _fuse_and_build(g, how: Mapping[str, Any]) -> int:
+    """:func:`fuse` the ATen graph ``g`` in place, then build its kernels (:func:`prebuild`);
+    the number of matches fused."""
+    problems: list = []
+    n = fuse(g, **how, problems=problems)
+    prebuild(problems)
+    return n
+
+
+# NOTE [Kernels built when the graph compiles]
+# A fused GEMM's kernel used to be built on the op's first call, one nvcc after another, each
+# 1-4 minutes (docs/performance.md, "Build time"): a model with five new epilogues waited for
+# five builds in a row. The backend knows each match's problem from the example inputs, so it
+# builds the member each will run (`Gemm.choose` on this device) for every match of the graph at
+# once, in parallel (`evtc.compiler.build_many`: one nvcc a core, fewer where memory is short),
+# while torch.compile compiles. A call of another shape builds what it needs then, as before. A
+# kernel that fails to build here is left to the call, which raises its BuildError: the graph
+# is already rewritten. CPU tensors (the tests' float64 interpreter) build nothing.
+
+
+def prebuild(problems) -> None:
+    """Build, in parallel, the kernel each fused GEMM match will run (NOTE [Kernels built when
+    the graph compiles]).
+
+    Args:
+        problems: ``(gemm, (M, N, K, L), device)`` per match (:func:`fuse`'s ``problems``);
+            those not on a CUDA device are skipped.
+
+    Warns:
+        UserWarning: a kernel that failed to build, named with its error (the call raises it).
+    """
+    cuda = [(g, p, d) for g, p, d in problems if getattr(d, "type", None) == "cuda"]
+    if not cuda:
+        return
+    import warnings
+
+    import torch
+
+    from evtc.compiler import cache
+    from evtc.dispatch.family import kernel_key
+
+    from evtc.errors import EvtcError
+
+    kernels: dict = {}
+    for gemm, (M, N, K, L), device in cuda:
+        try:
+            spec = gemm.choose(M, N, K, L, device=torch.cuda.get_device_name(device))
+            kernels.setdefault((gemm.name, kernel_key(spec)), gemm.dispatch.family.kernel(spec))
+        except EvtcError:
+            continue  # the call decides (and says why), as without a prebuild
+    todo = [k for k in kernels.values() if k.library is None]
+    for k, r in zip(todo, cache.build_many([k.job() for k in todo]) if todo else []):
+        try:
+            if isinstance(r, Exception):
+                raise r
+            k.load(r)
+        except EvtcError as e:
+            warnings.warn(f"evtc: the kernel {k.job_name} did not build; its first call raises the error: {e}",
+                          stacklevel=2)
 
 
 def _compile(gm, example_inputs, inductor: bool):
@@ -156,7 +218,7 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
     of an epilogue (:mod:`evtc.frontend.vjp`) gives the same expression.
     """
     def fuse_graph(g, ex, **kw):
-        backend.fused += fuse(g, **how)
+        backend.fused += _fuse_and_build(g, how)
 
     if inductor:
         import torch

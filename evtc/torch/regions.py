@@ -613,7 +613,8 @@ def bare(m: _Match) -> bool:
 
 
 def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
-         gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None) -> int:
+         gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None,
+         problems: list | None = None) -> int:
     """Replace every match in the ATen graph ``gm`` (from :func:`to_aten`) by an evtc Gemm's
     op, in place.
 
@@ -627,6 +628,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
             (the backend's is the fuse gate: NOTE [The fuse gate] in evtc/dispatch/select.py).
             With a gate, a match with nothing to fuse stays torch's (:func:`bare`); without
             one (``fuse_all``, ``batch_invariant``) every match is fused.
+        problems: a list that gets ``(gemm, (M, N, K, L), device)`` of each GEMM match fused
+            (not the grouped ones): what the backend builds before the first call.
 
     Returns:
         The number of matches fused (a gated pair, two GEMMs in the graph, counts once).
@@ -685,6 +688,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         _replace(gm, m, op, outputs)
         legalize_graph(gm)  # (the op went after the region; a use of its outputs may come earlier)
         fused += 1
+        if problems is not None and m.offs is None:
+            problems.append((gemm, (m.M, m.N, m.K, m.L or 1), _val(anchor).device))
     if fused:
         gm.graph.lint()
         gm.recompile()

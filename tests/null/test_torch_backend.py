@@ -420,6 +420,39 @@ def test_a_bare_gemm_stays_torchs_unless_every_match_must_fuse(monkeypatch):
     assert be.fused == 0 and not made
 
 
+def test_prebuild_builds_each_matchs_kernel_once_and_together(monkeypatch):
+    """NOTE [Kernels built when the graph compiles]: one build_many for the kernels the matches'
+    problems choose on this device, each once; CPU matches build nothing; a kernel that fails is
+    named in a warning (its call raises the error)."""
+    import types
+
+    import evtc
+    from evtc.compiler import cache
+    from evtc.errors import BuildError
+    from evtc.torch.backend import prebuild
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H200")
+    g1 = evtc.Gemm("D = relu(acc + bias[n])", a="bf16")
+    g2 = evtc.Gemm("D = gelu(acc)", a="bf16")
+    cuda, cpu = types.SimpleNamespace(type="cuda", index=0), torch.device("cpu")
+    calls = []
+
+    def build_many(jobs, **kw):
+        calls.append([j.name for j in jobs])
+        return [BuildError(f"nvcc failed on {j.name}") for j in jobs]
+
+    monkeypatch.setattr(cache, "build_many", build_many)
+    big, one = (4096, 4096, 4096, 1), (1, 4096, 4096, 1)
+    with pytest.warns(UserWarning, match="did not build") as w:
+        prebuild([(g1, big, cuda), (g1, big, cuda), (g2, big, cuda), (g2, one, cuda), (g1, one, cpu)])
+    want = {f"{g.name}[{g.choose(*p, device='NVIDIA H200').name.split(':')[0]}]" for g, p in
+            [(g1, big), (g2, big), (g2, one)]}
+    failed = [str(x.message) for x in w if "did not build" in str(x.message)]
+    assert len(calls) == 1 and sorted(calls[0]) == sorted(want) and len(failed) == len(want), (calls, want, failed)
+    prebuild([(g1, big, cpu)])  # nothing on a CUDA device: no build
+    assert len(calls) == 1
+
+
 def test_the_backend_gate_asks_the_selection_model_on_an_h200(monkeypatch):
     """fuse_gate on a CUDA device: the shipped gate's answer for the H200, counted when it leaves
     a match; CPU tensors and other GPUs (no table of their own) always fuse."""
