@@ -325,7 +325,8 @@ def _split_pair(split, act: str, dead: list, allow_cpu: bool) -> "_Pair | None":
 
 
 def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
-               gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None) -> int:
+               gemm_options: Mapping[str, Any] | None = None, gate: Callable | None = None,
+               problems: list | None = None) -> int:
     """Rewrite every gated pair of the ATen graph ``gm`` into one evtc GEMM over the interleaved
     weights with ``evtc.glu`` in its epilogue (the module docs), in place; the arguments are
     :func:`evtc.torch.regions.fuse`'s (``gate`` is asked with the GEMM of N = 2I columns; a
@@ -391,6 +392,8 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                 out = node(aten.view.default, (out, list(vmul.shape)))
             out.meta["val"] = vmul
         mul.replace_all_uses_with(out)
+        if problems is not None and m.offs is None:
+            problems.append((gemm, (M, 2 * I, K, 1), vx.device))
         for n in m.dead:
             if n in graph.nodes and not n.users:
                 graph.erase_node(n)

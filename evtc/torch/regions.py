@@ -642,7 +642,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
     from evtc.torch.gated import fuse_gated
 
     # gated pairs first: act(x W_gate^T) * (x W_up^T) as one GEMM with evtc.glu (evtc/torch/gated.py)
-    fused = fuse_gated(gm, allow_cpu=allow_cpu, on_gemm=on_gemm, gemm_options=gemm_options, gate=gate)
+    fused = fuse_gated(gm, allow_cpu=allow_cpu, on_gemm=on_gemm, gemm_options=gemm_options, gate=gate,
+                       problems=problems)
     names = [n.name for n in gm.graph.nodes if n.op == "call_function" and str(n.target) in _ANCHORS]
     for name in names:
         # (legalize_graph below rebuilds the graph, keeping the names; anchors are never region members)

@@ -160,3 +160,14 @@ def test_a_grouped_mm_chunked_in_two_is_one_grouped_glu_gemm():
         lo = hi
     want = F.silu(y[:, :48]) * y[:, 48:]
     assert ((h.double() - want).abs() <= 2.0 ** -8 * want.abs() + 1e-6).all()
+
+
+def test_the_gated_gemm_is_among_the_kernels_built_with_the_graph(monkeypatch):
+    """NOTE [Kernels built when the graph compiles]: the gated GEMM's problem (M, 2I, K) goes to
+    the backend's prebuild with the other matches'."""
+    from evtc.torch import backend as B
+
+    seen = []
+    monkeypatch.setattr(B, "prebuild", seen.extend)
+    fused, *_ = _run(Gated(), torch.randn(40, 64).bfloat16())
+    assert fused == 1 and [(g.name, p) for g, p, _ in seen] == [(GEMMS[0].name, (40, 192, 64, 1))]
