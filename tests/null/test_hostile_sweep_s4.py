@@ -111,3 +111,81 @@ def test_grouped_outputs_that_overlap_each_other_or_part_of_c_are_refused(on_cpu
     C = torch.zeros(T, N, dtype=bf)
     with pytest.raises(_Launched):  # exactly C: in place
         src.run_eager(A, B, offs, out=C, C=C)
+
+
+# ---- the torch ops' arguments and fake implementations ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ops():
+    g = evtc.Gemm("D = relu(alpha * acc + bias[n])")
+    gg = evtc.GroupedGemm("D = relu(alpha * acc + bias[n])")
+    return g.torch_op(), gg.torch_op()
+
+
+@pytest.mark.parametrize("alpha", ["x", None, 1j, True, [1.0]], ids=["str", "None", "complex", "bool", "list"])
+def test_torch_op_scalar_that_is_no_number(ops, alpha):
+    # ValueError: could not convert string to float: 'x' (TypeError for None, 1j, a list; True taken as 1.0)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, gop = ops
+    with FakeTensorMode():
+        A, bias = torch.empty(16, 64, dtype=bf), torch.empty(48)
+        with pytest.raises(ArgumentError, match="'alpha' .* is not a number"):
+            op(A, torch.empty(48, 64, dtype=bf), alpha=alpha, bias=bias)
+        with pytest.raises(ArgumentError, match="'alpha' .* is not a number"):
+            gop(A, torch.empty(E, 48, 64, dtype=bf), torch.empty(E, dtype=torch.int32), alpha=alpha, bias=bias)
+
+
+def test_torch_op_tensor_argument_that_is_no_tensor(ops):
+    # RuntimeError from torch's schema ("Expected a value of type 'Tensor' for argument 'bias'")
+    op, gop = ops
+    with pytest.raises(ArgumentError, match="'bias' is a float, not a torch tensor"):
+        op(torch.empty(16, 64, dtype=bf), torch.empty(48, 64, dtype=bf), alpha=1.0, bias=1.0)
+    with pytest.raises(ArgumentError, match="'offs' is a list, not a torch tensor"):
+        gop(torch.empty(16, 64, dtype=bf), torch.empty(E, 48, 64, dtype=bf), [3, 6, 10], alpha=1.0,
+            bias=torch.empty(48))
+
+
+def test_torch_op_scalars_that_are_numbers_still_run(ops):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, gop = ops
+    with FakeTensorMode():
+        for alpha in (2, 0.5, np.float32(0.5), torch.tensor(0.5)):
+            D = op(torch.empty(16, 64, dtype=bf), torch.empty(48, 64, dtype=bf), alpha=alpha, bias=torch.empty(48))
+            assert tuple(D.shape) == (16, 48)
+            D = gop(torch.empty(T, 64, dtype=bf), torch.empty(E, 48, 64, dtype=bf), torch.empty(E, dtype=torch.int32),
+                    alpha=alpha, bias=torch.empty(E, 48))
+            assert tuple(D.shape) == (T, 48)
+
+
+@pytest.mark.parametrize("a, b, needle", [
+    ((64,), (48, 64), "2-D or 3-D"),              # IndexError: tuple index out of range
+    ((2, 2, 16, 64), (48, 64), "2-D or 3-D"),     # a (16, 48) D
+    ((16, 32), (48, 64), "K extents differ"),     # a (16, 48) D
+    ((2, 16, 64), (3, 48, 64), "batch 2 .* batch 3"),  # a (3, 16, 48) D
+])
+def test_gemm_fake_checks_the_operands_extents(ops, a, b, needle):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        with pytest.raises(ArgumentError, match=needle):
+            ops[0](torch.empty(a, dtype=bf), torch.empty(b, dtype=bf), alpha=1.0, bias=torch.empty(48))
+
+
+@pytest.mark.parametrize("a, b, offs, needle", [
+    ((T, 64), (48,), (E,), "A .* and B .*: the grouped GEMM takes"),       # ValueError: not enough values to unpack
+    ((T, 64), (48, 64), (E,), "A .* and B .*: the grouped GEMM takes"),    # a (T, 64) D
+    ((64,), (E, 48, 64), (E,), "A .* and B .*: the grouped GEMM takes"),   # a (64, 48) D
+    ((T, 32), (E, 48, 64), (E,), "A .* and B .*: the grouped GEMM takes"),  # K differs: a (T, 48) D
+    ((T, 64), (E, 48, 64), (E - 1,), "offs is torch.int32 \\(2,\\)"),
+    ((T, 64), (E, 48, 64), "int64", "offs is torch.int64"),
+])
+def test_grouped_fake_checks_the_operands_and_offsets(ops, a, b, offs, needle):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        o = torch.empty(E, dtype=torch.int64) if offs == "int64" else torch.empty(offs, dtype=torch.int32)
+        with pytest.raises(ArgumentError, match=needle):
+            ops[1](torch.empty(a, dtype=bf), torch.empty(b, dtype=bf), o, alpha=1.0, bias=torch.empty(48))
