@@ -189,3 +189,44 @@ def test_grouped_fake_checks_the_operands_and_offsets(ops, a, b, offs, needle):
         o = torch.empty(E, dtype=torch.int64) if offs == "int64" else torch.empty(offs, dtype=torch.int32)
         with pytest.raises(ArgumentError, match=needle):
             ops[1](torch.empty(a, dtype=bf), torch.empty(b, dtype=bf), o, alpha=1.0, bias=torch.empty(48))
+
+
+# ---- torch-written epilogues that slice -----------------------------------------------------------
+
+
+def _slice_n8(acc):
+    return acc[:, :8]
+
+
+def _slice_rows(acc):
+    return acc[:100] * 2
+
+
+def _slice_start(acc, bias: evtc.RowVector[evtc.f32]):
+    return acc + bias[1:]
+
+
+def _slice_step(acc):
+    return acc[:, ::2]
+
+
+def _slice_big(acc):
+    return acc[:, 0:2**40]
+
+
+@pytest.mark.parametrize("fn, shown", [(_slice_n8, "[:8]"), (_slice_rows, "[:100]"), (_slice_start, "[1:]"),
+                                       (_slice_step, "[::2]"), (_slice_big, f"[0:{2**40}]")])
+def test_a_torch_epilogue_that_slices_is_refused_at_its_line(fn, shown):
+    # acc[:, :8] covers the fake N = 7, so torch's indexing recorded nothing: imported as acc
+    with pytest.raises(UnsupportedOpError) as e:
+        evtc.Gemm(evtc.epilogue(fn, frontend="torch"))
+    assert f"slices a tensor ({shown})" in e.value.message
+    assert e.value.loc is not None and e.value.loc.text.strip().startswith("return")
+
+
+def test_a_torch_epilogue_still_indexes_to_add_unit_dimensions():
+    def unit(acc, bias: evtc.RowVector[evtc.f32], w: evtc.ColVector[evtc.f32]):
+        return acc[..., :] * w[:, None][:, :] + bias[None, :] + acc[:, ::1] + acc[0:, :]
+
+    text = str(evtc.Gemm(evtc.epilogue(unit, frontend="torch")).graph)
+    assert "bias" in text and "w" in text
