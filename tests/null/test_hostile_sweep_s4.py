@@ -230,3 +230,37 @@ def test_a_torch_epilogue_still_indexes_to_add_unit_dimensions():
 
     text = str(evtc.Gemm(evtc.epilogue(unit, frontend="torch")).graph)
     assert "bias" in text and "w" in text
+
+
+# ---- the torch backend: addmm and baddbmm with beta = 0 ------------------------------------------
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_addmm_with_beta_zero_ignores_its_input(batched):
+    """torch.addmm / baddbmm: "If beta is 0, then input will be ignored, and nan and inf in it will
+    not be propagated"; the region computed 0 * input: a NaN input gave NaN everywhere."""
+    from test_torch_backend import GEMMS, compiled
+
+    x, w = torch.randn(16, 64).to(bf), torch.randn(32, 64).to(bf)
+    if batched:
+        x, w = x.expand(2, 16, 64).contiguous(), w.expand(2, 32, 64).contiguous()
+        f = lambda x, w, c: torch.relu(torch.baddbmm(c, x, w.transpose(1, 2), beta=0.0, alpha=2.0))  # noqa: E731
+        c = torch.full((2, 16, 32), float("nan")).to(bf)
+    else:
+        f = lambda x, w, c: torch.relu(torch.addmm(c, x, w.t(), beta=0, alpha=2.0))  # noqa: E731
+        c = torch.full((32,), float("nan")).to(bf)
+    got, fused = compiled(f, x, w, c)
+    assert fused == 1 and torch.isfinite(got).all()
+    with torch.no_grad():
+        assert torch.allclose(got.double(), f(x, w, c).double(), rtol=0.02, atol=0.05)
+    assert len(GEMMS[0].graph.used_inputs) == 1  # the accumulator alone: the input is not read
+
+
+def test_addmm_with_beta_still_adds_its_input():
+    from test_torch_backend import compiled
+
+    x, w, b = torch.randn(16, 64).to(bf), torch.randn(32, 64).to(bf), torch.randn(32).to(bf)
+    f = lambda x, w, b: torch.addmm(b, x, w.t(), beta=0.5)  # noqa: E731
+    got, fused = compiled(f, x, w, b)
+    with torch.no_grad():
+        assert fused == 1 and torch.allclose(got.double(), f(x, w, b).double(), rtol=0.02, atol=0.05)
