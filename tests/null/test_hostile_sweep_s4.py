@@ -264,3 +264,32 @@ def test_addmm_with_beta_still_adds_its_input():
     got, fused = compiled(f, x, w, b)
     with torch.no_grad():
         assert fused == 1 and torch.allclose(got.double(), f(x, w, b).double(), rtol=0.02, atol=0.05)
+
+
+# ---- evtc plan --svg / --png ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--png", "p.svg"], "name it p.png"),          # wrote an SVG file for --png
+    (["--svg", "p.png"], "name it p.svg"),
+    (["--svg", "p"], "name it p.svg"),              # was refused only after planning
+    (["--svg", "p.svg", "--dot", "p.svg"], "same file"),  # the second overwrote the first
+])
+def test_cli_plan_picture_options_name_their_format(tmp_path, monkeypatch, args, needle):
+    from evtc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["plan", "--expr", "D = relu(acc)", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_plan_still_draws_both_pictures(tmp_path):
+    pytest.importorskip("matplotlib")
+    from evtc.cli import main
+
+    svg, png = tmp_path / "p.SVG", tmp_path / "p.png"
+    r = CliRunner().invoke(main, ["plan", "--expr", "D = relu(acc)", "--svg", str(svg), "--png", str(png)])
+    assert r.exit_code == 0, r.output
+    assert svg.read_bytes().lstrip().startswith(b"<") and png.read_bytes().startswith(b"\x89PNG")
