@@ -293,3 +293,47 @@ def test_cli_plan_still_draws_both_pictures(tmp_path):
     r = CliRunner().invoke(main, ["plan", "--expr", "D = relu(acc)", "--svg", str(svg), "--png", str(png)])
     assert r.exit_code == 0, r.output
     assert svg.read_bytes().lstrip().startswith(b"<") and png.read_bytes().startswith(b"\x89PNG")
+
+
+# ---- evtc.Conv: choose, member, ConvProblem -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def conv():
+    return evtc.Conv("D = relu(acc)")
+
+
+@pytest.mark.parametrize("args, kw, needle", [
+    (("64", 64, 576), {}, "choose\\('64', 64, 576\\)"),   # TypeError: '<' not supported
+    ((-1, 64, 576), {}, "choose\\(-1, 64, 576\\)"),       # chose a member
+    ((64.5, 64, 576), {}, "choose\\(64.5, 64, 576\\)"),
+    ((True, 64, 576), {}, "choose\\(True, 64, 576\\)"),
+    ((64, 64, 576), {"sm_count": 0}, "sm_count=0"),
+    ((64, 64, 576), {"channels": -1}, "channels=-1"),
+    ((64, 64, 576), {"channels": "64"}, "channels='64'"),
+])
+def test_conv_choose_checks_its_problem(conv, args, kw, needle):
+    with pytest.raises(ArgumentError, match=needle):
+        conv.choose(*args, **kw)
+
+
+def test_conv_choose_still_takes_integers(conv):
+    assert conv.choose(np.int64(4096), 64, 576, channels=np.int32(64), sm_count=132) == \
+        conv.choose(4096, 64, 576, channels=64, sm_count=132)
+
+
+@pytest.mark.parametrize("name", [["base"], {"a": 1}, None])
+def test_conv_member_of_no_name(conv, name):
+    # TypeError: unhashable type: 'list'
+    with pytest.raises(ConfigError, match="is not a member's name"):
+        conv.member(name)
+
+
+def test_conv_problem_takes_numpy_integers():
+    # np.int64(2) was "not an int or a sequence of 2 ints", where torch's conv2d takes it
+    spec = evtc.ConvProblem(stride=np.int64(2), padding=(np.int32(1), 1), dilation=1).normalize(2)
+    assert spec.stride == (2, 2) and spec.padding == (1, 1) and all(type(v) is int for v in spec.stride + spec.padding)
+    with pytest.raises(ArgumentError, match="stride = True"):
+        evtc.ConvProblem(stride=True).normalize(2)
+    with pytest.raises(ArgumentError, match="needs 2 ints"):
+        evtc.ConvProblem(stride=(np.float64(1.0), 1)).normalize(2)
