@@ -45,7 +45,7 @@ from evtc.compiler import cache
 from evtc.dispatch.conv import ConvDispatcher, ConvFamily, check_options
 from evtc.dispatch.conv_gemm import GemmRoute
 from evtc.dtypes import DType
-from evtc.errors import ConfigError, api_boundary
+from evtc.errors import ArgumentError, ConfigError, api_boundary
 from evtc.frontend.epilogue import Epilogue
 from evtc.ir.graph import Graph
 from evtc.pipeline import Pipeline
@@ -156,6 +156,9 @@ class Conv:
             ConfigError: an unknown name, or a member this Conv can't take (only sm90 fprop and
                 dgrad Convs without a pinned config have members besides their one kernel).
         """
+        if not isinstance(name, str):  # (a list raised "unhashable type" from the family's table)
+            raise ConfigError(f"member {name!r:.60} is not a member's name", epilogue=self.name, anchor="conv-config",
+                              hint="pass a name such as 'base' (Conv.choose gives the one a problem runs on)")
         return self.dispatch.family.member(name)
 
     def kernels(self) -> list[ConvKernel]:
@@ -171,8 +174,25 @@ class Conv:
         """The family member (name) an implicit GEMM of (M, N, K) runs on
         (:func:`evtc.family.conv.choose`; NOTE [The sm90 conv family]). ``channels``: the
         channels the implicit GEMM's K runs over, fprop's input channels C and dgrad's output
-        channels K (:meth:`channels_of`); without it, none of the persistent members."""
-        return self.dispatch.family.choose(M, N, K, sm_count=sm_count, channels=channels)
+        channels K (:meth:`channels_of`); without it, none of the persistent members.
+
+        Raises:
+            ArgumentError: M, N or K not an integer from 1 to INT32_MAX, ``sm_count`` or
+                ``channels`` not an integer >= 1 or None (the checks of :meth:`evtc.Gemm.choose`).
+        """
+        from evtc.runtime.bind import INT32_MAX
+
+        def integer(v: Any) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        if not all(integer(v) and 1 <= v <= INT32_MAX for v in (M, N, K)):
+            raise ArgumentError(f"choose({M!r:.20}, {N!r:.20}, {K!r:.20}): the implicit GEMM's M, N and K, each an "
+                                f"integer from 1 to {INT32_MAX}", epilogue=self.name,
+                                hint="e.g. conv.choose(n * p * q, k, c * r * s) for an fprop")
+        for what, v in (("sm_count", sm_count), ("channels", channels)):
+            if v is not None and (not integer(v) or v < 1):
+                raise ArgumentError(f"{what}={v!r}: an integer >= 1, or None", epilogue=self.name)
+        return self.dispatch.family.choose(int(M), int(N), int(K), sm_count=sm_count, channels=channels)
 
     def channels_of(self, g: Any) -> int:
         """The channels a problem's implicit-GEMM K runs over: fprop's C, dgrad's K."""

@@ -434,6 +434,10 @@ class GroupedGemm:
             if leaf.name not in inputs:
                 raise ArgumentError(f"input '{leaf.name}' is missing", epilogue=name)
             keep.append(_bind_input(args, leaf, inputs[leaf.name], T, N, E, device, name))
+        # what a given output must not overlap: (name, tensor, an M x N input it may be exactly)
+        read = [("A", A_, False), ("B", B_, False), ("offs", offs, False)] + [
+            (leaf.name, inputs[leaf.name], isinstance(leaf, (ir_nodes.Source, ir_nodes.AuxLoad)))
+            for leaf in self.graph.used_inputs if leaf.name in inputs and isinstance(inputs[leaf.name], torch.Tensor)]
         stores = [o for o in self.graph.outputs if isinstance(o, ir_nodes.Store)]
         single = len(stores) == 1
         # a dict by output name whenever the result is one (several stores, or reductions beside
@@ -455,8 +459,10 @@ class GroupedGemm:
             if t is None:
                 t = torch.empty((T, cols), dtype=getattr(torch, o.dtype.torch), device=device)
             else:
-                _check_matrix(t, "out" if single and not isinstance(out, Mapping) else f"out['{o.name}']", o.dtype, T,
-                              cols, device, name)
+                label = "out" if single and not isinstance(out, Mapping) else f"out['{o.name}']"
+                _check_matrix(t, label, o.dtype, T, cols, device, name)
+                _check_overlaps(label, t, read, name)
+                read.append((label, t, False))
             setattr(args, f"p_{o.name}", t.data_ptr())
             setattr(args, f"ld_{o.name}", t.stride(0))
             setattr(args, f"bs_{o.name}", 0)
@@ -469,7 +475,7 @@ class GroupedGemm:
             outs[o.name] = t
         single = single and not reductions
         result = outs[stores[0].name] if single else outs
-        if T == 0 or E == 0:
+        if T == 0 or E == 0 or N == 0:  # nothing to compute (reductions hold their identity)
             return result
         m = self._loaded(chosen)  # every check above ran before any build
         dev = device.index if device.index is not None else torch.cuda.current_device()
@@ -581,6 +587,11 @@ def _check_operands(A, B, a: DType, b: DType, name: str):
     if A.shape[1] != B.shape[2]:
         raise ArgumentError(f"A is (T, K) = {tuple(A.shape)} and B (E, N, K) = {tuple(B.shape)}: K differs",
                             epilogue=name)
+    if A.shape[1] == 0 and A.shape[0] and B.shape[0] and B.shape[1]:
+        # (its stride checks would blame A's row stride; evtc.Gemm runs K = 0 on a zero scratch)
+        raise ArgumentError(f"K = 0 (A {tuple(A.shape)}, B {tuple(B.shape)}): the grouped kernel has no zero-K path",
+                            epilogue=name, hint="every accumulator is 0: compute the epilogue of zeros without the "
+                            "GEMM, or pass K >= 8")
     for t, what, dt in ((A, "A", a), (B, "B", b)):
         if t.dtype != _torch_dtype(dt):
             raise ArgumentError(f"{what} is {t.dtype}; this GroupedGemm was made for {dt.name}", epilogue=name)
@@ -611,6 +622,9 @@ def _check_offs(offs, E: int, T: int, device, check: bool, name: str):
         got = f"{offs.dtype} {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) else type(offs).__name__
         raise ArgumentError(f"offs is {got}: the grouped GEMM takes E = {E} int32 cumulative row counts",
                             epilogue=name, hint="offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32)")
+    if offs.device.type not in ("cpu", device.type):  # (a meta tensor has no values to copy)
+        raise ArgumentError(f"offs is on {offs.device}; the grouped GEMM reads it on {device}", epilogue=name,
+                            hint="pass offs on A's device (or a CPU tensor or a list, checked and copied)")
     if check or offs.device.type == "cpu":
         host = offs.cpu().tolist()
         prev = 0
@@ -636,6 +650,56 @@ def _check_matrix(t, what: str, dt: DType, T: int, N: int, device, name: str) ->
     if T and ((t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
         raise ArgumentError(f"{what}'s rows do not start on 16-byte boundaries (row stride {t.stride(0)})",
                             epilogue=name)
+
+
+def _span(t) -> tuple[int, int] | None:
+    """The bytes ``t`` addresses, [first, past its last), or None when it has no elements."""
+    if t.numel() == 0:
+        return None
+    lo = t.data_ptr()
+    return lo, lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _side_by_side(t, u) -> bool:
+    """Two 2-D tensors of one row stride whose rows' bytes interleave without touching (two
+    column blocks of one buffer): :func:`evtc.runtime.signature._disjoint`'s rule."""
+    if t.dim() != 2 or u.dim() != 2 or t.stride(0) * t.element_size() != u.stride(0) * u.element_size():
+        return False
+    pitch = t.stride(0) * t.element_size()
+    if pitch <= 0 or t.stride(1) != 1 or u.stride(1) != 1:
+        return False
+    d = (u.data_ptr() - t.data_ptr()) % pitch
+    return t.shape[1] * t.element_size() <= d and d + u.shape[1] * u.element_size() <= pitch
+
+
+def _check_overlaps(label: str, t, read: list, name: str) -> None:
+    """A given output ``t`` that overlaps itself, or (in memory) a tensor of ``read``: A, B,
+    offs, an input, an output before it; exactly an M x N input is in place, allowed (each
+    element is loaded by the thread that then stores it: evtc/runtime/bind.py's rule).
+
+    Raises:
+        ArgumentError: naming the output and what it overlaps.
+    """
+    # (``t`` passed _check_matrix: (T, N), unit column stride when N > 1, so its rows overlap
+    # exactly when the row stride is below a row: evtc.runtime.signature.self_overlapping's rule)
+    if t.numel() and t.shape[0] > 1 and t.stride(0) < max(t.shape[1], 1):
+        raise ArgumentError(f"{label} overlaps itself (shape {tuple(t.shape)}, strides {tuple(t.stride())}): the "
+                            "groups' tiles would store to the same elements", epilogue=name,
+                            hint="pass a tensor of its own, e.g. torch.empty(T, N)")
+    mine = _span(t)
+    if mine is None:
+        return
+    for other, u, mn in read:
+        theirs = _span(u)
+        if theirs is None or not (mine[0] < theirs[1] and theirs[0] < mine[1]) or _side_by_side(t, u):
+            continue
+        if mn and (t.data_ptr(), t.shape, t.stride(), t.dtype) == (u.data_ptr(), u.shape, u.stride(), u.dtype):
+            continue  # in place: out=C
+        hint = ("the mainloop reads A, B and offs while the epilogue stores: pass a separate output tensor"
+                if other in ("A", "B", "offs") else "an output may be exactly an M x N input (in place, e.g. "
+                "out=C), but not part of one" if mn else "pass a separate tensor for each output")
+        raise ArgumentError(f"{label} overlaps {'an output' if other.startswith('out') else 'the input'} "
+                            f"{other if other.startswith('out') else repr(other)} in memory", epilogue=name, hint=hint)
 
 
 def _bind_input(args, leaf, value, T: int, N: int, E: int, device, name: str):

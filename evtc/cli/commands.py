@@ -187,6 +187,13 @@ def plan(request: GemmRequest, show_ir: bool, as_json: bool, svg: Path | None, p
     The same text as print(gemm.plan), at most 80 columns. --svg/--png draw it (matplotlib;
     no graphviz needed), --dot writes the DAG for graphviz.
     """
+    for path, fmt in ((svg, "svg"), (png, "png")):
+        if path and path.suffix.lower() != f".{fmt}":  # (draw_plan picks the format from the suffix)
+            raise click.UsageError(f"--{fmt} {path}: the picture's format follows the file's suffix; name it "
+                                   f"{path.with_suffix('.' + fmt).name}")
+    files = [str(p.resolve()) for p in (svg, png, dot) if p]
+    if len(set(files)) < len(files):
+        raise click.UsageError("--svg, --png and --dot name the same file: each writes its own")
     g = request.gemm()
     if as_json:
         click.echo(g.plan.dumps())

@@ -124,6 +124,14 @@ def _loc_mode(locs: dict[str, SourceLoc]):
                 key = f'File "{loc.file}", line {loc.line}, col {loc.col} [evtc {len(locs)}]'
                 locs[key] = loc
                 fx_traceback.set_stack_trace([key])
+            bounded = _bounded_slice(func, args, torch)
+            if bounded is not None and not _evtc_caller(torch_dir):  # NOTE [Extents are not known when ...]
+                raise UnsupportedOpError(f"the epilogue slices a tensor ({bounded}): an epilogue is elementwise over "
+                                         "all of M x N, and a slice's bounds depend on M and N, which are not known "
+                                         f"when it is imported (it is traced on fake tensors of M={FAKE_M}, "
+                                         f"N={FAKE_N})", loc=loc,
+                                         hint="slice the GEMM's output outside the epilogue; an index may only add "
+                                              "size-1 dimensions (bias[None, :])")
             read = _extent_read(func, extents)
             if read is not None and not _evtc_caller(torch_dir):  # NOTE [Extents are not known when an epilogue is imported]
                 raise TraceError(f"the epilogue reads a tensor's extent ({read}): it is traced once on fake tensors of "
@@ -162,6 +170,22 @@ def _evtc_caller(torch_dir: str) -> bool:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(torch_dir):
         frame = frame.f_back
     return frame is not None and _is_evtc_file(frame.f_code.co_filename)
+
+
+def _bounded_slice(func, args, torch) -> str | None:
+    """How an indexing call ``func(*args)`` slices with bounds (``x[:, :8]``, ``x[2:]``,
+    ``x[::2]``), or None. Such a slice depends on the extents (NOTE [Extents are not known when
+    an epilogue is imported]), and torch's indexing drops one that covers the fake tensor
+    (``acc[:, :8]`` of N = 7 recorded nothing: imported as ``acc``)."""
+    if func is not torch.Tensor.__getitem__ or len(args) < 2:
+        return None
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    for part in index:
+        if isinstance(part, slice) and (part.start not in (None, 0) or part.stop is not None
+                                        or part.step not in (None, 1)):
+            ends = ["" if v is None else repr(v) for v in (part.start, part.stop)]
+            return f"[{':'.join(ends)}{'' if part.step is None else f':{part.step!r}'}]"
+    return None
 
 
 def _extent_read(func, extents: dict) -> str | None:

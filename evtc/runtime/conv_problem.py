@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,22 +99,24 @@ class ConvProblem:
         def spatial(name: str, value: Any, lo: int, optional: bool = False) -> tuple[int, ...] | None:
             if value is None and optional:
                 return None
-            if isinstance(value, int) and not isinstance(value, bool):
+            # (a numpy integer is an int here too, as torch's conv2d takes it: numbers.Integral)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
                 value = (value,) * dims
             try:
                 t = tuple(value)
             except TypeError:
                 raise fail(f"{name} = {value!r} is not an int or a sequence of {dims} ints") from None
-            if len(t) != dims or not all(isinstance(v, int) and not isinstance(v, bool) for v in t):
+            if len(t) != dims or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in t):
                 raise fail(f"{name} = {value!r} needs {dims} ints (one per spatial dimension, "
                            f"{'D, H, W' if dims == 3 else 'H, W'})")
+            t = tuple(int(v) for v in t)
             if any(v < lo for v in t):
                 raise fail(f"{name} = {t}: each must be at least {lo}")
             if any(v > INT32_MAX for v in t):
                 raise fail(f"{name} = {t}: each must be below 2^31 (the conv kernels' int32 problem fields)")
             return t
 
-        if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups != 1:
+        if not isinstance(self.groups, numbers.Integral) or isinstance(self.groups, bool) or self.groups != 1:
             raise fail(f"groups = {self.groups!r}: evtc's convolutions are not grouped (groups = 1); CUTLASS's sm90 "
                        "conv collective refuses groups > 1 (sm90_implicit_gemm_gmma_ss_warpspecialized.hpp)",
                        hint="run each group as its own convolution")

@@ -23,7 +23,7 @@ import json
 import threading
 
 from evtc.errors import ArgumentError
-from evtc.torch.ops import _NAME, _RESERVED, k_contiguous, layout_tags
+from evtc.torch.ops import _NAME, _RESERVED, call_args, k_contiguous, layout_tags
 
 __all__ = ["GroupedTorchOp", "grouped_torch_op"]
 
@@ -79,6 +79,14 @@ class GroupedTorchOp:
             return got if single else tuple(got[n] for n in out_names)
 
         def fake(A, B, offs, *rest):
+            # (the call's first checks, evtc/grouped.py: an operand it would refuse fails the trace)
+            if A.dim() != 2 or B.dim() != 3 or A.shape[1] != B.shape[2]:
+                raise ArgumentError(f"A is {tuple(A.shape)} and B {tuple(B.shape)}: the grouped GEMM takes A (T, K) "
+                                    "and B (E, N, K)", epilogue=graph.name)
+            if offs.dtype != torch.int32 or tuple(offs.shape) != (B.shape[0],):
+                raise ArgumentError(f"offs is {offs.dtype} {tuple(offs.shape)}: the grouped GEMM takes E = "
+                                    f"{B.shape[0]} int32 cumulative row counts", epilogue=graph.name,
+                                    hint="offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32)")
             T, (E, N) = A.shape[0], B.shape[:2]
             outs = [A.new_empty(shape(T, E, N), dtype=dt) for shape, dt in zip(shapes, dtypes)]
             return outs[0] if single else tuple(outs)
@@ -105,7 +113,7 @@ class GroupedTorchOp:
                                 f"{'; ' if missing and extra else ''}{'unknown ' + ', '.join(extra) if extra else ''}",
                                 epilogue=self.gg.name, hint="pass the epilogue's parameters by name: "
                                 + ", ".join(self.tensor_names + self.scalar_names))
-        args = [kwargs[n] for n in self.tensor_names] + [float(kwargs[n]) for n in self.scalar_names]
+        args = call_args(self.gg.name, {"A": A, "B": B, "offs": offs}, kwargs, self.tensor_names, self.scalar_names)
         got = self.op(A, B, offs, *args)
         return got if len(self.output_names) == 1 else dict(zip(self.output_names, got))
 

@@ -35,7 +35,7 @@ import threading
 
 from evtc.errors import ArgumentError
 
-__all__ = ["TorchOp", "qualname", "torch_op"]
+__all__ = ["TorchOp", "call_args", "check_fake_operands", "qualname", "torch_op"]
 
 _LOCK = threading.Lock()
 _OPS: dict[str, TorchOp] = {}
@@ -123,6 +123,7 @@ class TorchOp:
         from evtc.dispatch.staging import padded_strides
         from evtc.runtime.tensors import contiguous_strides
 
+        check_fake_operands(self.gemm.name, A, B)
         batched = A.dim() == 3 or B.dim() == 3
         L = batch_count(A.shape, B.shape)
         M, N = A.shape[-2], B.shape[-2]
@@ -159,11 +160,57 @@ class TorchOp:
                                 epilogue=self.gemm.name,
                                 hint="pass the epilogue's parameters by name: "
                                      + ", ".join(self.tensor_names + self.scalar_names))
-        args = [kwargs[n] for n in self.tensor_names] + [float(kwargs[n]) for n in self.scalar_names]
+        args = call_args(self.gemm.name, {"A": A, "B": B}, kwargs, self.tensor_names, self.scalar_names)
         got = self.op(A, B, *args)
         if len(self.output_names) == 1:
             return got if self.output_names[0] == "D" else {self.output_names[0]: got}
         return dict(zip(self.output_names, got))
+
+
+def check_fake_operands(epilogue: str, A, B) -> None:
+    """What the fake implementation reads of A and B: the extents the real call checks first
+    (evtc/runtime/bind.py ``_gemm_extents``), so that a graph traced with operands the call would
+    refuse fails at its trace with the call's error, not with an IndexError or a wrong shape.
+
+    Raises:
+        ArgumentError: A or B not 2-D or 3-D, their K or batch extents differ.
+    """
+    if A.dim() not in (2, 3) or B.dim() not in (2, 3):
+        raise ArgumentError(f"A and B must be 2-D or 3-D, got A {tuple(A.shape)} and B {tuple(B.shape)}",
+                            epilogue=epilogue)
+    if A.shape[-1] != B.shape[-1]:
+        raise ArgumentError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: their K extents differ",
+                            epilogue=epilogue, hint="B is given as N x K (the GEMM computes A @ B.T)")
+    La = A.shape[0] if A.dim() == 3 else 1
+    Lb = B.shape[0] if B.dim() == 3 else 1
+    if La != Lb and 1 not in (La, Lb):
+        raise ArgumentError(f"A has batch {La} and B has batch {Lb}", epilogue=epilogue)
+
+
+def call_args(epilogue: str, operands: dict, kwargs: dict, tensor_names: tuple, scalar_names: tuple) -> list:
+    """The op's arguments after its operands: the tensor parameters, then the scalars as floats,
+    each checked, so that a bad one is an ArgumentError naming it rather than torch's schema
+    error or ``float()``'s (``alpha="x"``, ``alpha=None``, ``bias=1.0``).
+
+    Raises:
+        ArgumentError: an operand or tensor parameter that is no torch tensor, a scalar that is
+            no real number (a Python number, a 0-d tensor or a symbolic float under torch.compile).
+    """
+    import torch
+
+    for n, v in [*operands.items(), *((n, kwargs[n]) for n in tensor_names)]:
+        if not isinstance(v, torch.Tensor):
+            raise ArgumentError(f"argument '{n}' is a {type(v).__name__}, not a torch tensor", epilogue=epilogue,
+                                hint="the op's tensor arguments are torch tensors")
+    scalars = []
+    for n in scalar_names:
+        v = kwargs[n]
+        if isinstance(v, (str, bytes, bool, complex)) or not hasattr(v, "__float__") or (
+                isinstance(v, torch.Tensor) and (v.numel() != 1 or v.is_complex())):
+            raise ArgumentError(f"argument '{n}' = {v!r:.40} is not a number (it is a by-value scalar of the op)",
+                                epilogue=epilogue, hint="pass a Python float")
+        scalars.append(float(v))
+    return [kwargs[n] for n in tensor_names] + scalars
 
 
 def layout_tags(torch) -> tuple:

@@ -224,7 +224,12 @@ def _anchor_operands(node):
     name = str(node.target)
     if name in ("aten.addmm.default", "aten.baddbmm.default"):  # (input, a, b, *, beta, alpha)
         bias, a, b = node.args[:3]
-        return a, b, bias, node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+        beta = node.kwargs.get("beta", 1)
+        if isinstance(beta, (int, float)) and beta == 0:
+            # torch.addmm / baddbmm: "If beta is 0, then input will be ignored, and nan and inf in it
+            # will not be propagated" (0 * nan would be nan in the epilogue)
+            bias, beta = None, 1
+        return a, b, bias, beta, node.kwargs.get("alpha", 1)
     return node.args[0], node.args[1], None, 1, 1
 
 
