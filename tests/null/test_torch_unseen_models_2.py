@@ -108,3 +108,52 @@ def test_a_float_argument_traced_as_a_constant_is_part_of_the_signature(dynamic)
     assert be.fused >= 3  # (0.5, 2.0 and 3.0 each fused once; the repeats reuse them)
     consts = {str(g.graph).split("mul(%1, ")[1].split(")")[0] for g in GEMMS if "mul(%1, " in str(g.graph)}
     assert {"2.0", "3.0"} <= consts, [str(g.graph) for g in GEMMS]
+
+
+class GEGLU(nn.Module):
+    """diffusers' GEGLU (Stable Diffusion's feed-forward): ``h, gate = proj(x).chunk(2, -1);
+    h * gelu(gate)``, the act on the second half, with a bias."""
+
+    def __init__(self, d=64, inner=128):
+        super().__init__()
+        self.proj, self.out = nn.Linear(d, 2 * inner), nn.Linear(inner, d)
+
+    def forward(self, x):
+        hidden_states, gate = self.proj(x).chunk(2, dim=-1)
+        return x + self.out(hidden_states * F.gelu(gate))
+
+
+class SplitSiluGate(nn.Module):
+    """A Mamba-style gate written with ``split([I, I])``: ``x, z = in_proj(h).split(...); x *
+    silu(z)`` (no bias)."""
+
+    def __init__(self, d=64, inner=128):
+        super().__init__()
+        self.in_proj, self.out_proj = nn.Linear(d, 2 * inner, bias=False), nn.Linear(inner, d, bias=False)
+
+    def forward(self, h):
+        xz = self.in_proj(h)
+        x, z = xz.split([xz.shape[-1] // 2, xz.shape[-1] // 2], dim=-1)
+        return self.out_proj(x * F.silu(z))
+
+
+@pytest.mark.parametrize("cls, act", [(GEGLU, "gelu"), (SplitSiluGate, "silu")], ids=["diffusers_geglu", "split_silu"])
+def test_the_act_on_the_second_half_is_one_glu_gemm(cls, act):
+    """NOTE [The act on either half] (evtc/torch/gated.py): a gate on the projection's second
+    half (and a split([I, I]) for chunk(2)) was no gated pair: the projection ran alone and the
+    product went to Inductor. It is one GEMM with evtc.glu now, its weights' (and bias's) halves
+    taken in the act's order."""
+    torch.manual_seed(2)
+    block = cls()
+    with torch.no_grad():
+        for p in block.parameters():
+            if p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+    block = block.bfloat16()
+    x = torch.randn(2, 24, 64).bfloat16()
+    be = _backend()
+    with torch.no_grad():
+        out = torch.compile(block, backend=be, fullgraph=True)(x)
+    graphs = [str(g.graph) for g in GEMMS]
+    assert be.fused == 2 and f"{{act={act}}}" in graphs[0] and "glu(" in graphs[0], graphs
+    _close(out, block, [x])
