@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Mapping
 
-from evtc.torch.regions import _symbolic, fuse, to_aten
+from evtc.torch.regions import _symbolic, fuse, item_inputs, to_aten
 
 __all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "prebuild",
            "to_aten"]
@@ -45,7 +45,8 @@ MAX_SPECIALIZATIONS = 32
 
 
 class _Specializing:
-    """The compiled form of a Dynamo graph with symbolic shapes whose example shapes fuse.
+    """The compiled form of a Dynamo graph with symbolic shapes (or floats it reads with
+    ``.item()``: NOTE [Unspecialized floats] in :mod:`evtc.torch.regions`) whose example fuses.
 
     NOTE [Symbolic shapes]: an evtc kernel is chosen and launched per call, whatever M is, but
     the backend's matching reads static shapes (K and N multiples of 8, which operands are row
@@ -71,10 +72,11 @@ class _Specializing:
         self.gm, self.generic, self.backend = gm, generic, backend
         self.how, self.inductor = how, inductor
         self.compiled: dict = {}
-        self._pending = {_signature(example_inputs): example_fused}
+        self.items = item_inputs(gm)  # (NOTE [Unspecialized floats] in evtc/torch/regions.py)
+        self._pending = {_signature(example_inputs, self.items): example_fused}
 
     def __call__(self, *args):
-        key = _signature(args)
+        key = _signature(args, self.items)
         fn = self.compiled.get(key)
         if fn is None:
             if len(self.compiled) >= MAX_SPECIALIZATIONS:
@@ -105,13 +107,14 @@ def _hints(example_inputs) -> list:
     return [hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs]
 
 
-def _signature(args) -> tuple:
+def _signature(args, items: tuple[int, ...] = ()) -> tuple:
     """What a specialization of a symbolic graph depends on: each tensor's shape, strides, dtype
-    and device, and the size inputs' values."""
+    and device, the size inputs' values and the values of the floats read with ``.item()`` (the
+    positions ``items``: NOTE [Unspecialized floats] in :mod:`evtc.torch.regions`)."""
     import torch
 
-    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
-                 for a in args)
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) + ((a.item(),) if i in items else ())
+                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
 
 
 def _fused(gm, example_inputs, how: Mapping[str, Any]) -> tuple[Any, int]:
@@ -345,7 +348,9 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         backend.fused += n
         if not n:
             return _compile(gm, example_inputs, inductor)
-        if _has_symbolic_shapes(gm, example_inputs):  # NOTE [Symbolic shapes]
+        # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
+        # [Unspecialized floats] in evtc/torch/regions.py
+        if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
             return _Specializing(gm, _compile(gm, example_inputs, inductor), concrete, agm, backend,
                                  how, inductor)
         return _compile(agm, example_inputs, inductor)

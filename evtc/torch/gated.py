@@ -225,6 +225,8 @@ class _Pair:
     biases: tuple | None = None
     bias: Any = None
     offs: Any = None
+    #: the act is on the concatenation's second half (``h, gate = y.chunk(2, -1); h * act(gate)``)
+    swap: bool = False
 
 
 def _match(mul, allow_cpu: bool) -> "_Pair | None":
@@ -249,6 +251,7 @@ def _match(mul, allow_cpu: bool) -> "_Pair | None":
         if split is not None:
             pair = _split_pair(split, act, head + [g, u, split], allow_cpu)
             if pair is not None:
+                pair.swap = g.args[1] == 1
                 return pair
             continue
         if g is u:
@@ -270,18 +273,29 @@ def _match(mul, allow_cpu: bool) -> "_Pair | None":
 
 
 def _halves(g, u):
-    """The ``aten.split`` node whose items 0 and 1 (exactly) ``g`` and ``u`` are, over the last
-    dimension in two equal halves; else None."""
+    """The ``aten.split`` node whose items 0 and 1, or 1 and 0, ``g`` and ``u`` are, over the last
+    dimension in two equal halves; else None.
+
+    NOTE [The act on either half]: diffusers' GEGLU (``h, gate = proj(x).chunk(2, -1); h *
+    gelu(gate)``), ``F.glu``'s order written out (``a * sigmoid(b)``) and Mamba-style ``x *
+    silu(z)`` gate the second half, where Phi-3 gates the first; both are one glu GEMM, the
+    weights' halves (and the bias's) passed to the gated op as (gate, up) in the order the act
+    takes them (``_Pair.swap``)."""
     if getattr(g, "target", None) is not operator.getitem or getattr(u, "target", None) is not operator.getitem \
             or g.args[0] is not u.args[0]:
         return None
     split = g.args[0]
-    if str(getattr(split, "target", "")) != "aten.split.Tensor" or (g.args[1], u.args[1]) != (0, 1):
+    name = str(getattr(split, "target", ""))
+    if name not in ("aten.split.Tensor", "aten.split_with_sizes.default") \
+            or (g.args[1], u.args[1]) not in ((0, 1), (1, 0)):
         return None
     y = _val(split.args[0])
     dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    # (x.chunk(2, -1) is split(I); x.split([I, I], -1) is split_with_sizes([I, I]))
+    sizes = [split.args[1]] * 2 if name == "aten.split.Tensor" else list(split.args[1])
     if y is None or not isinstance(dim, int) or dim % y.dim() != y.dim() - 1 or len(split.users) != 2 \
-            or not _single(g) or not _single(u) or 2 * int(split.args[1]) != y.shape[-1]:
+            or not _single(g) or not _single(u) or len(sizes) != 2 or sizes[0] != sizes[1] \
+            or 2 * int(sizes[0]) != y.shape[-1]:
         return None
     return split
 
@@ -378,8 +392,8 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                 fake_val(n)
                 return n
 
-            def halves(t, dim):  # [W_gate; W_up] -> its two halves, views
-                return tuple(node(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in (0, 1))
+            def halves(t, dim):  # [W_gate; W_up] -> its two halves, views (NOTE [The act on either half])
+                return tuple(node(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in ((1, 0) if m.swap else (0, 1)))
 
             args = [m.x, *(m.weights or halves(m.w, m.wdim))]
             if m.offs is not None:
