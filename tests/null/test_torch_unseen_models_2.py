@@ -60,7 +60,8 @@ class LoraLinear(nn.Module):
 
 @pytest.mark.parametrize("cls, shapes, per_call", [
     (SamMLP, [(2, 4, 4, 64), (2, 5, 5, 64), (1, 3, 7, 64)], 2),
-    (LoraLinear, [(2, 16, 64), (2, 13, 64), (3, 7, 64)], 3),
+    # (lora_A's GEMM has nothing after it: torch's, NOTE [A bare GEMM stays torch's])
+    (LoraLinear, [(2, 16, 64), (2, 13, 64), (3, 7, 64)], 2),
 ], ids=["sam_mlp_layernorm_eps", "lora_scaling"])
 def test_dynamic_true_fuses_a_graph_that_reads_a_python_float(cls, shapes, per_call):
     """NOTE [Unspecialized floats] (evtc/torch/regions.py): under dynamic=True Dynamo passes each
@@ -155,5 +156,6 @@ def test_the_act_on_the_second_half_is_one_glu_gemm(cls, act):
     with torch.no_grad():
         out = torch.compile(block, backend=be, fullgraph=True)(x)
     graphs = [str(g.graph) for g in GEMMS]
-    assert be.fused == 2 and f"{{act={act}}}" in graphs[0] and "glu(" in graphs[0], graphs
+    # GEGLU's out projection adds the residual; SplitSiluGate's has nothing after it (torch's)
+    assert be.fused == (2 if cls is GEGLU else 1) and f"{{act={act}}}" in graphs[0] and "glu(" in graphs[0], graphs
     _close(out, block, [x])
