@@ -9,6 +9,7 @@ terminal. Errors: see :mod:`evtc.cli`.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -438,10 +439,19 @@ def _section(markdown: str, anchor: str) -> str | None:
 
 def _out_dir(value: str) -> Path:
     """``demo --out-dir``: a folder name (an empty one was Path(''), the current folder, written into
-    without being named)."""
+    without being named), checked before the demo traces, plans or builds anything: a folder, or a
+    new one in a folder that exists (``emit -o``'s rule: evtc makes no folders above it)."""
     if not value.strip():
         raise click.BadParameter("an empty name is no folder; give one (or '.' for the current folder)")
-    return Path(value)
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        raise click.BadParameter(f"{value} exists and is not a folder")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not p.exists() and not parent.is_dir():
+        raise click.BadParameter(f"the folder {parent} does not exist")
+    if not os.access(p if p.exists() else parent, os.W_OK):
+        raise click.BadParameter(f"the folder {p if p.exists() else parent} is not writable")
+    return p
 
 
 @main.command()

@@ -94,7 +94,16 @@ def test_demo_into_an_impossible_folder_is_a_message(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     r = CliRunner().invoke(main, ["demo", "--out-dir", str(blocker / "sub")])
-    assert r.exit_code == 2 and "can't write into" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "does not exist" in r.output and "Traceback" not in r.output
+    # refused before anything is traced or planned (it printed the IR and the plan first)
+    for bad, says in ((str(blocker), "is not a folder"), ("/dev/null", "is not a folder"),
+                      (str(tmp_path / "a" / "b"), "does not exist")):
+        r = CliRunner().invoke(main, ["demo", "--out-dir", bad])
+        assert r.exit_code == 2 and says in r.output and "IR after passes" not in r.output, (bad, r.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    from evtc.cli.commands import _out_dir
+
+    assert _out_dir(str(tmp_path)) == tmp_path and _out_dir(str(tmp_path / "new")) == tmp_path / "new"
 
 
 def test_demo_prints_progress_while_a_build_runs(tmp_path, monkeypatch, capsys):
