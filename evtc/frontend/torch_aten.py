@@ -456,6 +456,13 @@ class Lowering:
 
     def _refuse(self, node, why: str | None, loc: SourceLoc | None):
         name = target_name(node)
+        if why is None and getattr(node.target, "__module__", None) == "_operator":
+            # Python arithmetic on a number read out of a tensor (alpha.item() * 3): "torch op mul
+            # has no evtc lowering" named an op the table has
+            raise UnsupportedOpError(f"Python {name} on a number read out of a tensor (.item(), float(), int()): "
+                                     "the epilogue's values are traced as tensors", loc=loc,
+                                     epilogue=self.b.epilogue,
+                                     hint="compute with the tensor itself (alpha * 3, not alpha.item() * 3)")
         message = f"torch op {name} has no evtc lowering" if why is None else f"evtc can't lower {why} ({name})"
         raise UnsupportedOpError(message, loc=loc, epilogue=self.b.epilogue,
                                  hint=f"{_TORCH_HINT}; supported: {', '.join(user_ops())}")

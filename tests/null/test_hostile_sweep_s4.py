@@ -338,3 +338,17 @@ def test_conv_problem_takes_numpy_integers():
         evtc.ConvProblem(stride=True).normalize(2)
     with pytest.raises(ArgumentError, match="needs 2 ints"):
         evtc.ConvProblem(stride=(np.float64(1.0), 1)).normalize(2)
+
+
+def test_python_arithmetic_on_an_item_is_named_as_such():
+    """`alpha.item() * 3` in a torch-written epilogue was refused as "torch op mul has no evtc
+    lowering", an op the table has; it is Python arithmetic on a number read out of a tensor."""
+    import evtc
+    from evtc.errors import UnsupportedOpError
+
+    def ep(acc, alpha: float):
+        return acc * (alpha.item() * 3)
+
+    with pytest.raises(UnsupportedOpError, match=r"Python mul on a number read out of a tensor") as e:
+        evtc.Gemm(evtc.epilogue(ep, frontend="torch"), a="bf16")
+    assert "alpha * 3" in str(e.value)
