@@ -233,6 +233,8 @@ def _match(mul, allow_cpu: bool) -> "_Pair | None":
     """The gated pair whose product is ``mul``: two projections of the same tokens
     (``act(x W_gate^T) * (x W_up^T)``) or the two halves of one (``g, u = (x W^T).chunk(2, -1)``,
     Phi-3's ``gate_up_proj``; or of a ``torch._grouped_mm``, a mixture-of-experts layer)."""
+    if str(getattr(mul, "target", "")) == "aten.glu.default":
+        return _glu_pair(mul, allow_cpu)
     if str(getattr(mul, "target", "")) != "aten.mul.Tensor" or len(mul.args) != 2:
         return None
     vmul = _val(mul)
@@ -249,7 +251,7 @@ def _match(mul, allow_cpu: bool) -> "_Pair | None":
         head = [mul, *views_a, a, *views_g, *views_u]
         split = _halves(g, u)
         if split is not None:
-            pair = _split_pair(split, act, head + [g, u, split], allow_cpu)
+            pair = _split_pair(split.args[0], act, head + [g, u, split], allow_cpu)
             if pair is not None:
                 pair.swap = g.args[1] == 1
                 return pair
@@ -277,8 +279,8 @@ def _halves(g, u):
     dimension in two equal halves; else None.
 
     NOTE [The act on either half]: diffusers' GEGLU (``h, gate = proj(x).chunk(2, -1); h *
-    gelu(gate)``), ``F.glu``'s order written out (``a * sigmoid(b)``) and Mamba-style ``x *
-    silu(z)`` gate the second half, where Phi-3 gates the first; both are one glu GEMM, the
+    gelu(gate)``), ``F.glu`` (``a * sigmoid(b)``, written out or ``aten.glu`` itself:
+    :func:`_glu_pair`) and Mamba-style ``x * silu(z)`` gate the second half, where Phi-3 gates the first; both are one glu GEMM, the
     weights' halves (and the bias's) passed to the gated op as (gate, up) in the order the act
     takes them (``_Pair.swap``)."""
     if getattr(g, "target", None) is not operator.getitem or getattr(u, "target", None) is not operator.getitem \
@@ -300,14 +302,29 @@ def _halves(g, u):
     return split
 
 
-def _split_pair(split, act: str, dead: list, allow_cpu: bool) -> "_Pair | None":
-    """The pair of one projection's two halves (``split`` of its output, under row views: views
-    that keep its last dimension, so that the halves are its first and last I columns; a view
-    to another last dimension, ``y.view(M, 2, I)``, pairs other columns)."""
+def _glu_pair(glu, allow_cpu: bool) -> "_Pair | None":
+    """``F.glu(y, dim=-1)``, ``a * sigmoid(b)`` of ``y``'s halves (``aten.glu``, which the
+    importer's table has no row for): the pair of a projection ``y``'s halves with the act on the
+    second (NOTE [The act on either half])."""
+    dim = glu.args[1] if len(glu.args) > 1 else glu.kwargs.get("dim", -1)
+    vy = _val(glu.args[0])
+    if vy is None or not isinstance(dim, int) or vy.dim() < 1 or dim % vy.dim() != vy.dim() - 1 or vy.shape[-1] % 2:
+        return None
+    pair = _split_pair(glu.args[0], "sigmoid", [glu], allow_cpu)
+    if pair is not None:
+        pair.swap = True
+    return pair
+
+
+def _split_pair(src, act: str, dead: list, allow_cpu: bool) -> "_Pair | None":
+    """The pair of one projection's two halves (``src`` is what is split: the projection's
+    output under row views, views that keep its last dimension, so that the halves are its first
+    and last I columns; a view to another last dimension, ``y.view(M, 2, I)``, pairs other
+    columns)."""
     import torch
 
-    y, views_y = _under_views(split.args[0])
-    vy, vs = _val(y), _val(split.args[0])
+    y, views_y = _under_views(src)
+    vy, vs = _val(y), _val(src)
     if not _single(y) or vy is None or vs is None or vy.dim() < 1 or vs.shape[-1] != vy.shape[-1]:
         return None
     name = str(getattr(y, "target", ""))

@@ -171,3 +171,27 @@ def test_the_gated_gemm_is_among_the_kernels_built_with_the_graph(monkeypatch):
     monkeypatch.setattr(B, "prebuild", seen.extend)
     fused, *_ = _run(Gated(), torch.randn(40, 64).bfloat16())
     assert fused == 1 and [(g.name, p) for g, p, _ in seen] == [(GEMMS[0].name, (40, 192, 64, 1))]
+
+
+class GluLinear(nn.Module):
+    """``F.glu(proj(x), dim=-1)`` (``a * sigmoid(b)`` of the projection's halves), then an output
+    projection with a residual."""
+
+    def __init__(self, d=64, inner=128, bias=False):
+        super().__init__()
+        self.proj, self.out = nn.Linear(d, 2 * inner, bias=bias), nn.Linear(inner, d)
+
+    def forward(self, x):
+        return x + self.out(F.glu(self.proj(x), dim=-1))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_f_glu_is_one_glu_gemm(bias):
+    """aten.glu has no row in the importer's table: the projection fused alone (its bias) and
+    F.glu ran after it. It is the pair of the projection's halves with sigmoid on the second
+    (NOTE [The act on either half])."""
+    torch.manual_seed(6)
+    fused, e_evtc, e_eager, ref = _run(GluLinear(bias=bias), torch.randn(2, 24, 64).bfloat16())
+    assert fused == 2 and "glu(" in ir(0) and "{act=sigmoid}" in ir(0) and ("add(acc, bias)" in ir(0)) == bias, \
+        [ir(i) for i in range(len(GEMMS))]
+    assert e_evtc <= e_eager + ref.abs().max().item() * 2.0 ** -8, (e_evtc, e_eager)
