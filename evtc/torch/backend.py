@@ -11,7 +11,8 @@ The matching and the rewrite (:func:`to_aten`, :func:`fuse`) are :mod:`evtc.torc
 this module compiles: a graph without symbolic shapes is fused and handed to Inductor; a
 symbolic one is fused per concrete shape (NOTE [Symbolic shapes], :class:`_Specializing`); a
 graph that needs gradients is fused after AOTAutograd splits it, forward and backward alike
-(NOTE [Fusion in training]). ``options={...}`` reach every Gemm made (:data:`GEMM_OPTIONS`).
+(NOTE [Fusion in training]), per concrete shape where they are symbolic (NOTE [Symbolic shapes
+in training]). ``options={...}`` reach every Gemm made (:data:`GEMM_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ __all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate
 
 def _has_symbolic_shapes(gm, example_inputs) -> bool:
     """Whether Dynamo gave a graph with symbolic sizes (``dynamic=True``, or a dimension it made
-    dynamic after a recompilation): size inputs (ints) or symbolic placeholder values."""
+    dynamic after a recompilation): size inputs (ints), symbolic placeholder values, or (the
+    graphs AOTAutograd gives) example tensors of symbolic shapes."""
     import torch
 
-    if any(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in example_inputs):
+    if any(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) or
+           isinstance(x, torch.Tensor) and _symbolic(x) for x in example_inputs):
         return True
     for n in gm.graph.nodes:
         v = n.meta.get("example_value") if n.op == "placeholder" else None
@@ -62,27 +65,33 @@ class _Specializing:
     while Dynamo's shape environment is current: Inductor needs it for a symbolic graph).
 
     Args:
-        gm: Dynamo's symbolic graph; ``generic`` its compilation.
+        gm: Dynamo's symbolic graph (or AOTAutograd's: NOTE [Symbolic shapes in training]);
+            ``generic`` its compilation.
+        compile: ``compile(agm, args)``, the compilation of a fused static graph.
         example_inputs: Dynamo's example inputs, ``example_fused`` their fused ATen graph (its
-            compilation waits for the first call with that signature).
+            compilation waits for the first call with that signature), where already made.
     """
 
-    def __init__(self, gm, generic, example_inputs, example_fused, backend, how: Mapping[str, Any],
-                 inductor: bool) -> None:
+    def __init__(self, gm, generic, backend, how: Mapping[str, Any], compile: Callable,
+                 example_inputs=None, example_fused=None) -> None:
         self.gm, self.generic, self.backend = gm, generic, backend
-        self.how, self.inductor = how, inductor
+        self.how, self.compile = how, compile
         self.compiled: dict = {}
         self.items = item_inputs(gm)  # (NOTE [Unspecialized floats] in evtc/torch/regions.py)
-        self._pending = {_signature(example_inputs, self.items): example_fused}
+        self._pending = {} if example_fused is None else {_signature(example_inputs, self.items): example_fused}
 
     def __call__(self, *args):
+        return self._pick(args)(*args)
+
+    def _pick(self, args):
+        """The compilation for ``args``' signature (made now if it is new)."""
         key = _signature(args, self.items)
         fn = self.compiled.get(key)
         if fn is None:
             if len(self.compiled) >= MAX_SPECIALIZATIONS:
-                return self.generic(*args)
+                return self.generic
             fn = self.compiled[key] = self._specialize(key, list(args))
-        return fn(*args)
+        return fn
 
     def _specialize(self, key: tuple, args: list):
         agm = self._pending.pop(key, None)
@@ -91,7 +100,22 @@ class _Specializing:
             if not n:
                 return self.generic
             self.backend.fused += n
-        return _compile(agm, args, self.inductor)
+        return self.compile(agm, args)
+
+
+class _BoxedSpecializing(_Specializing):
+    """:class:`_Specializing` in AOTAutograd's boxed calling convention (a compiled forward or
+    backward graph is called with one list of arguments, which it may clear): the signature is
+    read before the chosen compilation, boxed too, runs (NOTE [Symbolic shapes in training])."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # an instance attribute: Dynamo's disable() wraps the backward's compilation with
+        # functools.wraps, which copies the instance's __dict__, not its class's attributes
+        self._boxed_call = True
+
+    def __call__(self, args):
+        return self._pick(args)(args)
 
 
 def _hints(example_inputs) -> list:
@@ -219,43 +243,101 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
     (``sum(dim=0)``), cuBLASLt's DGELU_BGRAD for whatever activation the forward had. The
     derivative itself is PyTorch's (the decomposed ``*_backward`` ops); evtc's own derivation
     of an epilogue (:mod:`evtc.frontend.vjp`) gives the same expression.
-    """
-    def fuse_graph(g, ex, **kw):
-        backend.fused += _fuse_and_build(g, how)
 
+    NOTE [Symbolic shapes in training]: under ``dynamic=True``, or once automatic dynamic shapes
+    made the token count symbolic, AOTAutograd hands the inner compiler forward and backward
+    graphs whose example inputs have symbolic sizes, where :func:`fuse` matches nothing (it
+    reads static shapes). Each such graph is compiled as it is (``generic``, now, while the shape
+    environment is current) and wrapped in a :class:`_BoxedSpecializing`, which does what NOTE
+    [Symbolic shapes] does for inference, per call: a new signature (shapes, strides, dtypes,
+    devices, size inputs) re-traces the ATen graph (:func:`to_aten`, on static fake tensors,
+    sizes as constants; a copy taken before Inductor's passes rewrite the graph in place),
+    fuses it and compiles it once; nothing fused, or a signature past
+    :data:`MAX_SPECIALIZATIONS`, runs ``generic``. So each distinct shape costs one compilation
+    of the forward and one of the backward. The two are specialized independently, which is
+    sound because fusion never changes a graph's inputs or outputs (a region value the backward
+    reads stays an output of the forward: an aux store), so any compilation of the forward pairs
+    with any of the backward; the backward's signature holds the saved tensors' strides, so its
+    specialization is traced for what the forward produced. (Inductor asserts its inputs'
+    strides: a ``generic`` backward after a fused forward relies on the fused forward's saved
+    values having the layout the symbolic compilation gave them, row-major as the op stores
+    them, as in the blocks tested.) Under Inductor the static graph is compiled by
+    ``compile_fx_inner`` with the keyword arguments ``compile_fx_forward``/``compile_fx_backward``
+    (torch/_inductor/compile_fx.py) gave the symbolic graph: ``compile_fx`` would run
+    AOTAutograd again on what is already its output, and those arguments (``is_backward``,
+    ``graph_id``, ``static_input_idxs``, ``cudagraphs``, ...) name the graph's role and its
+    inputs by position, not shapes, and the re-trace keeps the placeholders in order; its
+    example inputs are the trace's static fake tensors, and the output node's
+    ``user_visible_output_idxs`` is copied over (:func:`_as_output_of`).
+    """
+    import torch
+
+    def fused(g, ex, compile: Callable):
+        """``g`` (a forward or backward graph) fused and compiled: static shapes at once, symbolic
+        ones per call signature (NOTE [Symbolic shapes in training])."""
+        if not _has_symbolic_shapes(g, ex):
+            backend.fused += _fuse_and_build(g, how)
+            return compile(g, ex)
+        # (Inductor's passes rewrite the graph it compiles in place: the specializations trace a copy)
+        symbolic = _copy_graph(g)
+        return _BoxedSpecializing(symbolic, compile(g, ex), backend, how,
+                                  lambda agm, args: compile(_as_output_of(agm, symbolic), _placeholder_values(agm)))
+
+    # NOTE [AOTAutograd's cache and the evtc backend]: AOTAutograd keys its cache of compiled
+    # forward and backward graphs (torch/_functorch/_aot_autograd/autograd_cache.py) on the Dynamo
+    # graph and configs, not on the inner compiler, so a model compiled by default Inductor first
+    # in the same process (or an earlier one) was served default Inductor's unfused graphs: no
+    # match fused (the H200 training benchmark, 2026-11-28). evtc's compilations neither read nor
+    # write it.
+    no_cache = torch._functorch.config.patch(enable_autograd_cache=False)
     if inductor:
-        import torch
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
         from torch._inductor.decomposition import select_decomp_table
 
         def inner(g, ex, **kw):
-            fuse_graph(g, ex)
-            return compile_fx_inner(g, ex, **kw)
+            return fused(g, ex, lambda g, ex: compile_fx_inner(g, ex, **kw))
 
         # the activations' backward ops stay whole, so that a data-gradient GEMM's region can take
         # them (the importer lowers each with evtc's derivative rule); Inductor runs those it
         # doesn't fuse on ATen's kernels
         keep = {getattr(torch.ops.aten, f"{n}_backward").default for n in _BACKWARD_OPS}
         table = {k: v for k, v in select_decomp_table().items() if k not in keep}
-        # NOTE [AOTAutograd's cache and the evtc backend]: AOTAutograd keys its cache of compiled
-        # forward and backward graphs (torch/_functorch/_aot_autograd/autograd_cache.py) on the
-        # Dynamo graph and configs, not on the inner compiler, so a model compiled by default
-        # Inductor first in the same process (or an earlier one) was served default Inductor's
-        # unfused graphs: no match fused (the H200 training benchmark, 2026-11-28). evtc's
-        # compilations neither read nor write it.
-        with torch._functorch.config.patch(enable_autograd_cache=False):
+        with no_cache:
             return compile_fx(gm, example_inputs, inner_compile=inner, decompositions=table)
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     def plain(g, ex):
-        fuse_graph(g, ex)
-        return make_boxed_func(g.forward)
+        return fused(g, ex, lambda g, ex: make_boxed_func(g.forward))
+
+    with no_cache:
+        return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
+
+
+def _copy_graph(g):
+    """A copy of the graph module ``g`` (nodes and their meta, shallowly) that passes run on
+    ``g`` leave alone."""
+    import copy
 
     import torch
 
-    with torch._functorch.config.patch(enable_autograd_cache=False):  # NOTE [AOTAutograd's cache and ...]
-        return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
+    return torch.fx.GraphModule(g, copy.deepcopy(g.graph))
+
+
+def _as_output_of(agm, g):
+    """``agm`` (``g`` specialized: the same outputs) with which of them are the user's, as
+    Inductor's ``compile_fx_forward``/``compile_fx_backward`` marked them on ``g``'s output node
+    (``user_visible_output_idxs``: those keep eager's strides)."""
+    key = "user_visible_output_idxs"
+    if key in g.graph.output_node().meta:
+        agm.graph.output_node().meta[key] = g.graph.output_node().meta[key]
+    return agm
+
+
+def _placeholder_values(agm) -> list:
+    """The example inputs a specialized graph was traced with (fake tensors of static shapes, the
+    size inputs' values): what its compilation runs on."""
+    return [n.meta.get("val") for n in agm.graph.nodes if n.op == "placeholder"]
 
 
 #: the :class:`evtc.Gemm` keyword arguments the backend passes on (``torch.compile(...,
@@ -351,8 +433,8 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
         # [Unspecialized floats] in evtc/torch/regions.py
         if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
-            return _Specializing(gm, _compile(gm, example_inputs, inductor), concrete, agm, backend,
-                                 how, inductor)
+            return _Specializing(gm, _compile(gm, example_inputs, inductor), backend, how,
+                                 lambda g, args: _compile(g, args, inductor), concrete, agm)
         return _compile(agm, example_inputs, inductor)
 
     backend.fused = 0
