@@ -231,7 +231,7 @@ def test_grouped_out_is_a_dict_when_the_result_is(no_build, monkeypatch):
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{what} is a {type(t).__name__}, not a torch tensor")
 
-    monkeypatch.setattr(grouped, "_check_cuda", on_cpu_too)
+    monkeypatch.setattr("evtc.runtime.grouped_args.check_cuda", on_cpu_too)
     g = GroupedGemm(E.row_stats)
     A = torch.zeros(0, 64, dtype=torch.bfloat16)
     B = torch.zeros(2, 48, 64, dtype=torch.bfloat16)

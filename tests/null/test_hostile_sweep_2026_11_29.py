@@ -16,7 +16,7 @@ from evtc.frontend.text import parse_ir
 
 torch = pytest.importorskip("torch")
 
-from evtc.grouped import _check_offs  # noqa: E402  (imports torch lazily, but the checks need it)
+from evtc.runtime.grouped_args import checked_offs as _check_offs  # noqa: E402  (imports torch lazily, but the checks need it)
 
 # ---- evtc.quantize in the IR text ----------------------------------------------------------------
 

@@ -215,7 +215,7 @@ def test_grouped_call_checks_member_and_check_offs(no_build, monkeypatch, kw, ne
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{what} is not a tensor")
 
-    monkeypatch.setattr(grouped, "_check_cuda", on_cpu_too)
+    monkeypatch.setattr("evtc.runtime.grouped_args.check_cuda", on_cpu_too)
     gg = evtc.GroupedGemm(swiglu)
     A = torch.zeros(10, 64, dtype=torch.bfloat16)
     B = torch.zeros(3, 48, 64, dtype=torch.bfloat16)
@@ -319,7 +319,7 @@ def test_run_list_gives_each_group_its_own_column_and_scalar_reductions(no_build
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"{what} is not a tensor")
 
-    monkeypatch.setattr(grouped, "_check_cuda", on_cpu_too)
+    monkeypatch.setattr("evtc.runtime.grouped_args.check_cuda", on_cpu_too)
     gg = evtc.GroupedGemm(E.dgelu_bgrad)
     As = [torch.zeros(0, 64, dtype=torch.bfloat16) for _ in range(3)]
     Bs = [torch.zeros(48, 64, dtype=torch.bfloat16) for _ in range(3)]

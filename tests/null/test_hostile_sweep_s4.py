@@ -39,7 +39,7 @@ def on_cpu(no_build, monkeypatch):
     def launched(self, member):
         raise _Launched(member)
 
-    monkeypatch.setattr(grouped, "_check_cuda", on_cpu_too)
+    monkeypatch.setattr("evtc.runtime.grouped_args.check_cuda", on_cpu_too)
     monkeypatch.setattr(grouped.GroupedGemm, "_loaded", launched)
 
 
