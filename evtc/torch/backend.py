@@ -7,9 +7,9 @@ Inductor.
     torch.compile(model, backend="evtc")      # registered on import of evtc.torch.backend and
                                               # through the torch_dynamo_backends entry point
 
-The matching and the rewrite (:func:`to_aten`, :func:`fuse`) are :mod:`evtc.torch.regions`;
-this module compiles: a graph without symbolic shapes is fused and handed to Inductor; a
-symbolic one is fused per concrete shape (NOTE [Symbolic shapes], :class:`_Specializing`); a
+The trace to ATen (:func:`to_aten`) is :mod:`evtc.torch.aten`, the matching and the rewrite
+(:func:`fuse`) :mod:`evtc.torch.regions`; this module compiles: a graph without symbolic shapes
+is fused and handed to Inductor; a symbolic one is fused per concrete shape (NOTE [Symbolic shapes], :class:`_Specializing`); a
 graph that needs gradients is fused after AOTAutograd splits it, forward and backward alike
 (NOTE [Fusion in training]), per concrete shape where they are symbolic (NOTE [Symbolic shapes
 in training]). ``options={...}`` reach every Gemm made (:data:`GEMM_OPTIONS`).
@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Mapping
 
-from evtc.torch.regions import _symbolic, fuse, item_inputs, to_aten
+from evtc.torch.aten import item_inputs, symbolic, to_aten
+from evtc.torch.regions import fuse
 
 __all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "prebuild",
            "to_aten"]
@@ -33,11 +34,11 @@ def _has_symbolic_shapes(gm, example_inputs) -> bool:
     import torch
 
     if any(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) or
-           isinstance(x, torch.Tensor) and _symbolic(x) for x in example_inputs):
+           isinstance(x, torch.Tensor) and symbolic(x) for x in example_inputs):
         return True
     for n in gm.graph.nodes:
         v = n.meta.get("example_value") if n.op == "placeholder" else None
-        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _symbolic(v)):
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and symbolic(v)):
             return True
     return False
 
@@ -49,7 +50,7 @@ MAX_SPECIALIZATIONS = 32
 
 class _Specializing:
     """The compiled form of a Dynamo graph with symbolic shapes (or floats it reads with
-    ``.item()``: NOTE [Unspecialized floats] in :mod:`evtc.torch.regions`) whose example fuses.
+    ``.item()``: NOTE [Unspecialized floats] in :mod:`evtc.torch.aten`) whose example fuses.
 
     NOTE [Symbolic shapes]: an evtc kernel is chosen and launched per call, whatever M is, but
     the backend's matching reads static shapes (K and N multiples of 8, which operands are row
@@ -77,7 +78,7 @@ class _Specializing:
         self.gm, self.generic, self.backend = gm, generic, backend
         self.how, self.compile = how, compile
         self.compiled: dict = {}
-        self.items = item_inputs(gm)  # (NOTE [Unspecialized floats] in evtc/torch/regions.py)
+        self.items = item_inputs(gm)  # (NOTE [Unspecialized floats] in evtc/torch/aten.py)
         self._pending = {} if example_fused is None else {_signature(example_inputs, self.items): example_fused}
 
     def __call__(self, *args):
@@ -134,7 +135,7 @@ def _hints(example_inputs) -> list:
 def _signature(args, items: tuple[int, ...] = ()) -> tuple:
     """What a specialization of a symbolic graph depends on: each tensor's shape, strides, dtype
     and device, the size inputs' values and the values of the floats read with ``.item()`` (the
-    positions ``items``: NOTE [Unspecialized floats] in :mod:`evtc.torch.regions`)."""
+    positions ``items``: NOTE [Unspecialized floats] in :mod:`evtc.torch.aten`)."""
     import torch
 
     return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) + ((a.item(),) if i in items else ())
@@ -431,7 +432,7 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         if not n:
             return _compile(gm, example_inputs, inductor)
         # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
-        # [Unspecialized floats] in evtc/torch/regions.py
+        # [Unspecialized floats] in evtc/torch/aten.py
         if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
             return _Specializing(gm, _compile(gm, example_inputs, inductor), backend, how,
                                  lambda g, args: _compile(g, args, inductor), concrete, agm)

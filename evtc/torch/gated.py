@@ -1,7 +1,7 @@
 """The torch backend's one-GEMM gated form: ``act(x W_gate^T) * (x W_up^T)`` becomes one evtc
 GEMM over the interleaved weights with ``evtc.glu`` in its epilogue (docs/gated.md).
 
-Input: an ATen graph (:func:`evtc.torch.regions.to_aten`). Output: the graph with each gated
+Input: an ATen graph (:func:`evtc.torch.aten.to_aten`). Output: the graph with each gated
 pair rewritten in place (:func:`fuse_gated`), before the regions of :func:`evtc.torch.regions.
 fuse` grow over the rest (the down projection, residuals...).
 

@@ -1,0 +1,95 @@
+"""A Dynamo graph traced to functional ATen, the form the backend's regions match
+(:mod:`evtc.torch.regions`).
+
+Input: Dynamo's FX graph and its example inputs. Output: the ATen graph with ``meta["val"]`` on
+every node (:func:`to_aten`), or None for a graph it does not take.
+"""
+
+from __future__ import annotations
+
+__all__ = ["item_inputs", "symbolic", "to_aten"]
+
+
+def symbolic(t) -> bool:
+    """Whether a tensor's sizes or strides are symbolic (a fake tensor of a dynamic graph)."""
+    import torch
+
+    return any(isinstance(v, torch.SymInt) for v in (*t.shape, *t.stride()))
+
+
+def item_inputs(gm) -> tuple[int, ...]:
+    """The positions of ``gm``'s inputs that the graph reads with ``.item()``: the Python floats
+    Dynamo left unspecialized, each a 0-d float64 tensor (NOTE [Unspecialized floats])."""
+    import torch
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return tuple(i for i, p in enumerate(placeholders)
+                 if any(u.op in ("call_method", "call_function") and u.target in ("item", torch.Tensor.item)
+                        and u.args[0] is p for u in p.users))
+
+
+def _item_values(gm, example_inputs) -> dict:
+    """placeholder node -> the float each ``.item()`` of it reads (from the real example input)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = {}
+    for i in item_inputs(gm):
+        x = example_inputs[i] if i < len(example_inputs) else None
+        if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) and x.numel() == 1:
+            values[placeholders[i]] = x.item()
+    return values
+
+
+def to_aten(gm, example_inputs):
+    """``gm`` (a Dynamo FX graph) traced to a functional ATen graph with ``meta["val"]`` on every
+    node and the user's stack traces; None for graphs it does not take (symbolic shapes,
+    non-tensor inputs).
+
+    NOTE [Unspecialized floats]: under ``dynamic=True``, and after a Python float changed between
+    calls (automatic dynamic), Dynamo passes each float the graph reads (a LayerNorm's ``eps``, a
+    LoRA ``scaling``, a ``ZeroPad2d`` value) as a 0-d float64 input read by ``.item()``. On fake
+    tensors without a shape environment ``.item()`` has no value, so the trace failed and the
+    whole graph went unfused. Each ``.item()`` of such an input is traced as the example's value,
+    a constant (as the size inputs are, NOTE [Symbolic shapes] in :mod:`evtc.torch.backend`), and
+    the backend compiles the graph once per distinct value of them (:func:`item_inputs` are part
+    of its specialization's signature)."""
+    import torch
+    import torch.fx.traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not all(isinstance(x, (torch.Tensor, int)) and not isinstance(x, bool) for x in example_inputs):
+        return None
+    if any(isinstance(x, torch.Tensor) and symbolic(x) for x in example_inputs):
+        return None
+    items = _item_values(gm, example_inputs)
+
+    class _Run(torch.fx.Interpreter):
+        def run_node(self, n):
+            if n.op in ("call_method", "call_function") and n.target in ("item", torch.Tensor.item) \
+                    and n.args[0] in items:
+                return items[n.args[0]]  # (NOTE [Unspecialized floats])
+            return super().run_node(n)
+
+    run = _Run(gm).run
+    mode = FakeTensorMode()  # (no shape environment: static shapes, plain ints)
+    try:
+        # ints are the values of a symbolic graph's size inputs: traced as constants (a
+        # specialization to this call's shapes: _Specializing)
+        fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+                 for x in example_inputs]
+        with fx_traceback.preserve_node_meta(), mode:
+            agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*fakes)
+    except Exception:  # noqa: BLE001 - a graph make_fx can't trace is compiled as Dynamo gave it
+        return None
+    agm.graph.eliminate_dead_code()
+    agm.recompile()
+    return agm
+
+
+# ---------------------------------------------------------------------------------------------
+# A match: an anchor GEMM and the region after it
+# ---------------------------------------------------------------------------------------------
