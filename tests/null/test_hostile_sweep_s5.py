@@ -181,3 +181,22 @@ def test_a_tuned_record_this_gemm_cannot_run_is_not_chosen(store, change):
         bad["config"] = dict(rec["config"], **change["config"])
     type(s)(s.path).put(shape_bucket(64, 32, 16), "H200", bad)
     assert _choice(g) == model
+
+
+# ---- evtc cache prune --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, value", [("--max-size", "10XB"), ("--max-size", "-1"), ("--older-than", "soon"),
+                                           ("--older-than", "-3d")])
+def test_cache_prune_reads_its_options_without_a_cache_too(tmp_path, option, value):
+    # with no cache folder, 'evtc cache prune --max-size 10XB' said "no kernel cache at ..." and
+    # exited 0: the malformed option was never read
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    r = CliRunner().invoke(main, ["cache", "--dir", str(tmp_path / "none"), "prune", option, value])
+    assert r.exit_code == 2 and "Invalid value" in r.output and value in r.output, r.output
+    r = CliRunner().invoke(main, ["cache", "--dir", str(tmp_path / "none"), "prune", "--max-size", "5G"])
+    assert r.exit_code == 0 and "no kernel cache at" in r.output, r.output
+    assert not (tmp_path / "none").exists()
