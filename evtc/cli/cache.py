@@ -183,12 +183,15 @@ def prune(everything, older, max_size, bad, dry_run):
 
     if not (everything or older or max_size or bad):
         raise click.UsageError("say what to remove: --all, --older-than AGE, --max-size SIZE or --bad")
+    # (read before the cache is looked for: a malformed size or age is an error with or without one)
+    older_than_s = parse_duration(older) if older else None
+    max_bytes = parse_size(max_size) if max_size else None
     root = _root()
     if not root.path.is_dir():
         click.echo(f"no kernel cache at {root.path}")
         return
-    s = do_prune(root, everything=everything, older_than_s=parse_duration(older) if older else None,
-                 max_bytes=parse_size(max_size) if max_size else None, bad=bad, dry_run=dry_run)
+    s = do_prune(root, everything=everything, older_than_s=older_than_s, max_bytes=max_bytes, bad=bad,
+                 dry_run=dry_run)
     con = _console()
     verb = "would remove" if dry_run else "removed"
     for e, why in s.removed:

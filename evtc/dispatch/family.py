@@ -24,6 +24,7 @@ from evtc.ir.nodes import GroupScale, Reduction, is_gated
 from evtc.pipeline import Kernel, Pipeline
 from evtc.plan.config import (DECOMPOSITIONS, RASTER_ORDERS, GemmConfig, atomic_reduction, check_plan_options,
                               column_reduction_tile_ok, glu_config_ok, group_quant_config_ok)
+from evtc.plan.config import validate as validate_config
 from evtc.plan.target import Target
 from evtc.runtime.bind import Binder
 from evtc.runtime.launch import Launcher
@@ -374,7 +375,14 @@ class GemmFamily:
         if self._tuned is None:
             self._tuned = tune.TuneStore.for_family(self)
         rec = self._tuned.get(tune.shape_bucket(p.M, p.N, p.K, p.L), device)
-        return tune.spec_of(rec) if rec is not None else None
+        spec = tune.spec_of(rec) if rec is not None else None
+        if spec is None or spec.arch != self.arch:
+            return None
+        try:  # a record of a damaged store, or of an evtc with other rules: the model decides
+            validate_config(spec.config, self.arch, self.a, self.b)
+        except ConfigError:
+            return None
+        return spec
 
     def forget_tuning(self) -> None:
         """Read the tuner's store again on the next choice."""

@@ -67,18 +67,27 @@ class TuneStore:
         key = hashlib.sha256(material.encode()).hexdigest()[:32]
         return cls(cache_root(create=False).path / "tuning" / f"{key}.json")
 
+    def _read(self) -> dict:
+        """The store's JSON, or an empty store where the file is missing, unreadable, nested too
+        deeply for Python's reader, or not a store of this format (an older one, a damaged or a
+        foreign file: its choices are not read, and the next :meth:`put` replaces it)."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError, RecursionError):
+            data = None
+        if not (isinstance(data, dict) and data.get("format") == STORE_FORMAT and isinstance(data.get("choices"), dict)):
+            data = {"format": STORE_FORMAT, "choices": {}}
+        return data
+
     def _load(self) -> dict:
         if self._data is None:
-            try:
-                data = json.loads(self.path.read_text())
-                self._data = data if isinstance(data, dict) and data.get("format") == STORE_FORMAT else {}
-            except (OSError, ValueError):
-                self._data = {}
+            self._data = self._read()
         return self._data
 
     def get(self, bucket: str, device: str) -> dict | None:
         """The stored record for ``bucket`` on ``device``, or None."""
-        rec = self._load().get("choices", {}).get(device, {}).get(bucket)
+        per_device = self._load()["choices"].get(device)
+        rec = per_device.get(bucket) if isinstance(per_device, dict) else None
         return rec if isinstance(rec, dict) and "member" in rec else None
 
     def put(self, bucket: str, device: str, record: dict) -> None:
@@ -87,13 +96,11 @@ class TuneStore:
 
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with FileLock(str(self.path) + ".lock", timeout=60):
-            try:
-                data = json.loads(self.path.read_text())
-            except (OSError, ValueError):
-                data = {}
-            if data.get("format") != STORE_FORMAT:
-                data = {"format": STORE_FORMAT, "choices": {}}
-            data.setdefault("choices", {}).setdefault(device, {})[bucket] = record
+            data = self._read()
+            per_device = data["choices"].get(device)
+            if not isinstance(per_device, dict):
+                per_device = data["choices"][device] = {}
+            per_device[bucket] = record
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
             os.replace(tmp, self.path)

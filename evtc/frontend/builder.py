@@ -323,7 +323,8 @@ class IRBuilder:
             value = float(x)
         except OverflowError:
             self._not_f32(short_repr(x), loc)
-        underflow = value != 0 and np.float32(value) == 0  # below half f32's least subnormal
+        with np.errstate(over="ignore"):  # (1e308 becomes inf, refused below, without a RuntimeWarning)
+            underflow = value != 0 and np.float32(value) == 0  # below half f32's least subnormal
         if underflow or (math.isfinite(value) and abs(value) >= F32_OVERFLOW):
             self._not_f32(_shown(x), loc, "rounds to 0 in f32" if underflow else "")
         return value

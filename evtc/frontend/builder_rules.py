@@ -201,6 +201,9 @@ _DIM_HINT = "dim=1 (or -1) reduces over N, one value per row; dim=0 (or -2) over
 
 def reduction_dim_message(dim) -> str:
     """What is wrong with a ``dim`` that :func:`is_reduction_dim` refuses (both forms say it)."""
+    if isinstance(dim, Node):  # the expression form's dim=alpha, dim=acc, dim=relu(1)...: a value, no number
+        shown = dim.name if isinstance(dim, Leaf) and dim.name else f"a {type(dim).__name__.lower()} value"
+        return f"dim={shown} is not a reduction axis of an M x N tile: the axis is a number written as such"
     return f"dim={dim!r:.40} is not a reduction axis of an M x N tile"
 
 

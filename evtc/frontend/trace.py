@@ -144,6 +144,13 @@ def classify_parameter(epilogue: str, param: inspect.Parameter, annotation: Any,
             f"parameter '{stars}{name}' can't be traced: epilogue parameters must be named one by one",
             loc=loc, epilogue=epilogue,
         )
+    if name == "acc" and annotation is not inspect.Parameter.empty and \
+            not (isinstance(annotation, ParamKind) and annotation.leaf is N.Accumulator):
+        # ('acc: float' made a runtime scalar named acc: the GEMM's product was never read)
+        raise EpilogueSignatureError(
+            f"parameter 'acc' is annotated {annotation!r:.60}: 'acc' names the accumulator, an f32 M x N tile",
+            loc=loc, epilogue=epilogue,
+            hint="leave 'acc' unannotated; give a scalar or vector input another name")
     if isinstance(annotation, ParamKind):
         return annotation
     if annotation is float or annotation is int:
@@ -278,7 +285,12 @@ class Value:
                                  hint="use '/' for true division")
 
     __rfloordiv__ = __floordiv__
-    __mod__ = __rmod__ = __floordiv__
+
+    def __mod__(self, o):
+        raise self._tracer.error(TraceError, "'%' (remainder) is not supported in epilogues",
+                                 hint="evtc has no remainder op ('evtc ops' lists what an epilogue can use)")
+
+    __rmod__ = __mod__
 
     def __matmul__(self, o):
         raise self._tracer.error(TraceError, "'@' inside an epilogue: the GEMM itself is outside the epilogue",

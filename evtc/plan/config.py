@@ -188,6 +188,9 @@ class GemmConfig:
                 data = json.loads(data)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"config {data!r} is not JSON: {e}") from None
+            except RecursionError:  # Python's reader gives up on deep nesting; no config nests
+                raise ConfigError(f"config {data!r:.80} is nested too deeply to be a GemmConfig's fields",
+                                  hint="a config is one JSON object of GemmConfig fields") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"config {data!r} is not a dict of GemmConfig fields")
         known = [f.name for f in dataclasses.fields(cls)]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import keyword
 import re
 import threading
 
@@ -45,8 +46,9 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: strides baked in, so a changed promise must change the name (2: NOTE [The row layout of the
 #: outputs evtc allocates], evtc/gemm.py)
 CONTRACT = 2
-#: words of the op schema language a parameter can't be named
-_RESERVED = {"Tensor", "float", "int", "bool", "str", "Scalar", "None", "True", "False", "out", "self"}
+#: words of the op schema language a parameter can't be named: its types, and Python's keywords
+#: (its parser reads 'def', 'import', 'is', ... as such), which the text forms let through as names
+_RESERVED = {"Tensor", "float", "int", "bool", "str", "Scalar", "NoneType", "out", "self", *keyword.kwlist}
 
 
 class TorchOp:
