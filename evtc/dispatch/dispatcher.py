@@ -24,7 +24,7 @@ from evtc.family.spec import KernelSpec, Problem
 from evtc.ir.nodes import AuxLoad, Source, Store
 from evtc.runtime import tensors
 from evtc.runtime.bind import ALIGN, Binder, batch_count, follows_packed_inputs
-from evtc.runtime.launch import Launcher, probe_call
+from evtc.runtime.launch import EmptyLauncher, Launcher, probe_call
 from evtc.runtime.tensors import contiguous_strides
 
 __all__ = ["Dispatcher", "NoFastPath", "aligned_rows", "call_problem"]
@@ -162,6 +162,8 @@ class Dispatcher:
             knobs.check(knobs.CALL_KNOBS + knobs.BUILD_KNOBS)  # the environment's too
             if fam.pinned:
                 fam.binder(spec, fam.kernel(spec)).signature(A, B, kwargs, out)
+            elif 0 in (p.M, p.N, p.L):  # NOTE [An empty call builds nothing] (evtc/runtime/launch.py)
+                return EmptyLauncher(fam.binder(spec, fam.kernel(spec)), fam.name)
         if not fam.pinned and not p.aligned_mn and p.aligned_k and spec.config.unaligned and spec.arch == "sm90":
             from evtc.dispatch import staging
 

@@ -387,6 +387,34 @@ class Launcher:
             self._last = (ws_obj, scratch)  # stream-ordered frees are safe; kept for other frameworks' buffers
 
 
+class EmptyLauncher(Launcher):
+    """A :class:`Launcher` for calls with nothing to compute (M, N or L = 0), before its kernel
+    is built: the outputs are allocated (reductions filled with their identity) and no kernel
+    runs, so none is built (NOTE [An empty call builds nothing]). Its binder is the graph's ABI
+    (:meth:`evtc.dispatch.family.GemmFamily.binder` without a library).
+
+    NOTE [An empty call builds nothing]: an empty problem's launch path is allocation and fills
+    only (``Signature.mode == "empty"``), yet its first call built the chosen kernel, minutes of
+    nvcc, and then launched nothing; a mixture-of-experts layer or a batch that can be empty met
+    it on every new Gemm. The dispatcher routes such a call here when the kernel is not built
+    (the route is cached per signature, and a signature holds M, N and L, so a later call with
+    rows builds and runs its kernel as before).
+    """
+
+    def __init__(self, binder: Binder, name: str) -> None:  # (no library: nothing is launched)
+        self.binder, self.library, self.name = binder, None, name
+        self.layout = self._pack = self._launch = None
+        self.launch_address = 0
+        self._signatures = {}
+        self._tls = threading.local()
+        self._streams = {}
+        self._keepalive = None
+
+    def _run(self, sig: Signature, *args) -> None:
+        raise LaunchError(f"{self.name}: a call with rows reached the launcher of empty calls (M={sig.M}, N={sig.N}, "
+                          f"L={sig.L}); this is a bug in evtc")
+
+
 def ws_obj_bytes(obj: Any) -> int:
     """Bytes of a workspace buffer from :func:`evtc.runtime.tensors.bytes_allocator`."""
     for attr in ("nbytes", "size"):

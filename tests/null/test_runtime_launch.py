@@ -501,3 +501,21 @@ def test_prebuild_groups_of_the_runtime_tests_and_bench_host():
     host = prebuild.gemms_of(["host"])
     want = {g.kernel(g.choose(256, 256, 256)).source for g in bench_host.gemms().values()}
     assert {j.source for j in host} == want and len(want) == 3
+
+
+@pytest.mark.parametrize("shapes", [((0, 64), (64, 64), (0, 64)), ((5, 64), (0, 64), (5, 0)),
+                                    ((0, 5, 64), (0, 64, 64), (0, 5, 64))], ids=["M=0", "N=0", "L=0"])
+def test_an_empty_call_builds_nothing(no_build, shapes):
+    """NOTE [An empty call builds nothing] (evtc/runtime/launch.py): a call with no rows, columns
+    or batches returns its outputs without building the chosen kernel (it built it, minutes of
+    nvcc, then launched nothing)."""
+    from fakecuda import FakeCuda
+
+    from evtc.runtime.launch import EmptyLauncher
+
+    g = evtc.Gemm("D = relu(acc + bias[n])", a="f16", d="f16")
+    a, b, d = shapes
+    out = FakeCuda(d)
+    got = g(FakeCuda(a), FakeCuda(b), bias=FakeCuda((b[-2],), typestr="<f4"), out=out)
+    assert got is out and all(type(r) is EmptyLauncher for r in g.dispatch._routes.values())
+    assert g.dispatch.family.primary.library is None
