@@ -53,7 +53,8 @@ one per distinct value (the text can't tell shared constants from copies).
   (reductions). Equal subexpressions are one node (:class:`~evtc.ir.graph.GraphBuilder`).
   Integer constants fold exactly, as in Python, up to 4096 bits (``9**9**9`` is an error, not a
   hang); every constant used must be a finite f32, ``inf`` or ``nan``.
-* ``to``, ``inf`` and ``nan`` are reserved words; function names can't be used as inputs.
+* ``to``, ``inf`` and ``nan`` are reserved words; function names can't be used as inputs, nor
+  ``True``, ``False``, ``None``, ``NaN``, ``Infinity`` and their like (:mod:`evtc.ir.names`).
   Input and output names follow :mod:`evtc.ir.names` (``A``, ``B``, ``out``, ``stream`` and
   C++ keywords can't name inputs; ``A`` and ``B`` can't name outputs).
 

@@ -74,6 +74,11 @@ _RESERVED_PARAMETERS = {
             "trace the bound method obj.method)",
     "inf": "the IR text reads it as a number",
     "nan": "the IR text reads it as a number",
+    # (the expression form made these runtime scalars: `D = acc * NaN` asked for an argument NaN)
+    **{w: "it is a Python constant: the expression form has no booleans or None (write a number)"
+       for w in ("True", "False", "None")},
+    **{w: f"the expression form writes it {w.lower()[:3]} (a number, in lower case)"
+       for w in ("NaN", "NAN", "Nan", "Inf", "INF", "Infinity", "infinity")},
 }
 _RESERVED_OUTPUTS = {
     "A": "the C ABI names the GEMM's A operand p_A/ld_A/bs_A",

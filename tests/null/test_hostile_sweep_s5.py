@@ -200,3 +200,15 @@ def test_cache_prune_reads_its_options_without_a_cache_too(tmp_path, option, val
     r = CliRunner().invoke(main, ["cache", "--dir", str(tmp_path / "none"), "prune", "--max-size", "5G"])
     assert r.exit_code == 0 and "no kernel cache at" in r.output, r.output
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("text, says", [("D = acc * NaN", "writes it nan"), ("D = acc * Infinity", "writes it inf"),
+                                        ("D = acc + True", "no booleans or None"), ("D = acc * None", "or None")])
+def test_expression_names_that_look_like_constants_are_refused(text, says):
+    """`D = acc * NaN` made a runtime scalar named NaN (the expression form writes nan and inf in
+    lower case, and has no booleans or None); `nan` itself is still the number."""
+    from evtc.errors import GrammarError
+
+    with pytest.raises(GrammarError, match=says):
+        evtc.Gemm(text, a="bf16")
+    assert "inf" in str(evtc.Gemm("D = maximum(acc, -inf)", a="bf16").graph)  # the number still reads
