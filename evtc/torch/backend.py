@@ -9,10 +9,11 @@ Inductor.
 
 The trace to ATen (:func:`to_aten`) is :mod:`evtc.torch.aten`, the matching and the rewrite
 (:func:`fuse`) :mod:`evtc.torch.regions`; this module compiles: a graph without symbolic shapes
-is fused and handed to Inductor; a symbolic one is fused per concrete shape (NOTE [Symbolic shapes], :class:`_Specializing`); a
-graph that needs gradients is fused after AOTAutograd splits it, forward and backward alike
-(NOTE [Fusion in training]), per concrete shape where they are symbolic (NOTE [Symbolic shapes
-in training]). ``options={...}`` reach every Gemm made (:data:`GEMM_OPTIONS`).
+is fused and handed to Inductor; a symbolic one is fused per concrete shape (NOTE [Symbolic
+shapes], :class:`_Specializing`); a graph that needs gradients is fused after AOTAutograd
+splits it, forward and backward alike (NOTE [Fusion in training]), per concrete shape where
+they are symbolic (NOTE [Symbolic shapes in training]). ``options={...}`` reach every Gemm
+made (:data:`GEMM_OPTIONS`).
 """
 
 from __future__ import annotations

@@ -280,9 +280,9 @@ def _halves(g, u):
 
     NOTE [The act on either half]: diffusers' GEGLU (``h, gate = proj(x).chunk(2, -1); h *
     gelu(gate)``), ``F.glu`` (``a * sigmoid(b)``, written out or ``aten.glu`` itself:
-    :func:`_glu_pair`) and Mamba-style ``x * silu(z)`` gate the second half, where Phi-3 gates the first; both are one glu GEMM, the
-    weights' halves (and the bias's) passed to the gated op as (gate, up) in the order the act
-    takes them (``_Pair.swap``)."""
+    :func:`_glu_pair`) and Mamba-style ``x * silu(z)`` gate the second half, where Phi-3 gates
+    the first; both are one glu GEMM, the weights' halves (and the bias's) passed to the gated
+    op as (gate, up) in the order the act takes them (``_Pair.swap``)."""
     if getattr(g, "target", None) is not operator.getitem or getattr(u, "target", None) is not operator.getitem \
             or g.args[0] is not u.args[0]:
         return None
@@ -410,7 +410,8 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                 return n
 
             def halves(t, dim):  # [W_gate; W_up] -> its two halves, views (NOTE [The act on either half])
-                return tuple(node(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in ((1, 0) if m.swap else (0, 1)))
+                order = (1, 0) if m.swap else (0, 1)
+                return tuple(node(aten.slice.Tensor, (t, dim, k * I, (k + 1) * I)) for k in order)
 
             args = [m.x, *(m.weights or halves(m.w, m.wdim))]
             if m.offs is not None:
