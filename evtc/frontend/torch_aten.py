@@ -367,6 +367,10 @@ def unsupported_reason(node, *, extents_known: bool = False, reduce_dim=_reduce_
     if row is None:
         if re.search(r"[a-z0-9]_\.\w+$", name):
             return f"the in-place op {name.split('.')[1]} (write x = torch.{name.split('.')[1][:-1]}(x) instead)"
+        if name.split(".")[1:2] in (["permute"], ["transpose"], ["t"], ["numpy_T"], ["mT"]):
+            # (acc.T named 'torch op aten.permute.default', an op the user did not write)
+            return ("a transpose (.T, .t(), permute, transpose): an epilogue computes each element of the "
+                    "M x N tile in place; transpose the GEMM's operands instead (B.T as B)")
         return _NO_ROW
     if "mean" in name and not extents_known:
         return "mean (the importer does not know the extent: return the sum and divide it by N outside)"

@@ -212,3 +212,17 @@ def test_expression_names_that_look_like_constants_are_refused(text, says):
     with pytest.raises(GrammarError, match=says):
         evtc.Gemm(text, a="bf16")
     assert "inf" in str(evtc.Gemm("D = maximum(acc, -inf)", a="bf16").graph)  # the number still reads
+
+
+@pytest.mark.parametrize("body", [lambda acc: acc.T * 2, lambda acc: acc.t() + 1, lambda acc: acc.transpose(0, 1)])
+def test_a_transpose_in_an_epilogue_is_named(body):
+    """`acc.T` was refused as "torch op aten.permute.default has no evtc lowering", an op the user
+    did not write; it is a transpose, and the message says what to do instead."""
+    from evtc.errors import UnsupportedOpError
+
+    def ep(acc):
+        return body(acc)
+
+    with pytest.raises(UnsupportedOpError, match=r"a transpose \(\.T") as e:
+        evtc.Gemm(ep, a="bf16")
+    assert "transpose the GEMM's operands" in str(e.value)
