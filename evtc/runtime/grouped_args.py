@@ -14,6 +14,7 @@ import numpy as np
 from evtc.dtypes import DType
 from evtc.errors import ArgumentError
 from evtc.ir import nodes as ir_nodes
+from evtc.runtime.signature import self_overlapping
 
 __all__ = ["bind_input", "check_cuda", "check_matrix", "checked_offs", "check_operands", "check_overlaps",
            "torch_dtype"]
@@ -137,9 +138,7 @@ def check_overlaps(label: str, t, read: list, name: str) -> None:
     Raises:
         ArgumentError: naming the output and what it overlaps.
     """
-    # (``t`` passed check_matrix: (T, N), unit column stride when N > 1, so its rows overlap
-    # exactly when the row stride is below a row: evtc.runtime.signature.self_overlapping's rule)
-    if t.numel() and t.shape[0] > 1 and t.stride(0) < max(t.shape[1], 1):
+    if t.numel() and self_overlapping(tuple(t.shape), tuple(t.stride())):  # (the Gemm binder's rule)
         raise ArgumentError(f"{label} overlaps itself (shape {tuple(t.shape)}, strides {tuple(t.stride())}): the "
                             "groups' tiles would store to the same elements", epilogue=name,
                             hint="pass a tensor of its own, e.g. torch.empty(T, N)")
