@@ -621,7 +621,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         _prune(m)
         dt = _dtype_name(_val(anchor))
         gemm = None
-        while gemm is None:
+        # (a match with nothing to fuse is left before its Gemm is made: NOTE [A bare GEMM stays torch's])
+        while gemm is None and not (gate is not None and bare(m)):
             try:
                 graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1].lstrip('_')}_{fused}", dt)
                 if m.offs is not None:
@@ -639,8 +640,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
                     _prune(m)
                 if len(m.region) == 1:
                     break
-        if gemm is None or (gate is not None and bare(m)):
-            continue  # the match stays unfused (NOTE [A bare GEMM stays torch's])
+        if gemm is None:
+            continue  # the match stays unfused
         try:
             if m.offs is None and gate is not None and not gate(gemm, m.M, m.N, m.K, m.L or 1, _val(anchor).device):
                 continue  # predicted slower than leaving it to Inductor
