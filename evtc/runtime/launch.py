@@ -255,17 +255,18 @@ class Launcher:
 
     Args:
         binder: the Gemm's argument checker.
-        library: its loaded kernel.
+        library: its loaded kernel (None for an :class:`EmptyLauncher`).
         name: the epilogue's name (for errors).
     """
 
-    def __init__(self, binder: Binder, library: KernelLibrary, name: str) -> None:
+    def __init__(self, binder: Binder, library: KernelLibrary | None, name: str) -> None:
         self.binder = binder
         self.library = library
         self.name = name
-        self.layout = library.call_layout
-        self._pack = self.layout.packer.pack_into
-        self._launch = library.lib.evtc_launch
+        # (no library: an EmptyLauncher, which launches nothing)
+        self.layout = library.call_layout if library is not None else None
+        self._pack = self.layout.packer.pack_into if library is not None else None
+        self._launch = library.lib.evtc_launch if library is not None else None
         #: the address of the library's ``evtc_launch`` (for evtc/torch/fast.cpp)
         self.launch_address = ctypes.cast(self._launch, ctypes.c_void_p).value or 0 \
             if isinstance(self._launch, ctypes._CFuncPtr) else 0
@@ -401,14 +402,8 @@ class EmptyLauncher(Launcher):
     rows builds and runs its kernel as before).
     """
 
-    def __init__(self, binder: Binder, name: str) -> None:  # (no library: nothing is launched)
-        self.binder, self.library, self.name = binder, None, name
-        self.layout = self._pack = self._launch = None
-        self.launch_address = 0
-        self._signatures = {}
-        self._tls = threading.local()
-        self._streams = {}
-        self._keepalive = None
+    def __init__(self, binder: Binder, name: str) -> None:
+        super().__init__(binder, None, name)  # (no library: nothing is launched)
 
     def _run(self, sig: Signature, *args) -> None:
         raise LaunchError(f"{self.name}: a call with rows reached the launcher of empty calls (M={sig.M}, N={sig.N}, "
