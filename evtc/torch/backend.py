@@ -18,6 +18,7 @@ made (:data:`GEMM_OPTIONS`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Mapping
 
@@ -296,14 +297,20 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
         from torch._inductor.decomposition import select_decomp_table
 
-        def inner(g, ex, **kw):
-            return fused(g, ex, lambda g, ex: compile_fx_inner(g, ex, **kw))
-
         # the activations' backward ops stay whole, so that a data-gradient GEMM's region can take
-        # them (the importer lowers each with evtc's derivative rule); Inductor runs those it
-        # doesn't fuse on ATen's kernels
+        # them (the importer lowers each with evtc's derivative rule); those no region took are
+        # decomposed before Inductor lowers the graph (NOTE [Backward ops no region took])
         keep = {getattr(torch.ops.aten, f"{n}_backward").default for n in _BACKWARD_OPS}
-        table = {k: v for k, v in select_decomp_table().items() if k not in keep}
+        inductors = select_decomp_table()
+        table = {k: v for k, v in inductors.items() if k not in keep}
+
+        def inner(g, ex, **kw):
+            def compile_inner(g, ex):
+                _decompose(g, keep, inductors)
+                return compile_fx_inner(g, ex, **kw)
+
+            return fused(g, ex, compile_inner)
+
         with no_cache:
             return compile_fx(gm, example_inputs, inner_compile=inner, decompositions=table)
     from functorch.compile import make_boxed_func
@@ -314,6 +321,57 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
 
     with no_cache:
         return aot_autograd(fw_compiler=plain, bw_compiler=plain)(gm, example_inputs)
+
+
+def _decompose(g, ops, table: Mapping) -> int:
+    """Replace, in place, each call of one of ``ops`` in the graph module ``g`` by the ATen graph
+    of its decomposition in ``table`` (Inductor's: what its passes and lowerings expect, ops the
+    decomposition calls decomposed too), traced on the call's fake values (symbolic sizes too);
+    returns how many were replaced.
+
+    NOTE [Backward ops no region took]: the evtc backend keeps the activations' ``*_backward``
+    ops out of Inductor's decomposition table so that a data-gradient GEMM's region can take one
+    whole (NOTE [Fusion in training]). Inductor has no lowering of its own for them: it would run
+    one that no region took on ATen's eager kernel (a fallback, one more pass through memory),
+    and where the environment variable ``CI`` is set its ``make_fallback``
+    (torch/_inductor/lowering.py) asserts instead ("a decomposition exists, we should switch to
+    it"): a symbolic graph's generic compilation, or an activation after no GEMM, failed to
+    compile there. So what no region took is decomposed here, as Inductor would have done.
+    """
+    import torch
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    left = [n for n in g.graph.nodes if n.op == "call_function" and n.target in ops]
+    for n in left:
+        inputs = list(n.all_input_nodes)
+        vals = [a.meta["val"] for a in inputs]
+
+        def call(*xs, n=n, inputs=inputs):
+            env = dict(zip(inputs, xs))
+            args, kwargs = torch.fx.map_arg((n.args, n.kwargs), lambda a: env[a])
+            return n.target(*args, **kwargs)
+
+        with detect_fake_mode(vals) or contextlib.nullcontext(), enable_python_dispatcher():
+            sub = make_fx(call, decomposition_table=table, tracing_mode="real")(*vals)
+        env: dict = {}
+        with g.graph.inserting_before(n):
+            for s in sub.graph.nodes:
+                if s.op == "placeholder":
+                    env[s] = inputs[len(env)]
+                elif s.op == "output":
+                    n.replace_all_uses_with(env[s.args[0]])
+                else:
+                    if s.op == "get_attr":  # a constant the decomposition made
+                        name = f"_evtc_decomposed_{s.target}_{id(s):x}"
+                        setattr(g, name, getattr(sub, s.target))
+                        s.target = name
+                    env[s] = g.graph.node_copy(s, lambda a: env[a])
+        g.graph.erase_node(n)
+    if left:
+        g.recompile()
+    return len(left)
 
 
 def _copy_graph(g):

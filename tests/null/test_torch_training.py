@@ -63,3 +63,61 @@ def test_forward_and_backward_fuse_and_match_eager(name, inductor):
         e_evtc = (got[k] - want).abs().max().item()
         e_eager = (eager[k] - want).abs().max().item()
         assert e_evtc <= 2 * e_eager + 2.0 ** -8 * want.abs().max().item(), (name, k, e_evtc, e_eager)
+
+
+_KEPT = ("gelu", "silu", "sigmoid", "tanh", "threshold")
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_backward_ops_no_region_took_are_decomposed(mode):
+    """NOTE [Backward ops no region took]: each activation's ``*_backward`` op left in a graph is
+    replaced by Inductor's decomposition of it, with static and symbolic sizes alike: only ops
+    Inductor lowers remain, and the graph computes what it did."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.lowering import lowerings
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from evtc.torch.backend import _decompose
+
+    aten = torch.ops.aten
+
+    def f(g, x, y):
+        a = aten.gelu_backward(g, x, approximate="tanh") + aten.gelu_backward(g, y)
+        b = aten.threshold_backward(a, y, 0.0)
+        c = aten.silu_backward(b, x)
+        return aten.sigmoid_backward(c, y) * aten.tanh_backward(c, x)
+
+    xs = [torch.randn(5, 7, dtype=torch.bfloat16) for _ in range(3)]
+    gm = make_fx(f, tracing_mode=mode)(*xs)
+    kept = {getattr(aten, f"{n}_backward").default for n in _KEPT}
+    assert _decompose(gm, kept, select_decomp_table()) == 6
+    left = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert left and all(t in lowerings for t in left), left - set(lowerings)
+    torch.testing.assert_close(gm(*xs), f(*xs), rtol=0, atol=0)
+
+
+def test_activation_after_no_gemm_trains_under_inductor_in_ci(monkeypatch):
+    """An activation no GEMM region takes (float64, which no evtc kernel computes: nothing fuses)
+    leaves its ``gelu_backward`` in the backward graph; with ``CI`` set Inductor asserted on it
+    instead of running it (NOTE [Backward ops no region took]). It compiles, and its gradients
+    match float64 eager's."""
+    monkeypatch.setenv("CI", "1")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.rand(64) + 0.5)
+            self.proj = torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            return self.proj(torch.nn.functional.gelu(x * self.scale))
+
+    torch.manual_seed(0)
+    block, x = Block(), torch.randn(48, 64)
+    ref64 = _grads(block.double(), [x.double()], block)
+    torch._dynamo.reset()
+    be = make_backend(allow_cpu=True, inductor=True, on_gemm=register)
+    got = _grads(block, [x.double()], torch.compile(block, backend=be))
+    assert be.fused == 0
+    for k, want in ref64.items():
+        torch.testing.assert_close(got[k], want, rtol=1e-9, atol=1e-9, msg=k)
