@@ -57,7 +57,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from evtc import dtypes
+from evtc import dtypes, knobs
 from evtc.abi import ctypes_struct, grouped_abi_fields
 from evtc.compiler import cache
 from evtc.dtypes import DType
@@ -216,11 +216,18 @@ class GroupedGemm:
         d: D's dtype (default: the epilogue's, else bf16).
         member: pin one of :data:`GROUPED_MEMBERS` (default: :func:`choose_member` per call).
         config: a GemmConfig (or dict) to run instead of the family; ``grouped`` is set.
+        batch_invariant: as :class:`evtc.Gemm`'s: a row's bits must not depend on how many
+            tokens the call has or which member runs it. The grouped family is so by
+            construction (NOTE [Batch invariance] in :mod:`evtc.dispatch.invariance`): its
+            members share tile K and none splits K, runs stream-K or swaps A and B (the grouped
+            kernel has none of these), and it has no reductions. The flag is checked against
+            that (``gemm.batch_invariant`` holds it); None: ``EVTC_BATCH_INVARIANT``.
 
     Raises:
         PlanError: the epilogue has a part the grouped kernel can't run per group
             (:func:`check_grouped_graph`), or no plan fits.
-        ConfigError: a bad ``member`` or ``config``; dtypes the mainloop doesn't take.
+        ConfigError: a bad ``member`` or ``config``; dtypes the mainloop doesn't take; a
+            ``batch_invariant`` that is not True, False or None.
     """
 
     arch = "sm90"
@@ -228,7 +235,10 @@ class GroupedGemm:
     @api_boundary
     def __init__(self, epilogue: Epilogue | Graph | str, *, a: DType | str = dtypes.bf16, b: DType | str | None = None,
                  c: DType | str | None = None, d: DType | str | None = None, member: str | None = None,
-                 config: GemmConfig | Mapping | None = None) -> None:
+                 config: GemmConfig | Mapping | None = None, batch_invariant: bool | None = None) -> None:
+        from evtc.gemm import _check_flag
+
+        _check_flag("batch_invariant", batch_invariant, getattr(epilogue, "name", "grouped"))
         self.a = dtypes.coerce(a, "a")
         self.b = dtypes.coerce(b, "b") if b is not None else self.a
         self.c = dtypes.coerce(c, "c") if c is not None else None
@@ -264,6 +274,12 @@ class GroupedGemm:
             cfg = validate_config(cfg, self.arch, self.a, self.b)
             spec = KernelSpec(name, cfg, self.arch)
             self._members[name] = _Member(spec, self.pipeline.kernel(spec, fixed=fixed))
+        self.batch_invariant = knobs.batch_invariant.get() if batch_invariant is None else bool(batch_invariant)
+        if self.batch_invariant:  # by construction (batch_invariant's Args entry): checked, not assumed
+            orders = {(m.spec.config.tile[2], m.spec.config.split_k, m.spec.config.swap_ab) for m in self._members.values()}
+            if len(orders) != 1 or next(iter(orders))[1:] != (1, False):
+                raise ConfigError(f"batch_invariant=True: the grouped members' K orders differ ({sorted(orders)})",
+                                  epilogue=self.name, hint="pin one member (member=...) or pass batch_invariant=False")
         self.fields = grouped_abi_fields(self.graph)
         self._Args = ctypes_struct(self.fields)  # evtc_args_t's layout, known before any build
         self._torch_op = self._torch_op_error = None

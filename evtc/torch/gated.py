@@ -392,7 +392,8 @@ def fuse_gated(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
         try:
             ep = _epilogue(m.act, dt if has_bias else None)
             if m.offs is not None:
-                gemm = evtc.GroupedGemm(ep, a=dt, b=dt, c=dt, d=dt)
+                gemm = evtc.GroupedGemm(ep, a=dt, b=dt, c=dt, d=dt,
+                                        batch_invariant=(gemm_options or {}).get("batch_invariant"))
             else:
                 gemm = evtc.Gemm(ep, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
                 if gate is not None and not gate(gemm, M, 2 * I, K, 1, vx.device):

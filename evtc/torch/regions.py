@@ -626,7 +626,8 @@ def fuse(gm, *, allow_cpu: bool = False, on_gemm: Callable | None = None,
             try:
                 graph, outputs = _epilogue(m, f"fused_{str(anchor.target).split('.')[1].lstrip('_')}_{fused}", dt)
                 if m.offs is not None:
-                    gemm = evtc.GroupedGemm(graph, a=dt, b=dt, c=dt, d=dt)
+                    gemm = evtc.GroupedGemm(graph, a=dt, b=dt, c=dt, d=dt,
+                                            batch_invariant=(gemm_options or {}).get("batch_invariant"))
                 else:
                     gemm = evtc.Gemm(graph, a=dt, b=dt, c=dt, d=dt, **(gemm_options or {}))
             except EvtcError:

@@ -178,3 +178,54 @@ def test_plan_options_that_change_a_row_reductions_epilogue_tile_are_refused():
     assert evtc.Gemm(E.REFERENCE["row_stats"], batch_invariant=True, plan={"epilogue_tile": key_tile}).family
     # without a row reduction the plan's choices decide no bits
     assert evtc.Gemm(E.REFERENCE["bias_relu"], batch_invariant=True, plan_rank=1).family
+
+
+def test_the_grouped_family_is_batch_invariant_by_construction(monkeypatch):
+    """GroupedGemm takes ``batch_invariant`` as Gemm does: every member shares one K order (tile
+    K, no split-K or swap-AB), checked when it is made; a non-bool is refused; the knob sets
+    the default."""
+    g = evtc.GroupedGemm("D = relu(acc)", batch_invariant=True)
+    assert g.batch_invariant
+    assert len({(m.spec.config.tile[2], m.spec.config.split_k, m.spec.config.swap_ab) for m in g._members.values()}) == 1
+    with pytest.raises(ConfigError, match="batch_invariant='yes'"):
+        evtc.GroupedGemm("D = acc", batch_invariant="yes")
+    monkeypatch.setenv("EVTC_BATCH_INVARIANT", "1")
+    assert evtc.GroupedGemm("D = acc").batch_invariant
+    assert not evtc.GroupedGemm("D = acc", batch_invariant=False).batch_invariant
+
+
+def test_a_grouped_family_with_two_k_orders_is_refused(monkeypatch):
+    import evtc.grouped as G
+
+    members = dict(G.GROUPED_MEMBERS)
+    members["pp64x128"] = members["pp64x128"].replace(tile=(64, 128, 128))
+    monkeypatch.setattr(G, "GROUPED_MEMBERS", members)
+    with pytest.raises(ConfigError, match="K orders differ"):
+        evtc.GroupedGemm("D = acc", batch_invariant=True)
+    assert evtc.GroupedGemm("D = acc").members
+
+
+def test_the_torch_backend_passes_the_flag_to_grouped_gemms():
+    torch = pytest.importorskip("torch")
+    from test_torch_backend import _register_grouped
+
+    from evtc.torch.backend import make_backend
+
+    made = []
+    be = make_backend(allow_cpu=True, on_gemm=lambda g: (made.append(g), _register_grouped(g)), inductor=False,
+                      gemm_options={"batch_invariant": True})
+    torch.manual_seed(5)
+    w = (torch.randn(4, 48, 64) / 8).bfloat16()
+    offs = torch.tensor([8, 16, 30, 40], dtype=torch.int32)
+    x = torch.randn(40, 64).bfloat16()
+
+    def f(x):
+        return torch.relu(torch._grouped_mm(x, w.transpose(-2, -1), offs=offs))
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(f, backend=be, fullgraph=True)(x)
+    assert len(made) == 1 and isinstance(made[0], evtc.GroupedGemm) and made[0].batch_invariant
+    want = torch.cat([torch.relu(x[lo:hi].double() @ w[e].double().T)
+                      for e, (lo, hi) in enumerate(zip([0, 8, 16, 30], offs.tolist()))])
+    torch.testing.assert_close(got.double(), want, rtol=2 ** -7, atol=2 ** -7)
