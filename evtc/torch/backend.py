@@ -343,7 +343,8 @@ def _decompose(g, ops, table: Mapping) -> int:
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    left = [n for n in g.graph.nodes if n.op == "call_function" and n.target in ops]
+    left = [n for n in g.graph.nodes if n.op == "call_function" and n.target in ops
+            and all("val" in a.meta for a in n.all_input_nodes)]  # (AOTAutograd's graphs: every node)
     for n in left:
         inputs = list(n.all_input_nodes)
         vals = [a.meta["val"] for a in inputs]
