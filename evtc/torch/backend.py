@@ -25,8 +25,8 @@ from typing import Any, Mapping
 from evtc.torch.aten import item_inputs, symbolic, to_aten
 from evtc.torch.regions import fuse
 
-__all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "prebuild",
-           "to_aten"]
+__all__ = ["BACKEND_OPTIONS", "GEMM_OPTIONS", "evtc_backend", "fuse", "fuse_gate", "make_backend", "mode_config",
+           "prebuild", "to_aten"]
 
 
 def _has_symbolic_shapes(gm, example_inputs) -> bool:
@@ -213,13 +213,46 @@ def prebuild(problems) -> None:
                           stacklevel=2)
 
 
-def _compile(gm, example_inputs, inductor: bool):
-    """``gm`` compiled by Inductor, or as it is (``inductor=False``)."""
+def _compile(gm, example_inputs, inductor: bool, config: Mapping[str, Any] | None = None):
+    """``gm`` compiled by Inductor with its ``config`` patched in (a mode's: :func:`mode_config`),
+    or as it is (``inductor=False``)."""
     if not inductor:
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs)
+    with _patched(config):
+        return compile_fx(gm, example_inputs)
+
+
+def _patched(config: Mapping[str, Any] | None):
+    """Inductor's configuration with ``config`` patched in, as a context manager."""
+    if not config:
+        return contextlib.nullcontext()
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.patch(dict(config))
+
+
+def mode_config(mode: str | None) -> dict[str, Any]:
+    """The Inductor configuration of ``torch.compile``'s ``mode`` (``torch._inductor.
+    list_mode_options``: ``reduce-overhead`` turns on CUDA graphs, ``max-autotune`` also
+    autotunes Inductor's own GEMM templates and pointwise kernels), applied to every Inductor
+    compilation of the evtc backend (NOTE [Modes]).
+
+    Raises:
+        ArgumentError: a mode Inductor doesn't list.
+    """
+    if mode is None or mode == "default":
+        return {}
+    from torch._inductor import list_mode_options
+
+    modes = list_mode_options()
+    if not isinstance(mode, str) or mode not in modes:
+        from evtc.errors import ArgumentError
+
+        raise ArgumentError(f"torch.compile(backend='evtc', mode={mode!r:.60}): not one of torch.compile's modes",
+                            hint=f"use one of {', '.join(map(repr, modes))}, or leave mode out")
+    return dict(list_mode_options(mode))
 
 
 def _needs_grad(gm, example_inputs) -> bool:
@@ -305,13 +338,14 @@ def _training(gm, example_inputs, backend, how: Mapping[str, Any], inductor: boo
         table = {k: v for k, v in inductors.items() if k not in keep}
 
         def inner(g, ex, **kw):
-            def compile_inner(g, ex):
-                _decompose(g, keep, inductors)
-                return compile_fx_inner(g, ex, **kw)
+            def compile_inner(g, ex):  # (a specialization's runs when its shape is first called)
+                with _patched(backend.inductor_config):
+                    _decompose(g, keep, inductors)
+                    return compile_fx_inner(g, ex, **kw)
 
             return fused(g, ex, compile_inner)
 
-        with no_cache:
+        with no_cache, _patched(backend.inductor_config):
             return compile_fx(gm, example_inputs, inner_compile=inner, decompositions=table)
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
@@ -451,7 +485,8 @@ def _gemm_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, inductor: bool = True,
-                 gemm_options: Mapping[str, Any] | None = None, fuse_all: bool = False, gate: Callable | None = None):
+                 gemm_options: Mapping[str, Any] | None = None, fuse_all: bool = False, gate: Callable | None = None,
+                 inductor_config: Mapping[str, Any] | None = None):
     """A Dynamo backend: :func:`to_aten` and :func:`fuse`, then Inductor (or the graph as it is,
     ``inductor=False``); a graph that needs gradients goes through AOTAutograd with its forward
     and backward graphs fused (NOTE [Fusion in training]). ``backend.fused`` counts the matches of
@@ -469,6 +504,8 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
             ``EVTC_BATCH_INVARIANT``) every match is fused, as with ``fuse_all``: a match left
             to cuBLAS would run a kernel that M chooses.
         gate: a gate of :func:`fuse`'s form instead of :func:`fuse_gate` (tests).
+        inductor_config: Inductor configuration patched in around each of its compilations
+            (a ``torch.compile`` mode's: :func:`mode_config`; NOTE [Modes]).
 
     Raises:
         ArgumentError: an option not in :data:`GEMM_OPTIONS`, or not a bool.
@@ -490,16 +527,18 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         agm, n = _fused(gm, concrete, how)
         backend.fused += n
         if not n:
-            return _compile(gm, example_inputs, inductor)
+            return _compile(gm, example_inputs, inductor, backend.inductor_config)
         # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
         # [Unspecialized floats] in evtc/torch/aten.py
         if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
-            return _Specializing(gm, _compile(gm, example_inputs, inductor), backend, how,
-                                 lambda g, args: _compile(g, args, inductor), concrete, agm)
-        return _compile(agm, example_inputs, inductor)
+            config = backend.inductor_config
+            return _Specializing(gm, _compile(gm, example_inputs, inductor, config), backend, how,
+                                 lambda g, args: _compile(g, args, inductor, config), concrete, agm)
+        return _compile(agm, example_inputs, inductor, backend.inductor_config)
 
     backend.fused = 0
     backend.left_unfused = 0
+    backend.inductor_config = dict(inductor_config or {})
     invariant = how["gemm_options"].get("batch_invariant")
     if invariant is None:
         from evtc import knobs
@@ -515,24 +554,32 @@ def evtc_backend(gm, example_inputs, *, options: Mapping[str, Any] | None = None
     hand the rest to Inductor. ``options={"batch_invariant": True}`` (or ``"autotune"``) is passed
     to every :class:`evtc.Gemm` the backend makes; ``options={"fuse_all": True}`` fuses every
     match, where by default the fuse gate leaves to Inductor the matches it predicts slower fused
-    (:func:`fuse_gate`).
+    (:func:`fuse_gate`). ``mode`` is torch.compile's, applied to Inductor's part of the graph.
+
+    NOTE [Modes]: ``torch.compile(model, backend="evtc", mode=...)`` takes torch.compile's modes
+    (``torch._inductor.list_mode_options``): each is Inductor configuration, patched in around
+    every Inductor compilation the backend makes (the graph after fusion; under training the
+    forward and backward, and each shape's specialization when its first call compiles it).
+    ``reduce-overhead`` runs the compiled graph, evtc's ops inside it, as CUDA graphs (the ops
+    launch on the current stream and allocate through torch: tests/gpu/test_torch_gpu.py replays
+    one in a CUDA graph); ``max-autotune`` also autotunes Inductor's own GEMM templates, which
+    then run the GEMMs evtc leaves to Inductor (bare ones, and those the fuse gate leaves, whose
+    ground truth is default Inductor's time: under max-autotune the gate is no longer fitted to
+    what the unfused side runs). evtc's own kernel choice is its selection model's either way;
+    ``options={"autotune": True}`` times its candidates.
 
     Raises:
-        ArgumentError: a ``mode`` (the evtc backend has none) or an unknown option.
+        ArgumentError: a mode torch.compile doesn't have, or an unknown option.
     """
-    if mode is not None:
-        from evtc.errors import ArgumentError
-
-        raise ArgumentError(f"torch.compile(backend='evtc', mode={mode!r}): the evtc backend has no modes",
-                            hint=f"leave mode out; options={{...}} takes {', '.join(GEMM_OPTIONS + BACKEND_OPTIONS)}")
-    if not options:
+    config = mode_config(mode)
+    if not options and not config:
         return _DEFAULT(gm, example_inputs)
-    key = tuple(sorted(_gemm_options(options).items()))
+    key = (tuple(sorted(_gemm_options(options).items())), mode)
     backend = _BY_OPTIONS.get(key)
     if backend is None:
-        opts = dict(key)
+        opts = dict(key[0])
         fuse_all = bool(opts.pop("fuse_all", False))
-        backend = _BY_OPTIONS[key] = make_backend(gemm_options=opts, fuse_all=fuse_all)
+        backend = _BY_OPTIONS[key] = make_backend(gemm_options=opts, fuse_all=fuse_all, inductor_config=config)
     return backend(gm, example_inputs)
 
 
