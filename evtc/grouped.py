@@ -276,7 +276,8 @@ class GroupedGemm:
             self._members[name] = _Member(spec, self.pipeline.kernel(spec, fixed=fixed))
         self.batch_invariant = knobs.batch_invariant.get() if batch_invariant is None else bool(batch_invariant)
         if self.batch_invariant:  # invariant by construction (the docstring's batch_invariant): checked, not assumed
-            orders = {(m.spec.config.tile[2], m.spec.config.split_k, m.spec.config.swap_ab) for m in self._members.values()}
+            orders = {(m.spec.config.tile[2], m.spec.config.split_k, m.spec.config.swap_ab)
+                      for m in self._members.values()}
             if len(orders) != 1 or next(iter(orders))[1:] != (1, False):
                 raise ConfigError(f"batch_invariant=True: the grouped members' K orders differ ({sorted(orders)})",
                                   epilogue=self.name, hint="pin one member (member=...) or pass batch_invariant=False")

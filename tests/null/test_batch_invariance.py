@@ -186,7 +186,8 @@ def test_the_grouped_family_is_batch_invariant_by_construction(monkeypatch):
     the default."""
     g = evtc.GroupedGemm("D = relu(acc)", batch_invariant=True)
     assert g.batch_invariant
-    assert len({(m.spec.config.tile[2], m.spec.config.split_k, m.spec.config.swap_ab) for m in g._members.values()}) == 1
+    orders = {(m.spec.config.tile[2], m.spec.config.split_k, m.spec.config.swap_ab) for m in g._members.values()}
+    assert len(orders) == 1
     with pytest.raises(ConfigError, match="batch_invariant='yes'"):
         evtc.GroupedGemm("D = acc", batch_invariant="yes")
     monkeypatch.setenv("EVTC_BATCH_INVARIANT", "1")
