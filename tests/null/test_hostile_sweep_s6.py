@@ -1,0 +1,61 @@
+"""A hostile-input sweep (sixth round), no GPU and no nvcc: make_backend's flags and callbacks, the
+torch backend's options that no Gemm can take together, Gemm.run's dict of arguments, `evtc cache
+prune` in a folder that is not only a kernel cache, and `evtc cache export` into a name of another
+format. Each case escaped as a raw Python exception, was accepted silently into something else
+than asked, or removed files evtc never wrote before its fix: now an EvtcError naming the argument
+or the folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from evtc.errors import ArgumentError
+
+# ---- make_backend's flags and callbacks ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"allow_cpu": "no"}, "allow_cpu='no'"),    # truthy: CPU matches fused, then NotImplementedError at the call
+    ({"allow_cpu": 1}, "allow_cpu=1"),
+    ({"inductor": "no"}, "inductor='no'"),      # truthy: compiled with Inductor
+    ({"inductor": None}, "inductor=None"),
+    ({"on_gemm": 3}, "on_gemm=3"),              # TypeError: 'int' object is not callable, at the first match
+    ({"gate": "never"}, "gate='never'"),
+])
+def test_make_backend_checks_its_flags_and_callbacks(kw, needle):
+    pytest.importorskip("torch")
+    from evtc.torch.backend import make_backend
+
+    with pytest.raises(ArgumentError) as e:
+        make_backend(**kw)
+    assert needle in str(e.value), str(e.value)
+    assert make_backend(allow_cpu=True, inductor=False, on_gemm=print, gate=None).fused == 0
+
+
+@pytest.mark.parametrize("how", ["options", "env"])
+def test_backend_atomic_sums_with_batch_invariance_is_refused(monkeypatch, how):
+    """Every Gemm the backend made refused the pair (ConfigError), the backend caught it and left
+    every match unfused: torch.compile(..., options={'batch_invariant': True, 'atomic_sums': True})
+    ran cuBLAS's kernels, which batch invariance was asked to rule out, without a word."""
+    pytest.importorskip("torch")
+    from evtc.torch.backend import evtc_backend, make_backend
+
+    if how == "options":
+        with pytest.raises(ArgumentError, match="atomic_sums=True and batch_invariant=True: float atomics"):
+            evtc_backend(None, [], options={"batch_invariant": True, "atomic_sums": True})
+    else:
+        monkeypatch.setenv("EVTC_BATCH_INVARIANT", "1")
+        with pytest.raises(ArgumentError, match=r"batch_invariant=True \(EVTC_BATCH_INVARIANT\)"):
+            make_backend(gemm_options={"atomic_sums": True})
+        assert make_backend(gemm_options={"atomic_sums": False}).fused == 0
+        monkeypatch.delenv("EVTC_BATCH_INVARIANT")
+    assert make_backend(gemm_options={"atomic_sums": True}, fuse_all=True).fused == 0
+
+
+def test_backend_with_both_options_no_longer_leaves_matches_unfused_silently():
+    torch = pytest.importorskip("torch")
+    from evtc.torch.backend import make_backend
+
+    torch._dynamo.reset()
+    with pytest.raises(ArgumentError, match="choose one"):
+        make_backend(allow_cpu=True, inductor=False, gemm_options={"batch_invariant": True, "atomic_sums": True})
