@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+import evtc
 from evtc.errors import ArgumentError
+
+LIN = "D = relu(alpha*acc + C + bias[n])"
+
 
 # ---- make_backend's flags and callbacks ---------------------------------------------------------------
 
@@ -59,3 +63,20 @@ def test_backend_with_both_options_no_longer_leaves_matches_unfused_silently():
     torch._dynamo.reset()
     with pytest.raises(ArgumentError, match="choose one"):
         make_backend(allow_cpu=True, inductor=False, gemm_options={"batch_invariant": True, "atomic_sums": True})
+
+
+# ---- Gemm.run's arguments --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [None, [("alpha", 1.0)], "alpha=1.0", 3])
+def test_gemm_run_takes_a_dict_of_arguments(no_build, kwargs):
+    # None was "TypeError: object of type 'NoneType' has no len()"; a list of pairs
+    # "unexpected argument ('alpha', 1.0)"
+    from test_runtime_launch import Fake, lin_args
+
+    g = evtc.Gemm(LIN, a="f16", b="f16", c="f16", d="f16")
+    A, B, _ = lin_args(64, 32, 16)
+    with pytest.raises(ArgumentError, match=r"kwargs is a \w+, not a dict of the epilogue's parameters"):
+        g.run(A, B, kwargs, out=Fake((64, 32)))
+    with pytest.raises(ArgumentError, match="missing argument"):  # a dict is read as before
+        g.run(A, B, {"alpha": 1.0}, out=Fake((64, 32)))
