@@ -7,12 +7,21 @@ or the folder."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from click.testing import CliRunner
 
 import evtc
 from evtc.errors import ArgumentError
 
 LIN = "D = relu(alpha*acc + C + bias[n])"
+
+
+def _cli(args):
+    from evtc.cli import main
+
+    return CliRunner().invoke(main, args)
 
 
 # ---- make_backend's flags and callbacks ---------------------------------------------------------------
@@ -80,3 +89,43 @@ def test_gemm_run_takes_a_dict_of_arguments(no_build, kwargs):
         g.run(A, B, kwargs, out=Fake((64, 32)))
     with pytest.raises(ArgumentError, match="missing argument"):  # a dict is read as before
         g.run(A, B, {"alpha": 1.0}, out=Fake((64, 32)))
+
+
+# ---- evtc cache prune in a folder that is not only a cache -------------------------------------------------
+
+
+def _tree(root):
+    return sorted(os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs)
+
+
+@pytest.mark.parametrize("option", [["--all"], ["--bad"], ["--older-than", "1s"], ["--all", "--dry-run"]])
+def test_cache_prune_refuses_a_folder_that_holds_more_than_a_cache(tmp_path, option):
+    """`evtc cache --dir ~ prune --all` removed ~/tmp/*, ~/headers, ~/construct and every
+    two-hex-digit folder of ~ (`--dir /`: everything in /tmp); `--bad` the files of ~/tmp older
+    than an hour; `--older-than` old files under ~/construct."""
+    home = tmp_path / "home"
+    for d in ("tmp/work", "construct/notes", "headers", "ab", "docs"):
+        (home / d).mkdir(parents=True)
+    for f in ("tmp/work/draft.txt", "construct/notes/plan.txt", "headers/h.txt", "ab/x.txt", "notes.txt"):
+        (home / f).write_text("mine")
+        os.utime(home / f, (1, 1))
+    os.utime(home / "tmp" / "work", (1, 1))
+    before = _tree(home)
+    r = _cli(["cache", "--dir", str(home), "prune", *option])
+    assert r.exit_code == 2, r.output
+    assert "won't prune" in r.output and "'docs', 'notes.txt'" in r.output, r.output
+    assert _tree(home) == before
+
+
+def test_cache_prune_still_prunes_a_cache(tmp_path):
+    from evtc.compiler import store
+
+    root = tmp_path / "cache"
+    for d in ("tmp/leftover", "construct/ab", "headers", "failed/k", "quarantine", "locks", "tuning", ".hidden"):
+        (root / d).mkdir(parents=True)
+    root.chmod(0o700)
+    r = _cli(["cache", "--dir", str(root), "prune", "--all"])
+    assert r.exit_code == 0, r.output
+    assert not (root / "construct").exists() and not list((root / "tmp").iterdir())
+    assert (root / "locks").is_dir() and (root / ".hidden").is_dir()
+    assert store.prune(store.CacheRoot(root), bad=True).kept == 0
