@@ -8,6 +8,7 @@ or the folder."""
 from __future__ import annotations
 
 import os
+import tarfile
 
 import pytest
 from click.testing import CliRunner
@@ -129,3 +130,34 @@ def test_cache_prune_still_prunes_a_cache(tmp_path):
     assert not (root / "construct").exists() and not list((root / "tmp").iterdir())
     assert (root / "locks").is_dir() and (root / ".hidden").is_dir()
     assert store.prune(store.CacheRoot(root), bad=True).kept == 0
+
+
+# ---- evtc cache export into a name of another format --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["k.zip", "k.tar.zst", "k.tzst", "k.7z", "k.tar.lz4", "K.ZIP"])
+def test_cache_export_refuses_the_name_of_another_format(tmp_path, name):
+    # each was written as an xz tar under that name (`tar --zstd -xf k.tar.zst` fails on it)
+    (tmp_path / "cache").mkdir(mode=0o700)
+    r = _cli(["cache", "--dir", str(tmp_path / "cache"), "export", str(tmp_path / name)])
+    assert r.exit_code == 2 and "a format evtc cache export does not write" in r.output, r.output
+    assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("name, magic", [("k.TAR.GZ", b"\x1f\x8b"), ("k.tgz", b"\x1f\x8b"), ("k.gz", b"\x1f\x8b"),
+                                         ("k.TAR.BZ2", b"BZh"), ("k.TAR", None), ("k.tar.xz", b"\xfd7zXZ"),
+                                         ("k.archive", b"\xfd7zXZ")])
+def test_cache_export_compression_follows_the_name_in_any_case(tmp_path, name, magic):
+    # K.TAR.GZ was written as xz
+    (tmp_path / "cache").mkdir(mode=0o700)
+    r = _cli(["cache", "--dir", str(tmp_path / "cache"), "export", str(tmp_path / name)])
+    assert r.exit_code == 0, r.output
+    data = (tmp_path / name).read_bytes()
+    if magic is None:
+        assert tarfile.is_tarfile(tmp_path / name) and data[257:262] == b"ustar"
+    else:
+        assert data.startswith(magic)
+    from evtc.compiler import archive, store
+
+    s = archive.import_entries(store.CacheRoot(tmp_path / "cache"), tmp_path / name)  # (and it reads back)
+    assert not s.refused and not s.imported
