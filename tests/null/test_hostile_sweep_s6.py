@@ -161,3 +161,24 @@ def test_cache_export_compression_follows_the_name_in_any_case(tmp_path, name, m
 
     s = archive.import_entries(store.CacheRoot(tmp_path / "cache"), tmp_path / name)  # (and it reads back)
     assert not s.refused and not s.imported
+
+
+# ---- the torch ops on CPU tensors ---------------------------------------------------------------------------
+
+
+def test_a_torch_op_called_with_cpu_tensors_names_the_argument():
+    # NotImplementedError: Could not run 'evtc::expr_...' with arguments from the 'CPU' backend
+    # (the Gemm's own call says "argument 'A' is in host memory")
+    torch = pytest.importorskip("torch")
+    bf = torch.bfloat16
+    op = evtc.Gemm("D = relu(alpha*acc + bias[n])").torch_op()
+    with pytest.raises(ArgumentError, match="argument 'A' is on cpu: evtc's op runs its kernel on CUDA tensors"):
+        op(torch.zeros(16, 64, dtype=bf), torch.zeros(32, 64, dtype=bf), alpha=1.0, bias=torch.zeros(32))
+    gop = evtc.GroupedGemm("D = relu(alpha*acc + bias[n])").torch_op()
+    with pytest.raises(ArgumentError, match="argument 'A' is on cpu"):
+        gop(torch.zeros(10, 64, dtype=bf), torch.zeros(3, 32, 64, dtype=bf), torch.tensor([3, 6, 10], dtype=torch.int32),
+            alpha=1.0, bias=torch.zeros(3, 32))
+    meta = {"device": "meta"}  # (meta tensors still take the fake implementation)
+    D = op(torch.zeros(16, 64, dtype=bf, **meta), torch.zeros(32, 64, dtype=bf, **meta), alpha=1.0,
+           bias=torch.zeros(32, **meta))
+    assert tuple(D.shape) == (16, 32)
