@@ -182,3 +182,22 @@ def test_a_torch_op_called_with_cpu_tensors_names_the_argument():
     D = op(torch.zeros(16, 64, dtype=bf, **meta), torch.zeros(32, 64, dtype=bf, **meta), alpha=1.0,
            bias=torch.zeros(32, **meta))
     assert tuple(D.shape) == (16, 32)
+
+
+# ---- the cache folder of a ~user of no user -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("var", ["EVTC_CACHE_DIR", "EVTC_SHARED_CACHE"])
+def test_a_cache_folder_under_the_home_of_no_user_is_a_cache_error(monkeypatch, var):
+    # RuntimeError: Could not determine home directory. (pathlib's expanduser), from the first
+    # build or lookup and from every `evtc cache` command
+    from evtc.compiler import store
+    from evtc.errors import CacheError
+
+    for v in ("EVTC_CACHE_DIR", "EVTC_SHARED_CACHE"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(var, "~no_such_user_evtc/cache")
+    with pytest.raises(CacheError, match=f"{var}='~no_such_user_evtc/cache': '~no_such_user_evtc' names no user"):
+        store.cache_root()
+    r = _cli(["cache", "list"])
+    assert r.exit_code == 2 and "names no user's home folder" in r.output, r.output
