@@ -335,7 +335,18 @@ class Gemm:
 
     def run(self, A: Any, B: Any, kwargs: Mapping[str, Any], out: Any = None, stream: Any = None):
         """:meth:`__call__` with the epilogue's arguments as a dict, never through the torch op
-        (with :class:`~evtc.runtime.tensors.TensorView` operands too)."""
+        (with :class:`~evtc.runtime.tensors.TensorView` operands too).
+
+        Raises:
+            ArgumentError: ``kwargs`` is not a dict (mapping) of the epilogue's parameters; the
+                raises of :meth:`__call__`.
+        """
+        if not isinstance(kwargs, Mapping):
+            # (None was a TypeError of len(); a list of pairs an "unexpected argument ('alpha', 1.0)")
+            raise ArgumentError(f"run(A, B, kwargs={kwargs!r:.60}): kwargs is a {type(kwargs).__name__}, not a dict "
+                                "of the epilogue's parameters", epilogue=self.name,
+                                hint="pass them as a dict, e.g. gemm.run(A, B, {'alpha': 1.0, 'bias': bias}) ({} for "
+                                     "none)")
         return self.dispatch.run(A, B, kwargs, out, stream)
 
     def torch_op(self):

@@ -19,7 +19,9 @@ standard output (NOTE [Export targets]), and an :class:`ExportSummary`.
   device (``/dev/stdout`` in a pipe) is streamed into; a dangling link is refused;
 * a folder, a block device (a disk) or a socket is refused.
 
-The compression follows the name (``.tar``, ``.tar.gz``, ``.tar.bz2``, else xz, ``-`` too).
+The compression follows the name, case ignored (``.tar``, ``.tar.gz``/``.tgz``/``.gz``,
+``.tar.bz2``/``.bz2``, else xz, ``-`` too); a name ending in another format's suffix (``.zip``,
+``.tar.zst``, ...) is refused.
 Source: issue 37 (as root, ``evtc cache export /dev/full`` replaced the device node with a tar
 file; ``/dev/stdout`` replaced the link and wrote nothing into the pipe).
 """
@@ -80,13 +82,29 @@ class ExportSummary:
     streamed: bool = False
 
 
+#: suffixes of archive formats and compressions export does not write: a name ending so would hold
+#: an xz tar under a name that says otherwise (``tar --zstd -xf k.tar.zst`` fails on it)
+_OTHER_FORMATS = (".zst", ".tzst", ".zstd", ".zip", ".7z", ".lz4", ".lz", ".lzma", ".tlz", ".z", ".rar", ".br")
+
+
 def _compression(name: str) -> str:
-    if name.endswith((".tar.gz", ".tgz")):
+    """The compression ``name`` asks for (case ignored: ``K.TAR.GZ`` is gzip).
+
+    Raises:
+        CacheError: the name ends in another format's suffix (``.zip``, ``.tar.zst``, ...).
+    """
+    low = Path(name).name.lower()
+    if low.endswith((".tar.gz", ".tgz", ".gz")):
         return "gz"
-    if name.endswith(".tar"):
+    if low.endswith(".tar"):
         return ""
-    if name.endswith((".tar.bz2", ".tbz2")):
+    if low.endswith((".tar.bz2", ".tbz2", ".tbz", ".bz2")):
         return "bz2"
+    other = next((x for x in _OTHER_FORMATS if low.endswith(x)), None)
+    if other is not None:
+        raise CacheError(f"won't write the cache archive {name}: its name ends in {Path(name).name[-len(other):]}, a format "
+                         "evtc cache export does not write", hint="name it .tar.xz (the default), .tar.gz, .tar.bz2 "
+                                                                  "or .tar")
     return "xz"
 
 
@@ -242,7 +260,8 @@ def _own_file(path: Path, max_bytes: int, shared: bool) -> bytes | None:
 def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None = None,
                    include_sources: bool = True) -> ExportSummary:
     """Write verified entries into a tar archive (``.tar.xz`` unless the name ends in ``.tar``,
-    ``.tar.gz``/``.tgz`` or ``.tar.bz2``) that
+    ``.tar.gz``/``.tgz`` or ``.tar.bz2``, case ignored; another format's suffix such as ``.zip``
+    or ``.tar.zst`` is refused) that
     :func:`~evtc.compiler.archive_import.import_entries` reads on another machine.
 
     The archive holds ``evtc-cache.json`` (a manifest: format, ABI version, evtc version, one row
@@ -262,16 +281,17 @@ def export_entries(root: CacheRoot, file: Path | str, keys: Iterable[str] | None
 
     Raises:
         CacheError: a key prefix is too short or not hex, the target is refused (a folder, a
-            block device, a socket, a terminal, a dangling link), or the archive can't be
-            written.
+            block device, a socket, a terminal, a dangling link, a name with the suffix of a
+            format export does not write), or the archive can't be written.
     """
     name = str(file)
+    compression = _compression(name)  # (before the target is opened)
     summary = ExportSummary(Path(file))
     infos = _selected(root, keys, summary)
     out = _Out(name)
     summary.streamed = out.streamed
     try:
-        with tarfile.open(fileobj=out, mode="w|" + _compression(Path(name).name)) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=out, mode="w|" + compression) as tar:  # type: ignore[call-overload]
             _write_entries(tar, root, infos, summary, include_sources)
         out.commit()
     except OSError as e:

@@ -188,6 +188,33 @@ def _other_paths(root: CacheRoot, now: float, *, everything: bool, older_than_s:
     return others
 
 
+# NOTE [Prune only a cache]
+# prune removes folders by name (tmp/*, failed/*, quarantine/*, construct/, headers/ and the
+# two-hex-digit folders of the format-1 layout), so it runs only in a folder that holds nothing but
+# what evtc keeps there: `evtc cache --dir ~ prune --all` would otherwise remove ~/tmp/*, ~/headers
+# and every ~/ab, and `--dir /` all of /tmp (names starting with '.' are left out of the check).
+_LAYOUT = frozenset({"kernels", "failed", "locks", "tmp", "quarantine", "headers", "construct", "tuning", "torch_fast"})
+
+
+def _check_is_cache(root: CacheRoot) -> None:
+    """NOTE [Prune only a cache].
+
+    Raises:
+        CacheError: the folder holds something evtc never writes there (named).
+    """
+    try:
+        names = sorted(os.listdir(root.path))
+    except OSError:
+        return
+    foreign = [n for n in names if n not in _LAYOUT and not n.startswith(".") and not re.fullmatch(r"[0-9a-f]{2}", n)]
+    if foreign:
+        shown = ", ".join(repr(n) for n in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise CacheError(f"won't prune {root.path}: it is not only an evtc kernel cache (it holds {shown}, which evtc "
+                         "never writes there), and prune removes folders by name (tmp/, failed/, construct/, ...)",
+                         hint="name the kernel cache folder itself (--dir, EVTC_CACHE_DIR), or move what is yours "
+                              "out of it")
+
+
 def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | None = None,
           max_bytes: int | None = None, bad: bool = False, dry_run: bool = False) -> PruneSummary:
     """Remove entries from the cache.
@@ -207,8 +234,10 @@ def prune(root: CacheRoot, *, everything: bool = False, older_than_s: float | No
         A :class:`PruneSummary`.
 
     Raises:
-        CacheError: something can't be removed.
+        CacheError: something can't be removed; the folder is not only a cache (NOTE [Prune only
+            a cache]).
     """
+    _check_is_cache(root)
     summary = PruneSummary()
     now = time.time()
     entries = list_entries(root, verify=bad or everything)

@@ -60,13 +60,21 @@ class CacheRoot:
         return self.path / "kernels" / key[:2] / key / toolchain_id
 
 
+def _expanded(knob: knobs.Knob, value: str) -> Path:
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # ~user of no user (pathlib's "Could not determine home directory.")
+        raise CacheError(f"{knob.name}={value!r}: {value.split('/')[0]!r} names no user's home folder",
+                         hint=f"set {knob.name} to a folder's path") from None
+
+
 def _configured() -> tuple[Path, bool]:
     shared = knobs.shared_cache.get()
     if shared:
-        return Path(shared).expanduser(), True
+        return _expanded(knobs.shared_cache, shared), True
     root = knobs.cache_dir.get()
     if root:
-        return Path(root).expanduser(), False
+        return _expanded(knobs.cache_dir, root), False
     xdg = knobs.xdg_cache_home.get()
     try:
         base = Path(xdg) if xdg else Path.home() / ".cache"

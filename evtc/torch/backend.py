@@ -508,17 +508,25 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
             (a ``torch.compile`` mode's: :func:`mode_config`; NOTE [Modes]).
 
     Raises:
-        ArgumentError: an option not in :data:`GEMM_OPTIONS`, or not a bool.
+        ArgumentError: an option not in :data:`GEMM_OPTIONS`, or not a bool; ``allow_cpu``,
+            ``inductor`` or ``fuse_all`` not a bool; ``on_gemm`` or ``gate`` not callable;
+            ``atomic_sums`` with batch invariance (the option or ``EVTC_BATCH_INVARIANT``).
     """
+    from evtc.errors import ArgumentError
+
     how = {"allow_cpu": allow_cpu, "on_gemm": on_gemm, "gemm_options": _gemm_options(gemm_options)}
     if set(how["gemm_options"]) & set(BACKEND_OPTIONS):
-        from evtc.errors import ArgumentError
-
         raise ArgumentError("make_backend(gemm_options=...): fuse_all is make_backend's own argument")
-    if not isinstance(fuse_all, bool):  # fuse_all="no" would fuse every match
-        from evtc.errors import ArgumentError
-
-        raise ArgumentError(f"make_backend(fuse_all={fuse_all!r}): True or False")
+    # (fuse_all="no" would fuse every match, allow_cpu="no" fuse matches on CPU tensors that no
+    # kernel runs, inductor="no" compile with Inductor)
+    for flag, value in (("fuse_all", fuse_all), ("allow_cpu", allow_cpu), ("inductor", inductor)):
+        if not isinstance(value, bool):
+            raise ArgumentError(f"make_backend({flag}={value!r:.60}): True or False")
+    for name, value in (("on_gemm", on_gemm), ("gate", gate)):
+        if value is not None and not callable(value):  # (called on the first match, inside torch.compile)
+            raise ArgumentError(f"make_backend({name}={value!r:.60}): a function or None",
+                                hint="on_gemm(gemm) is called with each Gemm made; gate(gemm, M, N, K, L, device) "
+                                     "says whether a match is fused")
 
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):
@@ -544,6 +552,11 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         from evtc import knobs
 
         invariant = knobs.batch_invariant.get()
+    if invariant and how["gemm_options"].get("atomic_sums"):
+        # (every Gemm made would refuse the pair, and every match would stay unfused, silently)
+        where = "" if how["gemm_options"].get("batch_invariant") else " (EVTC_BATCH_INVARIANT)"
+        raise ArgumentError(f"the evtc backend's options atomic_sums=True and batch_invariant=True{where}: float "
+                            "atomics add the sums in the order the tiles finish", hint="choose one of the two")
     if not fuse_all and not invariant:  # (a match left to cuBLAS would break batch invariance)
         how["gate"] = gate or fuse_gate(backend)
     return backend

@@ -23,7 +23,7 @@ import json
 import threading
 
 from evtc.errors import ArgumentError
-from evtc.torch.ops import _NAME, _RESERVED, call_args, k_contiguous, layout_tags
+from evtc.torch.ops import _NAME, _RESERVED, call_args, k_contiguous, layout_tags, run_op
 
 __all__ = ["GroupedTorchOp", "grouped_torch_op"]
 
@@ -113,8 +113,9 @@ class GroupedTorchOp:
                                 f"{'; ' if missing and extra else ''}{'unknown ' + ', '.join(extra) if extra else ''}",
                                 epilogue=self.gg.name, hint="pass the epilogue's parameters by name: "
                                 + ", ".join(self.tensor_names + self.scalar_names))
-        args = call_args(self.gg.name, {"A": A, "B": B, "offs": offs}, kwargs, self.tensor_names, self.scalar_names)
-        got = self.op(A, B, offs, *args)
+        operands = {"A": A, "B": B, "offs": offs}
+        args = call_args(self.gg.name, operands, kwargs, self.tensor_names, self.scalar_names)
+        got = run_op(self.op, self.gg.name, operands, args, self.tensor_names + self.scalar_names)
         return got if len(self.output_names) == 1 else dict(zip(self.output_names, got))
 
 

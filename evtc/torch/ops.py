@@ -36,7 +36,7 @@ import threading
 
 from evtc.errors import ArgumentError
 
-__all__ = ["TorchOp", "call_args", "check_fake_operands", "qualname", "torch_op"]
+__all__ = ["TorchOp", "call_args", "check_fake_operands", "qualname", "run_op", "torch_op"]
 
 _LOCK = threading.Lock()
 _OPS: dict[str, TorchOp] = {}
@@ -162,8 +162,9 @@ class TorchOp:
                                 epilogue=self.gemm.name,
                                 hint="pass the epilogue's parameters by name: "
                                      + ", ".join(self.tensor_names + self.scalar_names))
-        args = call_args(self.gemm.name, {"A": A, "B": B}, kwargs, self.tensor_names, self.scalar_names)
-        got = self.op(A, B, *args)
+        operands = {"A": A, "B": B}
+        args = call_args(self.gemm.name, operands, kwargs, self.tensor_names, self.scalar_names)
+        got = run_op(self.op, self.gemm.name, operands, args, self.tensor_names + self.scalar_names)
         if len(self.output_names) == 1:
             return got if self.output_names[0] == "D" else {self.output_names[0]: got}
         return dict(zip(self.output_names, got))
@@ -213,6 +214,27 @@ def call_args(epilogue: str, operands: dict, kwargs: dict, tensor_names: tuple, 
                                 epilogue=epilogue, hint="pass a Python float")
         scalars.append(float(v))
     return [kwargs[n] for n in tensor_names] + scalars
+
+
+def run_op(op, epilogue: str, operands: dict, args: list, names: tuple):
+    """``op(*operands.values(), *args)`` (``args`` named by ``names``, as :func:`call_args`
+    returns them). The op has a kernel for CUDA tensors only (tests and ``allow_cpu`` register a
+    CPU one); torch's ``NotImplementedError`` ("Could not run 'evtc::...' with arguments from the
+    'CPU' backend") for tensors on another device is the call's own error, naming the argument.
+
+    Raises:
+        ArgumentError: a tensor argument on a device the op has no kernel for.
+    """
+    import torch
+
+    try:
+        return op(*operands.values(), *args)
+    except NotImplementedError:
+        for n, v in [*operands.items(), *zip(names, args)]:
+            if isinstance(v, torch.Tensor) and v.device.type != "cuda":
+                raise ArgumentError(f"argument '{n}' is on {v.device}: evtc's op runs its kernel on CUDA tensors",
+                                    epilogue=epilogue, hint="move the tensors to the GPU (.cuda())") from None
+        raise
 
 
 def layout_tags(torch) -> tuple:
