@@ -510,7 +510,8 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
     Raises:
         ArgumentError: an option not in :data:`GEMM_OPTIONS`, or not a bool; ``allow_cpu``,
             ``inductor`` or ``fuse_all`` not a bool; ``on_gemm`` or ``gate`` not callable;
-            ``atomic_sums`` with batch invariance (the option or ``EVTC_BATCH_INVARIANT``).
+            ``atomic_sums`` with batch invariance (the option or ``EVTC_BATCH_INVARIANT``);
+            ``inductor_config`` not a dict of Inductor configuration.
     """
     from evtc.errors import ArgumentError
 
@@ -527,6 +528,18 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
             raise ArgumentError(f"make_backend({name}={value!r:.60}): a function or None",
                                 hint="on_gemm(gemm) is called with each Gemm made; gate(gemm, M, N, K, L, device) "
                                      "says whether a match is fused")
+
+    if inductor_config is not None:
+        if not isinstance(inductor_config, Mapping):
+            raise ArgumentError(f"make_backend(inductor_config={inductor_config!r:.60}): a dict of Inductor "
+                                "configuration or None", hint="e.g. evtc.torch.backend.mode_config('max-autotune')")
+        from torch._inductor import config as inductor_config_module
+
+        unknown = sorted(map(repr, set(inductor_config) - set(inductor_config_module.get_config_copy())))
+        if unknown:  # (Inductor's patch would raise inside torch.compile, at the first compilation)
+            raise ArgumentError(f"make_backend(inductor_config=...): {', '.join(unknown[:5])} not Inductor "
+                                "configuration", hint="name torch._inductor.config's entries, e.g. "
+                                                      "'max_autotune' or 'triton.cudagraphs'")
 
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):

@@ -95,3 +95,11 @@ def test_a_mode_covers_trainings_forward_and_backward(monkeypatch):
     torch.compile(block, backend=be)(x, *args[1:]).float().sum().backward()
     assert be.fused >= 2 and x.grad is not None
     assert len(seen) >= 2 and all(s == (False, True) for s in seen), seen
+
+
+@pytest.mark.parametrize("bad, match", [("max-autotune", "a dict of Inductor configuration"),
+                                        ({"max_autotuned": True}, "'max_autotuned' not Inductor configuration")])
+def test_make_backend_checks_its_inductor_config(bad, match):
+    with pytest.raises(ArgumentError, match=match):
+        make_backend(inductor_config=bad)
+    assert make_backend(inductor_config={"max_autotune": True}).inductor_config == {"max_autotune": True}
