@@ -46,8 +46,8 @@ class Knob:
 
     Attributes:
         name: the variable (``EVTC_NVCC_TIMEOUT``).
-        kind: ``flag``, ``number``, ``choice`` or ``text`` (what :meth:`get` returns: a bool, a
-            float, one of ``choices``, a string).
+        kind: ``flag``, ``number``, ``count``, ``choice`` or ``text`` (what :meth:`get` returns:
+            a bool, a float of seconds, an integer from 0, one of ``choices``, a string).
         default: the value while unset (None: none).
         doc: one line for ``evtc knobs`` and docs/knobs.md.
         choices: a ``choice`` knob's values; ``aliases`` map other spellings onto them.
@@ -85,6 +85,11 @@ class Knob:
                 raise self.error(f"{self.name}={raw!r} is not a positive number of seconds",
                                  hint=self.hint or f"set {self.name} to a number of seconds, or unset it")
             return value
+        if self.kind == "count":
+            if not raw.strip().isascii() or not raw.strip().isdigit():
+                raise self.error(f"{self.name}={raw!r} is not a whole number from 0",
+                                 hint=self.hint or f"set {self.name} to a count such as 32, or unset it")
+            return int(raw.strip())
         if self.kind == "choice":
             v = raw.strip().lower()
             v = dict(self.aliases).get(v, v)
@@ -102,7 +107,7 @@ class Knob:
             EvtcError (:attr:`error`): the value doesn't parse.
         """
         raw = self.raw()
-        if raw is None or (self.kind in ("number", "text") and not raw.strip()):
+        if raw is None or (self.kind in ("number", "count", "text") and not raw.strip()):
             return self.default
         if self.kind == "choice" and not raw.strip():
             return self.default
@@ -140,6 +145,10 @@ def _flag(name, default, doc, **kw) -> Knob:
 
 def _number(name, doc, error=errors.ConfigError) -> Knob:
     return Knob(name, "number", None, doc, error=error)
+
+
+def _count(name, default, doc) -> Knob:
+    return Knob(name, "count", default, doc)
 
 
 def _choice(name, default, choices, doc, aliases=(), error=errors.ConfigError, hint=None) -> Knob:
@@ -198,6 +207,8 @@ torch_fastpath = _choice("EVTC_TORCH_FASTPATH", "1", ("0", "1", "sync"),
 autotune = _flag("EVTC_AUTOTUNE", False, "time the model's best candidates on a new shape bucket's first call")
 batch_invariant = _flag("EVTC_BATCH_INVARIANT", False,
                         "Gemms default to batch_invariant=True: a row's bits independent of M, L, member and run")
+max_specializations = _count("EVTC_MAX_SPECIALIZATIONS", 32,
+                             "torch backend: shapes a symbolic graph is fused for; later ones run it unfused")
 # ---- errors ------------------------------------------------------------------------------------
 traceback = _choice("EVTC_TRACEBACK", "short", ("short", "full"),
                     "'full': keep evtc's frames in tracebacks (and the CLI prints them)",

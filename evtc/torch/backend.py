@@ -46,7 +46,8 @@ def _has_symbolic_shapes(gm, example_inputs) -> bool:
 
 
 #: concrete shapes a symbolic graph is specialized for before its later calls run the plain
-#: Inductor compilation of the symbolic graph (NOTE [Symbolic shapes])
+#: Inductor compilation of the symbolic graph (NOTE [Symbolic shapes]): the default of
+#: ``EVTC_MAX_SPECIALIZATIONS``, which each graph reads when it is compiled
 MAX_SPECIALIZATIONS = 32
 
 
@@ -81,6 +82,10 @@ class _Specializing:
         self.how, self.compile = how, compile
         self.compiled: dict = {}
         self.items = item_inputs(gm)  # (NOTE [Unspecialized floats] in evtc/torch/aten.py)
+        from evtc import knobs
+
+        self.limit = knobs.max_specializations.get()
+        self._warned = False
         self._pending = {} if example_fused is None else {_signature(example_inputs, self.items): example_fused}
 
     def __call__(self, *args):
@@ -91,7 +96,15 @@ class _Specializing:
         key = _signature(args, self.items)
         fn = self.compiled.get(key)
         if fn is None:
-            if len(self.compiled) >= MAX_SPECIALIZATIONS:
+            if len(self.compiled) >= self.limit:
+                if not self._warned:  # (once per graph: a server sees new token counts for ever)
+                    self._warned = True
+                    import warnings
+
+                    warnings.warn(f"evtc: a compiled graph has been specialized for {self.limit} shapes; calls "
+                                  "with a shape not among them run it unfused (torch.compile's own compilation of "
+                                  "the symbolic graph). Pad the varying size to a few buckets, or raise "
+                                  "EVTC_MAX_SPECIALIZATIONS (each shape costs one compilation)", stacklevel=2)
                 return self.generic
             fn = self.compiled[key] = self._specialize(key, list(args))
         return fn

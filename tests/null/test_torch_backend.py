@@ -246,6 +246,35 @@ def test_symbolic_shapes_are_fused_per_shape():
         assert be.fused == 3, (dynamic, inductor)  # one per distinct batch size (the repeated 8 is cached)
 
 
+def test_shapes_past_the_limit_run_unfused_with_one_warning(monkeypatch):
+    """EVTC_MAX_SPECIALIZATIONS bounds the shapes a symbolic graph is fused for; a shape past it
+    runs the symbolic graph unfused (correctly), with one warning per graph that says so and what
+    to do."""
+    import warnings
+
+    from evtc import knobs
+    from evtc.torch.backend import MAX_SPECIALIZATIONS
+
+    assert knobs.max_specializations.default == MAX_SPECIALIZATIONS
+    monkeypatch.setenv("EVTC_MAX_SPECIALIZATIONS", "2")
+    m = LinearGelu().to(torch.bfloat16)
+    torch._dynamo.reset()
+    be = make_backend(allow_cpu=True, on_gemm=register, inductor=False)
+    cm = torch.compile(m, backend=be, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (4, 8, 12, 16, 4):
+            x = torch.randn(rows, 32).bfloat16()
+            ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
+            within_half_ulp(cm(x), ref, "bf16", 2.0 ** -20 * ref.abs() + 2.0 ** -8 * ref.abs().max())
+    assert be.fused == 2
+    said = [w for w in caught if "EVTC_MAX_SPECIALIZATIONS" in str(w.message)]
+    assert len(said) == 1 and "specialized for 2 shapes" in str(said[0].message), [str(w.message) for w in caught]
+    monkeypatch.setenv("EVTC_MAX_SPECIALIZATIONS", "many")
+    with pytest.raises(Exception, match="EVTC_MAX_SPECIALIZATIONS='many' is not a whole number"):
+        knobs.max_specializations.get()
+
+
 def test_a_symbolic_graph_without_matches_compiles_once():
     """A symbolic graph that fuses nothing at Dynamo's example sizes is compiled as it is, once
     for every shape: no per-shape specialization (under Inductor, whose symbolic compilation
