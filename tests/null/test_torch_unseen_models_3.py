@@ -63,3 +63,39 @@ def test_vmap_over_stacked_models_compiles(grad):
     if grad:
         y.float().sum().backward()
         assert all(p.grad is not None for p in params.values())
+
+
+class ReadsAScalar(nn.Module):
+    """A block that reads a value of its own in the middle: a statistic with ``.item()`` (a
+    logging or clipping scalar), or the rows a mask selects (data-dependent M)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.fc1, self.fc2 = kind, nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        if self.kind == "item":
+            return x + self.fc2(h) * (1.0 + 0.0 * h.float().amax().item())
+        sel = h[h[..., 0] > 0]  # (u0, 256)
+        return F.relu(self.fc2(sel))
+
+
+@pytest.mark.parametrize("kind, fused", [("item", 2), ("mask", 1)])
+def test_scalars_read_inside_the_graph_leave_its_gemms_fused(kind, fused):
+    """NOTE [Scalars read inside the graph] (evtc/torch/aten.py): under capture_scalar_outputs
+    (and capture_dynamic_output_shape_ops) the ATen trace failed at the ``.item()`` (the
+    ``nonzero`` of a mask) and none of the graph's GEMMs fused; now every GEMM of static shape
+    does (the one on the selected rows stays torch's)."""
+    torch.manual_seed(1)
+    block = ReadsAScalar(kind)
+    x = torch.randn(2, 24, 64).bfloat16()
+    with torch.no_grad():
+        ref = block.double()(x.double())
+        eager = block.bfloat16()(x)
+    be = _backend()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True), \
+            torch.no_grad():
+        out = torch.compile(block, backend=be)(x)
+    assert be.fused == fused, [str(g.graph) for g in GEMMS]
+    assert out.shape == ref.shape and _err(out, ref) <= _err(eager, ref) + 2.0 ** -8 * ref.abs().max().item()
