@@ -99,3 +99,127 @@ def test_scalars_read_inside_the_graph_leave_its_gemms_fused(kind, fused):
         out = torch.compile(block, backend=be)(x)
     assert be.fused == fused, [str(g.graph) for g in GEMMS]
     assert out.shape == ref.shape and _err(out, ref) <= _err(eager, ref) + 2.0 ** -8 * ref.abs().max().item()
+
+
+class Block(nn.Module):
+    def __init__(self, d=64, h=256):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, h), nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Block(), Block()
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.b, checkpoint(self.a, x, use_reentrant=False), use_reentrant=False)
+
+
+def _grads(block, x, fn):
+    block.zero_grad()
+    x = x.detach().clone().requires_grad_(True)
+    y = fn(x)
+    (y.float() * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+    return {"x": x.grad.double(), **{n: p.grad.double() for n, p in block.named_parameters() if p.grad is not None}}
+
+
+def _close_grads(got, eager, ref):
+    assert got.keys() == ref.keys()
+    for k, want in ref.items():
+        e_evtc, e_eager = (got[k] - want).abs().max().item(), (eager[k] - want).abs().max().item()
+        assert e_evtc <= 2 * e_eager + 2.0 ** -8 * want.abs().max().item(), (k, e_evtc, e_eager)
+
+
+@pytest.mark.parametrize("inductor, config", [(False, None), (True, "max-autotune-no-cudagraphs")],
+                         ids=["aot", "inductor_max_autotune"])
+def test_activation_checkpointing_fuses_forward_and_backward(inductor, config):
+    """checkpoint(block, use_reentrant=False) inside a compiled model (and under a mode): the
+    forward GEMMs fuse, the backward's recomputation and data gradients too, and every gradient
+    is as close to float64 as eager's."""
+    torch.manual_seed(2)
+    block = Checkpointed()
+    x = torch.randn(2, 24, 64)
+    ref = _grads(block.double(), x.double(), block)
+    block.bfloat16()
+    x = x.bfloat16()
+    eager = _grads(block, x, block)
+    be = _backend(inductor=inductor, inductor_config=mode_config(config))
+    got = _grads(block, x, torch.compile(block, backend=be))
+    assert be.fused >= (5 if inductor else 8), be.fused
+    _close_grads(got, eager, ref)
+
+
+class Int8Linear(nn.Module):
+    """A weight-only int8 linear as serving stacks write it: the weight dequantized per output
+    channel (or per group of 32 inputs) in the activations' dtype, then a GEMM, bias, GELU."""
+
+    def __init__(self, group=None, d=64, n=128):
+        super().__init__()
+        w = torch.randn(n, d)
+        self.group = group
+        wg = w.view(n, d // group, group) if group else w
+        scale = wg.abs().amax(-1) / 127
+        self.register_buffer("q", (wg / scale[..., None]).round().to(torch.int8).view(n, d))
+        self.register_buffer("scale", scale)
+        self.bias = nn.Parameter(0.1 * torch.randn(n))
+
+    def forward(self, x):
+        n, d = self.q.shape
+        if self.group is None:
+            w = self.q.to(x.dtype) * self.scale[:, None].to(x.dtype)
+        else:
+            g = self.group
+            w = (self.q.view(n, d // g, g).to(x.dtype) * self.scale[..., None].to(x.dtype)).view(n, d)
+        return F.gelu(x @ w.T + self.bias)
+
+
+@pytest.mark.parametrize("group", [None, 32], ids=["per_channel", "per_group"])
+def test_weight_only_int8_dequant_then_gemm_fuses(group):
+    torch.manual_seed(3)
+    block = Int8Linear(group)
+    x = torch.randn(2, 24, 64)
+    with torch.no_grad():
+        ref = block.double()(x.double())
+        block.bfloat16()
+        x = x.bfloat16()
+        eager = block(x)
+        be = _backend()
+        out = torch.compile(block, backend=be)(x)
+    assert be.fused == 1 and "gelu(" in str(GEMMS[0].graph), [str(g.graph) for g in GEMMS]
+    assert _err(out, ref) <= _err(eager, ref) + 2.0 ** -8 * ref.abs().max().item()
+
+
+def _train_step(model, opt, x, y, micro):
+    """forward, loss, backward over ``micro`` micro-batches (gradient accumulation), then the
+    optimizer's step: one torch.compile'd function (Dynamo breaks it at backward())."""
+    opt.zero_grad(set_to_none=True)
+    for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+        loss = F.mse_loss(model(xs).float(), ys) / micro
+        loss.backward()
+    opt.step()
+    return loss
+
+
+def test_a_compiled_train_step_with_accumulation_fuses_and_matches_eager():
+    torch.manual_seed(4)
+    x, y = torch.randn(4, 24, 64), torch.randn(4, 24, 64)
+    blocks = [Block() for _ in range(3)]
+    for b in blocks[1:]:
+        b.load_state_dict(blocks[0].state_dict())
+    ref, eager, ours = blocks[0].double(), blocks[1].bfloat16(), blocks[2].bfloat16()
+    opts = [torch.optim.AdamW(b.parameters(), lr=1e-3) for b in blocks]
+    be = _backend()
+    _train_step(ref, opts[0], x.double(), y.double(), 2)
+    _train_step(eager, opts[1], x.bfloat16(), y, 2)
+    torch.compile(_train_step, backend=be)(ours, opts[2], x.bfloat16(), y, 2)
+    assert be.fused >= 3, be.fused  # fc1 + GELU, fc2 + residual, the backward's dGELU
+    # the gradients of the last micro-batch's accumulation, before the step (the step moves
+    # every weight by about lr, the same in each)
+    grads = [{n: p.grad.double() for n, p in b.named_parameters()} for b in blocks]
+    _close_grads(grads[2], grads[1], grads[0])
