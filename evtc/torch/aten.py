@@ -60,6 +60,7 @@ def to_aten(gm, example_inputs):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     if not all(isinstance(x, (torch.Tensor, int)) and not isinstance(x, bool) for x in example_inputs):
         return None
@@ -75,7 +76,20 @@ def to_aten(gm, example_inputs):
             return super().run_node(n)
 
     run = _Run(gm).run
-    mode = FakeTensorMode()  # (no shape environment: static shapes, plain ints)
+    # NOTE [Scalars read inside the graph]: with capture_scalar_outputs (or
+    # capture_dynamic_output_shape_ops) Dynamo keeps a computed tensor's .item() (nonzero, a
+    # boolean mask's indexing) in the graph; on fake tensors without a shape environment it has
+    # no value, the trace failed and no GEMM of the graph fused. A shape environment gives it an
+    # unbacked symbol (torch/fx/experimental/symbolic_shapes.py); the inputs stay static, and a
+    # GEMM or region value whose shape holds such a symbol is not matched (evtc/torch/regions.py).
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    # NOTE [A failed trace restores functorch's stack]: a torch.func.vmap graph's trace fails
+    # (functionalize's layer under vmap's: an internal assert) after its _vmap_increment_nesting,
+    # which stayed pushed: Dynamo's guard on functorch's state then failed on its own frame
+    # ("Guard failed on the same frame it was created") and torch.compile raised. The depth is
+    # restored as Dynamo restores it around a frame (torch/_dynamo/eval_frame.py); the graph
+    # runs unfused (a vmapped bias is a per-batch row vector, which bmm regions don't take).
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
     try:
         # ints are the values of a symbolic graph's size inputs: traced as constants (a
         # specialization to this call's shapes: _Specializing)
@@ -85,6 +99,8 @@ def to_aten(gm, example_inputs):
             agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*fakes)
     except Exception:  # noqa: BLE001 - a graph make_fx can't trace is compiled as Dynamo gave it
         return None
+    finally:
+        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
     agm.graph.eliminate_dead_code()
     agm.recompile()
     return agm

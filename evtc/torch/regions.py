@@ -249,8 +249,11 @@ def _start(node, allow_cpu: bool) -> _Match | None:
 def _grow(m: _Match, nodes: list, start: int, device) -> None:
     """Admit, in graph order, every node after the anchor that uses a region value and that
     evtc can lower with the values it has."""
+    import torch
+
     from evtc.frontend.torch_aten import _bind
     from evtc.frontend.torch_import import ATEN, target_name, unsupported_reason
+    from evtc.torch.aten import symbolic
 
     for node in nodes[start:]:
         if node.op != "call_function":
@@ -260,6 +263,8 @@ def _grow(m: _Match, nodes: list, start: int, device) -> None:
             continue
         if any(i in m.terminal for i in inputs) and target_name(node) != "getitem":
             continue
+        if any(isinstance(_val(x), torch.Tensor) and symbolic(_val(x)) for x in (node, *inputs)):
+            continue  # a data-dependent size (NOTE [Scalars read inside the graph] in evtc/torch/aten.py)
         name = target_name(node)
         if name == "getitem":
             if not (node.args[0] in m.members and str(node.args[0].target).endswith(".dim") and node.args[1] == 0):
