@@ -104,8 +104,3 @@ def to_aten(gm, example_inputs):
     agm.graph.eliminate_dead_code()
     agm.recompile()
     return agm
-
-
-# ---------------------------------------------------------------------------------------------
-# A match: an anchor GEMM and the region after it
-# ---------------------------------------------------------------------------------------------
