@@ -7,7 +7,7 @@ every node (:func:`to_aten`), or None for a graph it does not take.
 
 from __future__ import annotations
 
-__all__ = ["item_inputs", "symbolic", "to_aten"]
+__all__ = ["item_inputs", "symbolic", "to_aten", "to_aten_symbolic"]
 
 
 def symbolic(t) -> bool:
@@ -100,6 +100,42 @@ def to_aten(gm, example_inputs):
     except Exception:  # noqa: BLE001 - a graph make_fx can't trace is compiled as Dynamo gave it
         return None
     finally:
+        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+    agm.graph.eliminate_dead_code()
+    agm.recompile()
+    return agm
+
+
+def to_aten_symbolic(gm):
+    """``gm`` (a Dynamo FX graph with symbolic shapes) traced to a functional ATen graph that stays
+    symbolic: on the placeholders' own fake values (``meta["example_value"]``, Dynamo's symbolic
+    sizes) in Dynamo's fake mode, as AOTAutograd traces it. None where it does not take the graph
+    (a placeholder without a fake value, a float read with ``.item()``: NOTE [Unspecialized
+    floats], or a trace that fails). For NOTE [One fused graph for every shape] in
+    :mod:`evtc.torch.backend`: its regions match only GEMMs and values of static shapes."""
+    import torch
+    import torch.fx.traceback as fx_traceback
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if item_inputs(gm):
+        return None
+    vals = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(v is None or isinstance(v, bool) or not isinstance(v, (torch.Tensor, int, torch.SymInt)) for v in vals):
+        return None
+    # (the mode Dynamo made them in, not the tracing context's: a backend gets a fresh one, which
+    # shares the shape environment but not these tensors)
+    mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None)
+    if mode is None:
+        return None
+    run = torch.fx.Interpreter(gm).run
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    try:
+        with fx_traceback.preserve_node_meta(), mode:
+            agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*vals)
+    except Exception:  # noqa: BLE001 - the graph is then fused per shape, as before
+        return None
+    finally:  # (NOTE [A failed trace restores functorch's stack])
         torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
     agm.graph.eliminate_dead_code()
     agm.recompile()

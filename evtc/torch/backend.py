@@ -165,6 +165,37 @@ def _fused(gm, example_inputs, how: Mapping[str, Any]) -> tuple[Any, int]:
     return (agm if n else None), n
 
 
+def _evtc_ops(g) -> list[str]:
+    """The evtc ops a fused graph calls, sorted (each names its epilogue's IR and family)."""
+    return sorted(str(n.target) for n in g.graph.nodes if n.op == "call_function" and str(n.target).startswith("evtc."))
+
+
+def _fused_symbolic(gm, example_fused, how: Mapping[str, Any]):
+    """``gm`` (symbolic) fused as one graph that stays symbolic, where that fuses the same matches
+    as its example's static trace ``example_fused`` did; else None (fused per shape).
+
+    NOTE [One fused graph for every shape]: a symbolic graph whose varying sizes reach none of
+    its fused GEMMs (a decode step: the projections' M is the batch, only the attention's KV
+    length grows; a graph symbolic in a size that feeds no match) needs no per-shape
+    specialization: traced with Dynamo's symbolic sizes (:func:`to_aten_symbolic`, as
+    AOTAutograd traces), its regions match the GEMMs and values of static shapes only
+    (``_start`` and ``_grow`` in :mod:`evtc.torch.regions` skip symbolic ones), and where that
+    fuses the same ops as the static trace at Dynamo's example sizes (same epilogues, dtypes
+    and families: the ops' names say so) the fused graph is compiled once, symbolic, for every
+    shape. Where a varying size reaches a fused GEMM (a prefill's token count is its M), fewer
+    fuse and NOTE [Symbolic shapes]'s per-shape specialization runs instead.
+    """
+    from evtc.torch.aten import to_aten_symbolic
+
+    sgm = to_aten_symbolic(gm)
+    if sgm is None:
+        return None
+    n = _fuse_and_build(sgm, how)
+    if not n or _evtc_ops(sgm) != _evtc_ops(example_fused):
+        return None
+    return sgm
+
+
 def _fuse_and_build(g, how: Mapping[str, Any]) -> int:
     """:func:`fuse` the ATen graph ``g`` in place, then build its kernels (:func:`prebuild`);
     the number of matches fused."""
@@ -565,6 +596,9 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
         # [Unspecialized floats] in evtc/torch/aten.py
         if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
+            whole = _fused_symbolic(gm, agm, how)
+            if whole is not None:  # NOTE [One fused graph for every shape]
+                return _compile(whole, example_inputs, inductor, backend.inductor_config)
             config = backend.inductor_config
             return _Specializing(gm, _compile(gm, example_inputs, inductor, config), backend, how,
                                  lambda g, args: _compile(g, args, inductor, config), concrete, agm)

@@ -263,8 +263,11 @@ def _grow(m: _Match, nodes: list, start: int, device) -> None:
             continue
         if any(i in m.terminal for i in inputs) and target_name(node) != "getitem":
             continue
-        if any(isinstance(_val(x), torch.Tensor) and symbolic(_val(x)) for x in (node, *inputs)):
-            continue  # a data-dependent size (NOTE [Scalars read inside the graph] in evtc/torch/aten.py)
+        if any(isinstance(_val(x), torch.Tensor) and symbolic(_val(x)) or
+               isinstance(_val(x), (torch.SymInt, torch.SymFloat, torch.SymBool)) for x in (node, *inputs)):
+            # a data-dependent size (NOTE [Scalars read inside the graph] in evtc/torch/aten.py), or
+            # a symbolic one (NOTE [One fused graph for every shape] in evtc/torch/backend.py)
+            continue
         name = target_name(node)
         if name == "getitem":
             if not (node.args[0] in m.members and str(node.args[0].target).endswith(".dim") and node.args[1] == 0):

@@ -4,6 +4,8 @@ float64 value. The fused op's CPU kernel here is evtc's float64 interpreter roun
 dtypes (registered for each Gemm the backend makes), so the numbers check the rewrite: the
 operands, the reshapes, the epilogue's expression, the extra outputs and the reductions."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -244,6 +246,66 @@ def test_symbolic_shapes_are_fused_per_shape():
                 ref = F.gelu(x.double() @ m.fc.weight.double().T + m.fc.bias.double(), approximate="tanh")
                 within_half_ulp(y, ref, "bf16", 2.0 ** -20 * ref.abs())
         assert be.fused == 3, (dynamic, inductor)  # one per distinct batch size (the repeated 8 is cached)
+
+
+class DecodeStep(nn.Module):
+    """One decode step: the projections' M is the batch; only the attention's KV length grows."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.up, self.down = nn.Linear(64, 64), nn.Linear(64, 128), nn.Linear(128, 64)
+
+    def forward(self, x, cache, pos):
+        q = F.gelu(self.q(x))
+        kv = cache[:, :pos]
+        a = torch.softmax((q.unsqueeze(1) * kv).sum(-1), dim=-1)
+        return self.down(F.silu(self.up((a.unsqueeze(-1) * kv).sum(1)))) + x
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_a_size_no_gemm_reads_is_fused_in_one_graph(monkeypatch, inductor):
+    """NOTE [One fused graph for every shape]: a decode loop's KV length becomes symbolic after
+    its second step (automatic dynamic shapes); its GEMMs' shapes don't depend on it, so the
+    symbolic graph is fused once and compiled once for every later step (it was one compilation
+    per step, and unfused past EVTC_MAX_SPECIALIZATIONS)."""
+    import warnings
+
+    from evtc.torch import backend as TB
+
+    compiles = []
+    real = TB._compile
+    monkeypatch.setattr(TB, "_compile", lambda *a, **k: (compiles.append(a[0]), real(*a, **k))[1])
+    torch._dynamo.reset()
+    torch.manual_seed(7)
+    m = DecodeStep().to(torch.bfloat16)
+    be = make_backend(allow_cpu=True, on_gemm=register, inductor=inductor)
+    cm = torch.compile(m, backend=be)
+    cache = torch.randn(3, 48, 64).bfloat16()
+    ref_m = copy.deepcopy(m).double()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for pos in range(1, 41):  # past the 32 specializations a per-shape graph gets
+            x = torch.randn(3, 64).bfloat16()
+            ref = ref_m(x.double(), cache.double(), pos)
+            got = cm(x, cache, pos).double()
+            assert (got - ref).abs().max().item() <= 2 ** -7 * ref.abs().max().item(), pos
+    assert len(compiles) == 2 and be.fused == 6, (len(compiles), be.fused)  # the static first step, then one
+    assert not [w for w in caught if "EVTC_MAX_SPECIALIZATIONS" in str(w.message)]
+    assert sum(str(n.target).startswith("evtc.") for n in compiles[1].graph.nodes) == 3
+
+
+def test_a_size_a_gemm_reads_is_still_fused_per_shape():
+    """Where the varying size is a fused GEMM's M (a batch under dynamic=True), the symbolic
+    trace fuses fewer matches than the example's static one, and each shape is specialized."""
+    torch._dynamo.reset()
+    m = DecodeStep().to(torch.bfloat16)
+    be = make_backend(allow_cpu=True, on_gemm=register, inductor=False)
+    cm = torch.compile(m, backend=be, dynamic=True)
+    cache = torch.randn(4, 48, 64).bfloat16()
+    with torch.no_grad():
+        for rows in (2, 3, 4):
+            cm(torch.randn(rows, 64).bfloat16(), cache[:rows], 10)
+    assert be.fused == 9  # the example's, then each batch's own (the first reuses the example's)
 
 
 def test_shapes_past_the_limit_run_unfused_with_one_warning(monkeypatch):
