@@ -61,7 +61,9 @@ class _Specializing:
     or by default after the second distinct batch size: automatic dynamic shapes), the backend
     traces it at Dynamo's example sizes, as constants (:func:`to_aten` with the size inputs as
     ints). If nothing fuses there, the symbolic graph is compiled as it is (one compilation for
-    every shape, as without evtc). If something does, each call's concrete sizes are traced,
+    every shape, as without evtc). If the same fuses on the symbolic graph itself (the sizes
+    that vary reach no fused GEMM), that one graph is compiled (NOTE [One fused graph for every
+    shape]). Else each call's concrete sizes are traced,
     fused and compiled once per distinct signature (shapes, strides, dtypes, devices, size
     values), so the fusion decision of each call is the one a ``dynamic=False`` compilation of
     its shapes makes; a signature that fuses nothing, and every signature past
