@@ -598,7 +598,9 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
         # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
         # [Unspecialized floats] in evtc/torch/aten.py
         if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
+            left = backend.left_unfused
             whole = _fused_symbolic(gm, agm, how)
+            backend.left_unfused = left  # (its gate's answers repeat the example's, counted above)
             if whole is not None:  # NOTE [One fused graph for every shape]
                 return _compile(whole, example_inputs, inductor, backend.inductor_config)
             config = backend.inductor_config
