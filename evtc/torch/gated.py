@@ -237,6 +237,8 @@ def _match(mul, allow_cpu: bool) -> "_Pair | None":
         return _glu_pair(mul, allow_cpu)
     if str(getattr(mul, "target", "")) != "aten.mul.Tensor" or len(mul.args) != 2:
         return None
+    import torch
+
     vmul = _val(mul)
     for p, q in (mul.args, mul.args[::-1]):
         a, views_a = _under_views(p)
@@ -244,8 +246,8 @@ def _match(mul, allow_cpu: bool) -> "_Pair | None":
         if act is None or not _single(a) or not hasattr(q, "target"):
             continue
         vp, vq = _val(p), _val(q)
-        if vmul is None or vp is None or vq is None or tuple(vp.shape) != tuple(vq.shape):
-            continue  # (a broadcasting product is no gated pair)
+        if not all(isinstance(v, torch.Tensor) for v in (vmul, vp, vq)) or tuple(vp.shape) != tuple(vq.shape):
+            continue  # (a broadcasting product, or one by a symbolic size (h * pos), is no gated pair)
         g, views_g = _under_views(a.args[0])
         u, views_u = _under_views(q)
         head = [mul, *views_a, a, *views_g, *views_u]
@@ -296,9 +298,10 @@ def _halves(g, u):
     # (x.chunk(2, -1) is split(I); x.split([I, I], -1) is split_with_sizes([I, I]))
     sizes = [split.args[1]] * 2 if name == "aten.split.Tensor" else list(split.args[1])
     if y is None or not isinstance(dim, int) or dim % y.dim() != y.dim() - 1 or len(split.users) != 2 \
-            or not _single(g) or not _single(u) or len(sizes) != 2 or sizes[0] != sizes[1] \
-            or 2 * int(sizes[0]) != y.shape[-1]:
-        return None
+            or not _single(g) or not _single(u) or len(sizes) != 2 \
+            or not all(isinstance(s, int) for s in (*sizes, y.shape[-1])) or sizes[0] != sizes[1] \
+            or 2 * sizes[0] != y.shape[-1]:
+        return None  # (a symbolic size, an fx node or a SymInt: pairs are matched at static shapes only)
     return split
 
 
