@@ -86,10 +86,14 @@ class Knob:
                                  hint=self.hint or f"set {self.name} to a number of seconds, or unset it")
             return value
         if self.kind == "count":
-            if not raw.strip().isascii() or not raw.strip().isdigit():
-                raise self.error(f"{self.name}={raw!r} is not a whole number from 0",
+            try:  # (int() refuses more than 4300 digits with a ValueError)
+                value = int(raw.strip()) if raw.strip().isascii() and raw.strip().isdigit() else -1
+            except ValueError:
+                value = -1
+            if value < 0:
+                raise self.error(f"{self.name}={raw!r:.60} is not a whole number from 0",
                                  hint=self.hint or f"set {self.name} to a count such as 32, or unset it")
-            return int(raw.strip())
+            return value
         if self.kind == "choice":
             v = raw.strip().lower()
             v = dict(self.aliases).get(v, v)

@@ -70,3 +70,21 @@ def test_a_symbolic_split_of_a_projection_is_no_gated_pair(dynamic):
     be = _run(ChunkedGLU().bfloat16(), [(torch.randn(8, 64).bfloat16(), torch.randn(rows, 64).bfloat16())
                                          for rows in (64, 80, 96)], dynamic=dynamic)
     assert be.fused == 3
+
+
+@pytest.mark.parametrize("raw, want", [(" 7 ", 7), ("0", 0), ("00012", 12), ("9" * 40, int("9" * 40)),
+                                       ("9" * 5000, None), ("-1", None), ("1e3", None), ("\u0663", None),
+                                       ("\u00b2", None), ("+3", None), ("7_0", None)])
+def test_max_specializations_reads_a_count_or_says_why_not(monkeypatch, raw, want):
+    """EVTC_MAX_SPECIALIZATIONS (a 'count' knob): more digits than int() reads (4300) was
+    Python's ValueError, not evtc's ConfigError naming the variable."""
+    from evtc import knobs
+    from evtc.errors import ConfigError
+
+    monkeypatch.setenv("EVTC_MAX_SPECIALIZATIONS", raw)
+    if want is not None:
+        assert knobs.max_specializations.get() == want
+        return
+    with pytest.raises(ConfigError, match="EVTC_MAX_SPECIALIZATIONS=.* is not a whole number from 0") as e:
+        knobs.max_specializations.get()
+    assert len(str(e.value).splitlines()[0]) < 200
