@@ -192,8 +192,10 @@ def _other_paths(root: CacheRoot, now: float, *, everything: bool, older_than_s:
 # prune removes folders by name (tmp/*, failed/*, quarantine/*, construct/, headers/ and the
 # two-hex-digit folders of the format-1 layout), so it runs only in a folder that holds nothing but
 # what evtc keeps there: `evtc cache --dir ~ prune --all` would otherwise remove ~/tmp/*, ~/headers
-# and every ~/ab, and `--dir /` all of /tmp (names starting with '.' are left out of the check).
-_LAYOUT = frozenset({"kernels", "failed", "locks", "tmp", "quarantine", "headers", "construct", "tuning", "torch_fast"})
+# and every ~/ab, and `--dir /` all of /tmp (names starting with '.' are left out of the check, and
+# so is lost+found: a cache on a file system of its own, a mounted volume, has one it never prunes).
+_LAYOUT = frozenset({"kernels", "failed", "locks", "tmp", "quarantine", "headers", "construct", "tuning", "torch_fast",
+                     "lost+found"})
 
 
 def _check_is_cache(root: CacheRoot) -> None:

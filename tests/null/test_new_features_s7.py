@@ -88,3 +88,19 @@ def test_max_specializations_reads_a_count_or_says_why_not(monkeypatch, raw, wan
     with pytest.raises(ConfigError, match="EVTC_MAX_SPECIALIZATIONS=.* is not a whole number from 0") as e:
         knobs.max_specializations.get()
     assert len(str(e.value).splitlines()[0]) < 200
+
+
+def test_cache_prune_takes_a_cache_on_a_volume_of_its_own(tmp_path):
+    """NOTE [Prune only a cache]: a cache that is the root of a file system of its own (a mounted
+    volume) holds lost+found, which prune never removes; it refused such a cache."""
+    from click.testing import CliRunner
+
+    from evtc.cli import main
+
+    root = tmp_path / "cache"
+    for d in ("lost+found", "tmp/leftover", "construct/ab", "tuning", "torch_fast/0123"):
+        (root / d).mkdir(parents=True)
+    root.chmod(0o700)
+    r = CliRunner().invoke(main, ["cache", "--dir", str(root), "prune", "--all"])
+    assert r.exit_code == 0, r.output
+    assert (root / "lost+found").is_dir() and not (root / "construct").exists()
