@@ -518,6 +518,30 @@ def _reshape(add, x, shape: list):
     return add(aten.view.default, (x, shape))
 
 
+def laid_out(add, x):
+    """``x`` (an epilogue tensor of the op) as the GPU call's binder takes it: itself where its
+    fake value is contiguous and starts 16-byte aligned, else a contiguous copy.
+
+    NOTE [Epilogue tensors in the binder's layout]: the op's call checks each tensor as
+    evtc/runtime/bind.py's rules say (unit stride along the last dimension, no row stride of 0,
+    M x N rows starting 16-byte aligned for TMA) and refuses the rest with an ArgumentError; the
+    op's layout tags (``needs_exact_strides``) make Inductor pass each one as the graph lays it
+    out. A region operand read through a view (a residual ``r.t()``, a bias ``W[:, 1]``, an
+    ``expand``, a slice ``big[:, 3:51]``) would then reach the GPU kernel's binder and fail there,
+    after compiling; so the rewrite copies any operand not already so laid out (a storage
+    offset it can't read, a symbolic one, counts as misaligned). A contiguous, aligned operand,
+    the common case, is passed as it is."""
+    import torch
+
+    v = _val(x)
+    if not isinstance(v, torch.Tensor):
+        return x
+    off = v.storage_offset()
+    if v.is_contiguous() and isinstance(off, int) and (off * v.element_size()) % 16 == 0:
+        return x
+    return add(torch.ops.aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+
+
 def _replace(gm, m: _Match, op, outputs: list) -> None:
     """Put ``op``'s call where the region was and reroute every use outside the region."""
     import torch
@@ -548,7 +572,7 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
             shape = [m.M]
         else:
             shape = []
-        args.append(_reshape(add, x, shape))
+        args.append(laid_out(add, _reshape(add, x, shape)))
     call = add(op.overload, tuple(args))
     single = len(op.output_names) == 1
     for node, oname, kind in outputs:

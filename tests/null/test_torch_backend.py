@@ -20,15 +20,34 @@ from evtc.torch.backend import make_backend
 from torch_models import Fp8Out, LayerNormStats, LinearGelu, MLPBlock, ulp, within_half_ulp  # noqa: E402
 
 
+def binder_layout(name, v):
+    """Assert what the GPU call's binder (evtc/runtime/bind.py) asks of an epilogue tensor that
+    the CPU kernel is not bound to check: unit stride along the last dimension, no row stride of
+    0 (an expanded tensor), no negative stride, and an M x N tensor's rows starting 16-byte
+    aligned (the op's inputs reach the GPU kernel as the rewrite laid them out: NOTE [Epilogue
+    tensors in the binder's layout] in evtc/torch/regions.py)."""
+    assert all(st >= 0 for st in v.stride()), (name, v.stride())
+    if v.dim() and v.shape[-1] > 1:
+        assert v.stride(-1) == 1, (name, tuple(v.shape), v.stride())
+    if v.dim() >= 2 and v.shape[-2] > 1:
+        assert v.stride(-2) >= v.shape[-1], (name, tuple(v.shape), v.stride())
+        assert (v.storage_offset() * v.element_size()) % 16 == 0 and (v.stride(-2) * v.element_size()) % 16 == 0, \
+            (name, v.storage_offset(), v.stride())
+
+
 def register(g, on_call=None):
     """A CPU kernel for ``g``'s op: the float64 interpreter rounded to each output's dtype
-    (``on_call(A, B)`` first, where given)."""
+    (``on_call(A, B)`` first, where given), its epilogue tensors laid out as the GPU call's
+    binder takes them (:func:`binder_layout`)."""
     op = g.torch_op()
 
     def cpu(A, B, *rest):
         if on_call is not None:
             on_call(A, B)
         kw = dict(zip(op.tensor_names + op.scalar_names, rest))
+        for k, v in kw.items():
+            if torch.is_tensor(v):
+                binder_layout(k, v)
         acc = A.double().numpy() @ np.swapaxes(B.double().numpy(), -1, -2)
         res = interpret(g.graph, acc, {k: (v.double().numpy() if torch.is_tensor(v) else v) for k, v in kw.items()})
         outs = []
@@ -576,3 +595,32 @@ def test_backend_options_take_fuse_all():
         evtc_backend(None, [], options={"fuse_all": 1})
     with pytest.raises(ArgumentError, match="fuse_all is make_backend's own"):
         make_backend(gemm_options={"fuse_all": True})
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_epilogue_tensors_reach_the_op_in_the_binders_layout(inductor):
+    """NOTE [Epilogue tensors in the binder's layout]: a residual read through a transpose, a
+    bias that is a column of a matrix, an aux tensor that starts off a 16-byte boundary or has a
+    row stride of 0: each reaches the op as the GPU call's binder takes it (a contiguous copy
+    where its own layout isn't), and the results match float64."""
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 48)
+            self.table = nn.Parameter(torch.randn(48, 5))
+
+        def forward(self, x, r, big, s):
+            h = self.fc(x) + self.table[:, 1]            # a row vector of stride 5
+            h = F.gelu(h) + r.t()                        # an M x N residual, column-major
+            h = h * big[:, 3:51]                         # rows starting 6 bytes in
+            return h + s.expand(x.shape[0], 48)          # a row stride of 0
+
+    torch.manual_seed(11)
+    m = Odd().to(torch.bfloat16)
+    x, r = torch.randn(32, 64).bfloat16(), torch.randn(48, 32).bfloat16()
+    big, s = torch.randn(32, 60).bfloat16(), torch.randn(1, 48).bfloat16()
+    out, fused = compiled(m, x, r, big, s, inductor=inductor)
+    assert fused == 1
+    md = copy.deepcopy(m).double()
+    want = md(x.double(), r.double(), big.double(), s.double())
+    assert (out.double() - want).abs().max().item() <= 2 ** -7 * want.abs().max().item()
