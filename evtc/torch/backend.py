@@ -103,7 +103,8 @@ class _Specializing:
                     self._warned = True
                     import warnings
 
-                    warnings.warn(f"evtc: a compiled graph has been specialized for {self.limit} shapes; calls "
+                    warnings.warn(f"evtc: a compiled graph has been specialized for {self.limit} "
+                                  f"shape{'' if self.limit == 1 else 's'}; calls "
                                   "with a shape not among them run it unfused (torch.compile's own compilation of "
                                   "the symbolic graph). Pad the varying size to a few buckets, or raise "
                                   "EVTC_MAX_SPECIALIZATIONS (each shape costs one compilation)", stacklevel=2)
