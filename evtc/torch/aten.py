@@ -56,9 +56,6 @@ def to_aten(gm, example_inputs):
     the backend compiles the graph once per distinct value of them (:func:`item_inputs` are part
     of its specialization's signature)."""
     import torch
-    import torch.fx.traceback as fx_traceback
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -83,6 +80,21 @@ def to_aten(gm, example_inputs):
     # unbacked symbol (torch/fx/experimental/symbolic_shapes.py); the inputs stay static, and a
     # GEMM or region value whose shape holds such a symbol is not matched (evtc/torch/regions.py).
     mode = FakeTensorMode(shape_env=ShapeEnv())
+    # ints are the values of a symbolic graph's size inputs: traced as constants (a
+    # specialization to this call's shapes: _Specializing)
+    return _trace(run, mode, lambda: [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+                                      for x in example_inputs])
+
+
+def _trace(run, mode, inputs):
+    """``run`` traced by ``make_fx`` (functionalized) in the fake ``mode`` on ``inputs()``, dead
+    code removed; None where the trace fails (a graph make_fx can't trace is compiled as Dynamo
+    gave it), with functorch's layer stack as it was (NOTE [A failed trace restores functorch's
+    stack])."""
+    import torch
+    import torch.fx.traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     # NOTE [A failed trace restores functorch's stack]: a torch.func.vmap graph's trace fails
     # (functionalize's layer under vmap's: an internal assert) after its _vmap_increment_nesting,
     # which stayed pushed: Dynamo's guard on functorch's state then failed on its own frame
@@ -91,13 +103,10 @@ def to_aten(gm, example_inputs):
     # runs unfused (a vmapped bias is a per-batch row vector, which bmm regions don't take).
     depth = torch._C._functorch.get_dynamic_layer_stack_depth()
     try:
-        # ints are the values of a symbolic graph's size inputs: traced as constants (a
-        # specialization to this call's shapes: _Specializing)
-        fakes = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
-                 for x in example_inputs]
+        args = inputs()
         with fx_traceback.preserve_node_meta(), mode:
-            agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*fakes)
-    except Exception:  # noqa: BLE001 - a graph make_fx can't trace is compiled as Dynamo gave it
+            agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*args)
+    except Exception:  # noqa: BLE001
         return None
     finally:
         torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
@@ -114,9 +123,7 @@ def to_aten_symbolic(gm):
     floats], or a trace that fails). For NOTE [One fused graph for every shape] in
     :mod:`evtc.torch.backend`: its regions match only GEMMs and values of static shapes."""
     import torch
-    import torch.fx.traceback as fx_traceback
     from torch._subclasses.fake_tensor import FakeTensor
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     if item_inputs(gm):
         return None
@@ -128,15 +135,4 @@ def to_aten_symbolic(gm):
     mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None)
     if mode is None:
         return None
-    run = torch.fx.Interpreter(gm).run
-    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
-    try:
-        with fx_traceback.preserve_node_meta(), mode:
-            agm = make_fx(torch.func.functionalize(run), tracing_mode="real")(*vals)
-    except Exception:  # noqa: BLE001 - the graph is then fused per shape, as before
-        return None
-    finally:  # (NOTE [A failed trace restores functorch's stack])
-        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
-    agm.graph.eliminate_dead_code()
-    agm.recompile()
-    return agm
+    return _trace(torch.fx.Interpreter(gm).run, mode, lambda: vals)  # (None: fused per shape, as before)
