@@ -518,7 +518,7 @@ def _reshape(add, x, shape: list):
     return add(aten.view.default, (x, shape))
 
 
-def laid_out(add, x):
+def _laid_out(add, x):
     """``x`` (an epilogue tensor of the op) as the GPU call's binder takes it: itself where its
     fake value is contiguous and starts 16-byte aligned, else a contiguous copy.
 
@@ -572,7 +572,7 @@ def _replace(gm, m: _Match, op, outputs: list) -> None:
             shape = [m.M]
         else:
             shape = []
-        args.append(laid_out(add, _reshape(add, x, shape)))
+        args.append(_laid_out(add, _reshape(add, x, shape)))
     call = add(op.overload, tuple(args))
     single = len(op.output_names) == 1
     for node, oname, kind in outputs:
