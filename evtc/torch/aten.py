@@ -7,7 +7,7 @@ every node (:func:`to_aten`), or None for a graph it does not take.
 
 from __future__ import annotations
 
-__all__ = ["item_inputs", "symbolic", "to_aten", "to_aten_symbolic"]
+__all__ = ["fake_mode_of", "item_inputs", "symbolic", "to_aten", "to_aten_symbolic"]
 
 
 def symbolic(t) -> bool:
@@ -86,6 +86,16 @@ def to_aten(gm, example_inputs):
                                       for x in example_inputs])
 
 
+def fake_mode_of(vals):
+    """The fake mode the fake tensors among ``vals`` were made in (None without one): the mode to
+    trace them in. Not ``detect_fake_mode``'s answer, which is the tracing context's first: Dynamo
+    gives a backend a fresh mode that shares the shape environment but not its graph's fake
+    values (``meta["example_value"]``), and tracing those in it fails ("Mixing fake modes")."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None)
+
+
 def _trace(run, mode, inputs):
     """``run`` traced by ``make_fx`` (functionalized) in the fake ``mode`` on ``inputs()``, dead
     code removed; None where the trace fails (a graph make_fx can't trace is compiled as Dynamo
@@ -123,16 +133,13 @@ def to_aten_symbolic(gm):
     floats], or a trace that fails). For NOTE [One fused graph for every shape] in
     :mod:`evtc.torch.backend`: its regions match only GEMMs and values of static shapes."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor
 
     if item_inputs(gm):
         return None
     vals = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     if any(v is None or isinstance(v, bool) or not isinstance(v, (torch.Tensor, int, torch.SymInt)) for v in vals):
         return None
-    # (the mode Dynamo made them in, not the tracing context's: a backend gets a fresh one, which
-    # shares the shape environment but not these tensors)
-    mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None)
+    mode = fake_mode_of(vals)
     if mode is None:
         return None
     return _trace(torch.fx.Interpreter(gm).run, mode, lambda: vals)  # (None: fused per shape, as before)

@@ -299,7 +299,7 @@ def mode_config(mode: str | None) -> dict[str, Any]:
 
         raise ArgumentError(f"torch.compile(backend='evtc', mode={mode!r:.60}): not one of torch.compile's modes",
                             hint=f"use one of {', '.join(map(repr, modes))}, or leave mode out")
-    return dict(list_mode_options(mode))
+    return dict(modes[mode])
 
 
 def _needs_grad(gm, example_inputs) -> bool:
@@ -421,8 +421,9 @@ def _decompose(g, ops, table: Mapping) -> int:
     """
     import torch
     from torch._dispatch.python import enable_python_dispatcher
-    from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from evtc.torch.aten import fake_mode_of
 
     left = [n for n in g.graph.nodes if n.op == "call_function" and n.target in ops
             and all("val" in a.meta for a in n.all_input_nodes)]  # (AOTAutograd's graphs: every node)
@@ -435,7 +436,7 @@ def _decompose(g, ops, table: Mapping) -> int:
             args, kwargs = torch.fx.map_arg((n.args, n.kwargs), lambda a: env[a])
             return n.target(*args, **kwargs)
 
-        with detect_fake_mode(vals) or contextlib.nullcontext(), enable_python_dispatcher():
+        with fake_mode_of(vals) or contextlib.nullcontext(), enable_python_dispatcher():
             sub = make_fx(call, decomposition_table=table, tracing_mode="real")(*vals)
         env: dict = {}
         with g.graph.inserting_before(n):
@@ -591,11 +592,12 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
     def backend(gm, example_inputs):
         if _needs_grad(gm, example_inputs):
             return _training(gm, example_inputs, backend, how, inductor)
+        config = backend.inductor_config
         concrete = _hints(example_inputs)
         agm, n = _fused(gm, concrete, how)
         backend.fused += n
         if not n:
-            return _compile(gm, example_inputs, inductor, backend.inductor_config)
+            return _compile(gm, example_inputs, inductor, config)
         # NOTE [Symbolic shapes]; a float read with .item() was traced as its value: NOTE
         # [Unspecialized floats] in evtc/torch/aten.py
         if _has_symbolic_shapes(gm, example_inputs) or item_inputs(gm):
@@ -603,11 +605,10 @@ def make_backend(*, allow_cpu: bool = False, on_gemm: Callable | None = None, in
             whole = _fused_symbolic(gm, agm, how)
             backend.left_unfused = left  # (its gate's answers repeat the example's, counted above)
             if whole is not None:  # NOTE [One fused graph for every shape]
-                return _compile(whole, example_inputs, inductor, backend.inductor_config)
-            config = backend.inductor_config
+                return _compile(whole, example_inputs, inductor, config)
             return _Specializing(gm, _compile(gm, example_inputs, inductor, config), backend, how,
                                  lambda g, args: _compile(g, args, inductor, config), concrete, agm)
-        return _compile(agm, example_inputs, inductor, backend.inductor_config)
+        return _compile(agm, example_inputs, inductor, config)
 
     backend.fused = 0
     backend.left_unfused = 0
